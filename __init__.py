@@ -1,0 +1,23 @@
+"""SageTriton: quantized attention (INT8 Q·Kᵀ, FP16/FP8 P·V) for ComfyUI, written in Triton.
+
+Importing this package is cheap: no compilation and no GPU probing. The node classes and the
+server route are only registered when ComfyUI is importable, so ``kernels`` also works as a
+plain library (``from <pack>.kernels import sageattn``).
+"""
+import importlib.util
+
+from .nodes.stats import attention_stats
+
+WEB_DIRECTORY = "./web"
+NODE_CLASS_MAPPINGS: dict = {}
+NODE_DISPLAY_NAME_MAPPINGS: dict = {}
+
+
+def _comfyui_present() -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in ("comfy", "folder_paths"))
+
+
+if _comfyui_present():
+    from .nodes.registry import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS  # noqa: F811
+
+__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "WEB_DIRECTORY", "attention_stats"]

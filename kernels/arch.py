@@ -1,0 +1,201 @@
+"""Which GPU we run on, and the default kernel configuration for it.
+
+The table is data, not scattered constants: one row per architecture family. AMD devices are
+identified by ``gcnArchName`` because the HIP-reported compute capability is ambiguous (gfx90a
+reports 9.0, like Hopper).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from .log import logger
+
+QK_QUANT_GRANS = ("per_block", "per_warp", "per_thread")
+PV_PRECISIONS = ("fp16", "fp8")
+PV_ACCUM_DTYPES = ("fp32", "fp16+fp32", "fp16")
+
+# Largest finite value of each fp8 flavour, used to scale V and P into range.
+FP8_MAX = {"e4m3fn": 448.0, "e4m3fnuz": 240.0}
+
+
+@dataclass(frozen=True)
+class ArchInfo:
+    vendor: str  # "nvidia" | "amd" | "cpu"
+    arch: str  # "sm90", "gfx1201", "cpu", ...
+    family: str  # "hopper", "rdna4", ...
+    name: str = ""  # marketing name, for humans
+    warp_size: int = 32
+    fp8: Optional[str] = None  # fp8 matrix format the hardware multiplies, if any
+    known: bool = True  # False when the arch is not in the table (safe defaults apply)
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Everything that selects one compiled kernel variant."""
+
+    qk_quant_gran: str = "per_warp"
+    pv_precision: str = "fp16"
+    pv_accum_dtype: str = "fp32"
+    fp8_format: Optional[str] = None
+    block_m: int = 64
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    # Key length below which torch SDPA beats the kernel (quantization overhead dominates).
+    min_seq_len: int = 2048
+
+    def replace(self, **kw) -> "KernelConfig":
+        return dataclasses.replace(self, **kw)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# family -> (fp8 format or None, defaults). Crossovers marked "measured" come from bench/results;
+# the others are estimates from the published reference numbers and are re-measured by install.py.
+_FAMILIES = {
+    # NVIDIA
+    "ampere": (None, dict(pv_precision="fp16", pv_accum_dtype="fp32", num_stages=3, min_seq_len=2048)),
+    "ampere_consumer": (None, dict(pv_precision="fp16", pv_accum_dtype="fp16+fp32", num_stages=2, min_seq_len=1024)),
+    "ada": ("e4m3fn", dict(pv_precision="fp8", pv_accum_dtype="fp32", num_stages=2, min_seq_len=1024)),
+    "hopper": ("e4m3fn", dict(pv_precision="fp8", pv_accum_dtype="fp32", block_m=128, block_n=64,
+                              num_warps=8, num_stages=3, min_seq_len=4096)),
+    "blackwell": ("e4m3fn", dict(pv_precision="fp8", pv_accum_dtype="fp32", num_stages=2, min_seq_len=2048)),
+    "turing": (None, dict(pv_precision="fp16", pv_accum_dtype="fp32", num_stages=2, min_seq_len=2048)),
+    # AMD. RDNA needs num_stages=1: deeper software pipelines miscompile there in some Triton versions.
+    "cdna2": (None, dict(pv_precision="fp16", pv_accum_dtype="fp32", num_stages=1, min_seq_len=2048)),
+    "cdna3": ("e4m3fnuz", dict(pv_precision="fp8", pv_accum_dtype="fp32", num_stages=1, min_seq_len=2048)),
+    "cdna4": ("e4m3fn", dict(pv_precision="fp8", pv_accum_dtype="fp32", num_stages=1, min_seq_len=2048)),
+    "rdna3": (None, dict(pv_precision="fp16", pv_accum_dtype="fp32", num_stages=1, min_seq_len=1024)),
+    "rdna4": ("e4m3fn", dict(pv_precision="fp8", pv_accum_dtype="fp32", num_stages=1, min_seq_len=1024)),
+    # Triton interpreter / unknown devices: the most portable choice.
+    "cpu": (None, dict(pv_precision="fp16", pv_accum_dtype="fp32", num_stages=1, min_seq_len=0)),
+    "unknown": (None, dict(pv_precision="fp16", pv_accum_dtype="fp32", num_stages=1, min_seq_len=2048)),
+}
+
+
+def nvidia_family(major: int, minor: int) -> str:
+    if major >= 10:
+        return "blackwell"
+    if major == 9:
+        return "hopper"
+    if (major, minor) == (8, 9):
+        return "ada"
+    if (major, minor) == (8, 0):
+        return "ampere"
+    if major == 8:
+        return "ampere_consumer"
+    if major == 7 and minor >= 5:
+        return "turing"
+    return "unknown"
+
+
+def amd_family(gfx: str) -> str:
+    if gfx == "gfx90a":
+        return "cdna2"
+    if gfx == "gfx942":
+        return "cdna3"
+    if gfx == "gfx950":
+        return "cdna4"
+    if gfx.startswith("gfx12"):
+        return "rdna4"
+    if gfx.startswith("gfx11"):
+        return "rdna3"
+    return "unknown"
+
+
+def arch_from_properties(props, is_hip: bool) -> ArchInfo:
+    """Build an ArchInfo from ``torch.cuda.get_device_properties`` (or anything shaped like it)."""
+    name = getattr(props, "name", "")
+    if is_hip:
+        gfx = str(getattr(props, "gcnArchName", "") or "").split(":")[0]
+        family = amd_family(gfx)
+        warp = 64 if family.startswith("cdna") else 32
+        info = ArchInfo("amd", gfx or "gfx?", family, name, warp, _FAMILIES[family][0], family != "unknown")
+    else:
+        family = nvidia_family(props.major, props.minor)
+        info = ArchInfo("nvidia", f"sm{props.major}{props.minor}", family, name, 32,
+                        _FAMILIES[family][0], family != "unknown")
+    if not info.known:
+        logger.warning("[SageTriton] GPU %s (%s) is not in the architecture table; using safe defaults "
+                       "(fp16 P·V, 1 pipeline stage). Please report it.", name, info.arch)
+    return info
+
+
+CPU_ARCH = ArchInfo("cpu", "cpu", "cpu", "CPU (Triton interpreter)", 32, None, True)
+
+
+def interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def detect_arch(device=None) -> ArchInfo:
+    """ArchInfo for a torch device (default: the current GPU; CPU when there is none)."""
+    import torch
+
+    dev = torch.device(device) if device is not None else None
+    if dev is None:
+        dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    if dev.type != "cuda":
+        return CPU_ARCH
+    props = torch.cuda.get_device_properties(dev)
+    return arch_from_properties(props, is_hip=torch.version.hip is not None)
+
+
+def default_config(arch: ArchInfo, head_dim: int = 128) -> KernelConfig:
+    fp8, row = _FAMILIES.get(arch.family, _FAMILIES["unknown"])
+    cfg = KernelConfig(fp8_format=fp8, **row)
+    if arch.family == "hopper" and head_dim <= 64:
+        cfg = cfg.replace(block_m=128, block_n=128, num_warps=8, num_stages=3)
+    if head_dim > 128:
+        # Keep the fp32 accumulator of a 256-wide head in registers.
+        cfg = cfg.replace(block_m=64, block_n=32 if arch.vendor == "amd" else 64, num_warps=4,
+                          num_stages=min(cfg.num_stages, 2))
+    return cfg
+
+
+def supported_choices(arch: ArchInfo) -> dict:
+    """What this GPU can run for each user-visible choice, and why not where it cannot."""
+    fp8_ok = arch.fp8 is not None
+    return {
+        "qk_quant_gran": {g: (True, "") for g in QK_QUANT_GRANS},
+        "pv_precision": {
+            "fp16": (True, ""),
+            "fp8": (fp8_ok, "" if fp8_ok else f"{arch.arch} has no fp8 matrix instructions; fp8 → fp16 on this GPU"),
+        },
+        "pv_accum_dtype": {a: (True, "") for a in PV_ACCUM_DTYPES},
+    }
+
+
+def resolve_config(arch: ArchInfo, head_dim: int = 128, qk_quant_gran: Optional[str] = None,
+                   pv_precision: Optional[str] = None, pv_accum_dtype: Optional[str] = None
+                   ) -> tuple[KernelConfig, list[str]]:
+    """Defaults for ``arch`` overridden by the user's choices.
+
+    Returns the config and a list of human-readable downgrades (choices this GPU cannot run).
+    Invalid names raise ValueError: that is a caller bug, not a hardware limit.
+    """
+    cfg = default_config(arch, head_dim)
+    notes: list[str] = []
+    for value, allowed, what in ((qk_quant_gran, QK_QUANT_GRANS, "qk_quant_gran"),
+                                 (pv_precision, PV_PRECISIONS, "pv_precision"),
+                                 (pv_accum_dtype, PV_ACCUM_DTYPES, "pv_accum_dtype")):
+        if value is not None and value not in allowed:
+            raise ValueError(f"{what}={value!r} is not one of {allowed}")
+    if qk_quant_gran is not None:
+        cfg = cfg.replace(qk_quant_gran=qk_quant_gran)
+    if pv_precision is not None:
+        ok, why = supported_choices(arch)["pv_precision"][pv_precision]
+        if ok:
+            cfg = cfg.replace(pv_precision=pv_precision)
+        else:
+            cfg = cfg.replace(pv_precision="fp16")
+            notes.append(why)
+    if pv_accum_dtype is not None:
+        cfg = cfg.replace(pv_accum_dtype=pv_accum_dtype)
+    if cfg.pv_precision == "fp8" and cfg.fp8_format is None:
+        cfg = cfg.replace(fp8_format="e4m3fn")  # interpreter / unknown arch asked for fp8 explicitly
+    return cfg, notes
