@@ -1,0 +1,52 @@
+"""Test setup: the Triton interpreter for kernels on CPU, ComfyUI on CPU when one is found.
+
+Order matters: TRITON_INTERPRET must be set before triton is imported, and ComfyUI's ``--cpu``
+before ``comfy.model_management`` is imported (the pack imports it when ComfyUI is present).
+"""
+import os
+import sys
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import pytest  # noqa: E402
+from pack_loader import find_comfyui, import_pack, prepare_comfyui_for_cpu  # noqa: E402
+
+COMFYUI = find_comfyui()
+if COMFYUI is not None:
+    prepare_comfyui_for_cpu(COMFYUI)
+
+PACK = import_pack()
+
+needs_comfyui = pytest.mark.skipif(
+    COMFYUI is None, reason="ComfyUI not found (set COMFYUI_PATH, or clone it to ~/ComfyUI)")
+
+
+def pytest_report_header(config):
+    return f"SageTriton: ComfyUI at {COMFYUI or 'NOT FOUND (ComfyUI tests skipped)'}"
+
+
+@pytest.fixture(scope="session")
+def comfyui_path():
+    if COMFYUI is None:
+        pytest.skip("ComfyUI not found (set COMFYUI_PATH, or clone it to ~/ComfyUI)")
+    return COMFYUI
+
+
+@pytest.fixture(scope="session")
+def pack():
+    return PACK
+
+
+@pytest.fixture
+def seed(request):
+    """A fresh seed per test, printed so a failure can be replayed (SAGE_TEST_SEED=N)."""
+    import random
+
+    import torch
+
+    s = int(os.environ.get("SAGE_TEST_SEED", random.randrange(2**31)))
+    print(f"seed={s} ({request.node.name})")
+    torch.manual_seed(s)
+    return s
