@@ -119,15 +119,21 @@ def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int):
     scale = scale.reshape(B * H, D).contiguous()
     inv = 1.0 / scale
     mean_flat = mean.reshape(B * H, D).contiguous() if smooth_v else None
-    out = torch.empty((B * H, L, d_pad), dtype=out_dtype, device=v.device)
+    if fp8:
+        # Stored (D_PAD, L) per head: FP8 MMAs want P·V's B operand K-major (tokens contiguous).
+        out = torch.empty((B * H, d_pad, L), dtype=out_dtype, device=v.device)
+        stride_l, stride_d = 1, L
+    else:
+        out = torch.empty((B * H, L, d_pad), dtype=out_dtype, device=v.device)
+        stride_l, stride_d = d_pad, 1
     block = 64
     quant.convert_v_kernel[(triton.cdiv(L, block), B * H)](
         v, *v.stride(), mean_flat if smooth_v else inv, inv,
-        out, *out.stride(), H, L, D,
+        out, out.stride(0), stride_l, stride_d, H, L, D,
         BLOCK=block, D_PAD=d_pad, HAS_MEAN=smooth_v, INTERPRETER=interpreter_enabled(), num_warps=4,
     )
-    # Kernel-side view of the converted V as (B, H, L, D_PAD).
-    strides = (H * L * d_pad, L * d_pad, d_pad, 1)
+    # Kernel-side strides of the converted V as (B, H, L, D_PAD).
+    strides = (H * L * d_pad, L * d_pad, stride_l, stride_d)
     if fp8:
         scale = scale / p_scale  # P was multiplied by p_scale before the fp8 cast
     return out, strides, scale, mean_flat, mode, p_scale
