@@ -18,8 +18,7 @@ import triton.testing
 from common import RESULTS, cosine, environment, import_pack, rel_l1, write_json
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-pack = import_pack()
-kernels = pack.kernels
+import_pack()
 from sagetriton.kernels.api import attention_forward  # noqa: E402
 from sagetriton.kernels.arch import default_config, detect_arch  # noqa: E402
 

@@ -13,7 +13,7 @@ import sys
 import torch
 from common import cosine, environment, import_pack
 
-pack = import_pack()
+import_pack()
 from sagetriton.kernels import reference as ref  # noqa: E402
 from sagetriton.kernels import sageattn  # noqa: E402
 
