@@ -73,10 +73,12 @@ def _prepare_mask(attn_mask, B, H, LQ, LK):
     return m, kind
 
 
-def _quantize_qk(x, mean, group, block, d_pad, scale_mult, mean_mode, mean_div, bias=None):
+def _quantize_qk(x, mean, group, block, d_pad, scale_mult, mean_mode, mean_div, bias=None, per_block=False):
+    """INT8 copy (B*H, L, D_PAD) and scales: one per block with ``per_block`` (group == block), else
+    one per token (the group's scale repeated)."""
     B, H, L, D = x.shape
     out = torch.empty((B * H, L, d_pad), dtype=torch.int8, device=x.device)
-    scale = torch.empty((B * H, L), dtype=torch.float32, device=x.device)
+    scale = torch.empty((B * H, triton.cdiv(L, block) if per_block else L), dtype=torch.float32, device=x.device)
     dummy = scale
     grid = (triton.cdiv(L, block), B * H)
     quant.quantize_int8_kernel[grid](
@@ -85,7 +87,7 @@ def _quantize_qk(x, mean, group, block, d_pad, scale_mult, mean_mode, mean_div, 
         *(mean.stride()[:2] if mean is not None else (0, 0)),
         out, scale, bias if bias is not None else dummy,
         H, mean_div, L, D, scale_mult,
-        BLOCK=block, GROUP=group, D_PAD=d_pad, MEAN_MODE=mean_mode,
+        BLOCK=block, GROUP=group, D_PAD=d_pad, MEAN_MODE=mean_mode, SCALE_PER_BLOCK=per_block,
         num_warps=4,
     )
     return out, scale
@@ -169,13 +171,16 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
     q_group, k_group = cfg.group_sizes()
     km = kh.mean(dim=2, dtype=torch.float32) if smooth_k else None  # (B, H_KV, D)
     qbias = torch.empty((B * H, LQ), dtype=torch.float32, device=q.device) if (smooth_k and return_lse) else None
+    # Q scales stay per token (a row vector loaded once per program); K scales are one scalar per
+    # tile whenever the granularity allows, which saves a multiply per logit in the inner loop.
     q8, qs = _quantize_qk(qh, km if qbias is not None else None, q_group, cfg.block_m, d_pad,
                           sm_scale * quant.LOG2E, quant.MEAN_DOT if qbias is not None else quant.MEAN_NONE,
                           H // H_KV, bias=qbias)
     if qbias is not None:
         qbias.mul_(sm_scale)
+    k_scalar = k_group == cfg.block_n
     k8, ks = _quantize_qk(kh, km, k_group, cfg.block_n, d_pad, 1.0,
-                          quant.MEAN_SUBTRACT if smooth_k else quant.MEAN_NONE, 1)
+                          quant.MEAN_SUBTRACT if smooth_k else quant.MEAN_NONE, 1, per_block=k_scalar)
     v_op, v_strides, v_scale, v_mean, pv_mode, p_scale = _prepare_v(vh, cfg, smooth_v, d_pad)
 
     mask, mask_kind = _prepare_mask(attn_mask, B, H, LQ, LK)
@@ -193,7 +198,7 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_PAD=d_pad,
         IS_CAUSAL=is_causal, MASK_KIND=mask_kind, PV_MODE=pv_mode, P_SCALE=p_scale,
         HAS_VSCALE=v_scale is not None, HAS_VMEAN=v_mean is not None, HAS_QBIAS=qbias is not None,
-        RETURN_LSE=return_lse, EVEN_D=(D == d_pad) or (v_op is not vh), INTERPRETER=interpreter_enabled(),
+        K_SCALAR=k_scalar, RETURN_LSE=return_lse, EVEN_D=(D == d_pad) or (v_op is not vh), INTERPRETER=interpreter_enabled(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out, lse

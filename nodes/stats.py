@@ -13,7 +13,7 @@ _total_kernel = 0
 _total_fallback: Counter = Counter()
 
 
-def record_kernel(run: "RunTally | None" = None) -> None:
+def record_kernel(run: RunTally | None = None) -> None:
     global _total_kernel
     with _lock:
         _total_kernel += 1
@@ -21,7 +21,7 @@ def record_kernel(run: "RunTally | None" = None) -> None:
         run.kernel += 1
 
 
-def record_fallback(reason: str, run: "RunTally | None" = None) -> bool:
+def record_fallback(reason: str, run: RunTally | None = None) -> bool:
     """Count a fallback. Returns True the first time ``reason`` is seen in this run (warn once)."""
     with _lock:
         _total_fallback[reason] += 1

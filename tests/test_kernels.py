@@ -56,10 +56,12 @@ def test_every_option_combination(seed, gran, pv, acc, smooth_k, smooth_v):
     check(out, q, k, v)
     _, exact_lse = ref.exact_attention(q, k, v)
     assert torch.allclose(lse.double(), exact_lse, atol=0.05, rtol=0.01)
-    # Tight agreement with the same quantized arithmetic in torch: only the softmax order differs.
+    # Agreement with the same quantized arithmetic in torch: only the softmax order differs. With
+    # fp8, P is rounded relative to the running row max in the kernel and the final max in the
+    # reference, so the two carry independent fp8 rounding errors of P.
     cfg = KernelConfig(gran, pv, acc, "e4m3fn" if pv == "fp8" else None, 64, 64, 4, 1)
     qref, qref_lse = ref.quantized_reference(q, k, v, cfg, smooth_k=smooth_k, smooth_v=smooth_v)
-    assert cosine(out, qref) >= (0.9999 if pv == "fp16" else 0.9995)
+    assert cosine(out, qref) >= (0.9999 if pv == "fp16" else 0.999)
     # Round-half ties differ (torch rounds to even, the kernel away from zero): a few 1e-2 nats.
     assert (lse - qref_lse).abs().max() < 3e-2, (lse - qref_lse).abs().max()
 
