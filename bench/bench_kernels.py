@@ -128,11 +128,12 @@ def sweep(arch, shapes, dtype):
         D = shape[3]
         sets = make_sets(shape, dtype)
         base = default_config(arch, D)
-        for bm, bn, w, s in [(64, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2),
-                             (128, 128, 8, 3), (64, 128, 4, 3), (128, 32, 4, 3)]:
+        for bm, bn, w, s in [(64, 64, 4, 3), (64, 128, 4, 2), (64, 128, 4, 3), (64, 128, 4, 4),
+                             (128, 128, 8, 3), (128, 64, 4, 3), (64, 256, 4, 2), (128, 128, 4, 2)]:
             for pv in ("fp16", "fp8"):
                 c = base.replace(block_m=bm, block_n=bn, num_warps=w, num_stages=s, pv_precision=pv)
-                fn = lambda q, k, v, c=c: attention_forward(q, k, v, "HND", False, None, None, False, c, True, False)[0]
+                fn = lambda q, k, v, c=c: attention_forward(q, k, v, "HND", False, None, None, False, c, True,
+                                                             False)[0]
                 try:
                     ms = timed(fn, sets)
                     cos, _ = accuracy(fn, *sets[0])

@@ -198,7 +198,8 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_PAD=d_pad,
         IS_CAUSAL=is_causal, MASK_KIND=mask_kind, PV_MODE=pv_mode, P_SCALE=p_scale,
         HAS_VSCALE=v_scale is not None, HAS_VMEAN=v_mean is not None, HAS_QBIAS=qbias is not None,
-        K_SCALAR=k_scalar, RETURN_LSE=return_lse, EVEN_D=(D == d_pad) or (v_op is not vh), INTERPRETER=interpreter_enabled(),
+        K_SCALAR=k_scalar, RETURN_LSE=return_lse, EVEN_D=(D == d_pad) or (v_op is not vh),
+        INTERPRETER=interpreter_enabled(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out, lse
