@@ -46,6 +46,8 @@ class KernelConfig:
     num_stages: int = 2
     # Key length below which torch SDPA beats the kernel (quantization overhead dominates).
     min_seq_len: int = 2048
+    # Load K/V tiles through tensor descriptors (TMA). NVIDIA sm90+ only.
+    use_tma: bool = False
 
     def group_sizes(self) -> tuple[int, int]:
         """Tokens sharing one Q scale and one K scale for this granularity."""

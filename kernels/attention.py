@@ -49,20 +49,25 @@ def _masked_softmax_tile(x, m_i, offs_m, offs_n, mask_base, stride_mm, stride_mn
 @triton.jit
 def _attn_tile(
     acc, l_i, m_i, q, qs, offs_m, start_n,
-    k_base, ks_base, v_base, mask_base,
+    k_base, ks_base, v_base, mask_base, k_desc, v_desc, bhk,
     stride_vn, stride_vd, stride_mm, stride_mn,
     LQ, LK, D,
     BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, BOUNDARY: tl.constexpr, IS_CAUSAL: tl.constexpr,
     MASK_KIND: tl.constexpr, PV_MODE: tl.constexpr, P_SCALE: tl.constexpr, EVEN_D: tl.constexpr,
-    K_SCALAR: tl.constexpr, INTERPRETER: tl.constexpr,
+    K_SCALAR: tl.constexpr, INTERPRETER: tl.constexpr, K_TMA: tl.constexpr, V_TMA: tl.constexpr,
+    V_T: tl.constexpr,
 ):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_PAD)
-    k_ptrs = k_base + offs_n[:, None].to(tl.int64) * D_PAD + offs_d[None, :]
-    if BOUNDARY:
-        k = tl.load(k_ptrs, mask=offs_n[:, None] < LK, other=0)
+    if K_TMA:
+        # Tensor-memory-accelerator copy (Hopper+): rows past LK arrive zero-filled.
+        k = k_desc.load([bhk, start_n, 0]).reshape(BLOCK_N, D_PAD)
     else:
-        k = tl.load(k_ptrs)
+        k_ptrs = k_base + offs_n[:, None].to(tl.int64) * D_PAD + offs_d[None, :]
+        if BOUNDARY:
+            k = tl.load(k_ptrs, mask=offs_n[:, None] < LK, other=0)
+        else:
+            k = tl.load(k_ptrs)
     s = tl.dot(q, tl.trans(k))  # int32
 
     if K_SCALAR:
@@ -87,7 +92,12 @@ def _attn_tile(
     acc = acc * alpha[:, None]
 
     v_ptrs = v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_d[None, :] * stride_vd
-    if BOUNDARY:
+    if V_TMA:
+        if V_T:
+            v = tl.trans(v_desc.load([bhk, 0, start_n]).reshape(D_PAD, BLOCK_N))
+        else:
+            v = v_desc.load([bhk, start_n, 0]).reshape(BLOCK_N, D_PAD)
+    elif BOUNDARY:
         if EVEN_D:
             v = tl.load(v_ptrs, mask=offs_n[:, None] < LK, other=0.0)
         else:
@@ -117,7 +127,7 @@ def _attn_tile(
 @triton.jit
 def attention_kernel(
     Q8, QS, K8, KS, V, VScale, VMean, QBias,
-    Out, Lse, Mask,
+    Out, Lse, Mask, KDesc, VDesc,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,
     stride_mb, stride_mh, stride_mm, stride_mn,
@@ -126,6 +136,7 @@ def attention_kernel(
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PV_MODE: tl.constexpr, P_SCALE: tl.constexpr,
     HAS_VSCALE: tl.constexpr, HAS_VMEAN: tl.constexpr, HAS_QBIAS: tl.constexpr,
     K_SCALAR: tl.constexpr, RETURN_LSE: tl.constexpr, EVEN_D: tl.constexpr, INTERPRETER: tl.constexpr,
+    K_TMA: tl.constexpr, V_TMA: tl.constexpr, V_T: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -160,14 +171,16 @@ def attention_kernel(
 
     for start_n in range(0, full_end, BLOCK_N):
         acc, l_i, m_i = _attn_tile(
-            acc, l_i, m_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, mask_base,
+            acc, l_i, m_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, mask_base, KDesc, VDesc, bhk,
             stride_vn, stride_vd, stride_mm, stride_mn, LQ, LK, D,
-            BLOCK_N, D_PAD, False, IS_CAUSAL, MASK_KIND, PV_MODE, P_SCALE, EVEN_D, K_SCALAR, INTERPRETER)
+            BLOCK_N, D_PAD, False, IS_CAUSAL, MASK_KIND, PV_MODE, P_SCALE, EVEN_D, K_SCALAR, INTERPRETER,
+            K_TMA, V_TMA, V_T)
     for start_n in range(full_end, hi, BLOCK_N):
         acc, l_i, m_i = _attn_tile(
-            acc, l_i, m_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, mask_base,
+            acc, l_i, m_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, mask_base, KDesc, VDesc, bhk,
             stride_vn, stride_vd, stride_mm, stride_mn, LQ, LK, D,
-            BLOCK_N, D_PAD, True, IS_CAUSAL, MASK_KIND, PV_MODE, P_SCALE, EVEN_D, K_SCALAR, INTERPRETER)
+            BLOCK_N, D_PAD, True, IS_CAUSAL, MASK_KIND, PV_MODE, P_SCALE, EVEN_D, K_SCALAR, INTERPRETER,
+            K_TMA, V_TMA, V_T)
 
     # A fully masked row has l_i == 0: SDPA returns 0 there, and so do we.
     live = l_i > 0

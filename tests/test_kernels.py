@@ -261,6 +261,16 @@ def test_fake_tensor_shapes():
     with FakeTensorMode():
         q = torch.empty(2, 100, 4, 64, dtype=torch.bfloat16)
         out, lse = kernels.api.attention_op(q, q, q, "NHD", False, 0.125, None, True, "per_warp", "fp16",
-                                            "fp32", "", 64, 64, 4, 1, True, False)
+                                            "fp32", "", 64, 64, 4, 1, False, True, False)
         assert out.shape == q.shape and out.dtype == q.dtype
         assert lse.shape == (2, 4, 100) and lse.dtype == torch.float32
+
+
+@pytest.mark.parametrize("pv", ["fp16", "fp8"])
+def test_tensor_descriptor_path(seed, pv):
+    """The Hopper TMA variant computes the same function (the interpreter emulates descriptors)."""
+    q, k, v = make_qkv(LQ=70, LK=90, D=48)
+    cfg = KernelConfig("per_warp", pv, "fp16+fp32", "e4m3fn" if pv == "fp8" else None, 64, 64, 4, 1,
+                       use_tma=True)
+    out, _ = kernels.attention_forward(q, k, v, "HND", False, None, None, False, cfg, True, False)
+    check(out, q, k, v)
