@@ -64,6 +64,7 @@ class AttentionCall:
     kv_heads: int = 0
     q_len: int = 0
     k_len: int = 0
+    v_head_dim: int = 0
 
     @property
     def transformer_options(self) -> dict:
@@ -81,15 +82,17 @@ def bind_call(args: tuple, kwargs: dict) -> AttentionCall:
     a = bound.arguments
     call = AttentionCall(a["q"], a["k"], a["v"], int(a["heads"]), a["mask"], a["attn_precision"],
                          bool(a["skip_reshape"]), bool(a["skip_output_reshape"]), dict(a["kwargs"]))
-    q, k = call.q, call.k
+    q, k, v = call.q, call.k, call.v
     if call.skip_reshape:  # (B, H, L, D)
         call.batch, _, call.q_len, call.head_dim = q.shape
         call.kv_heads, call.k_len = k.shape[1], k.shape[2]
-    else:  # (B, L, H*D)
+        call.v_head_dim = v.shape[-1]
+    else:  # q (B, L, H*D); k and v (B, L, H*D) or already (B, L, H, D) (SD3 passes v that way)
         call.batch, call.q_len, width = q.shape
         call.head_dim = width // call.heads
         call.k_len = k.shape[1]
-        call.kv_heads = k.shape[-1] // max(1, call.head_dim)
+        call.kv_heads = k.shape[2] if k.ndim == 4 else k.shape[-1] // max(1, call.head_dim)
+        call.v_head_dim = v.shape[-1] if v.ndim == 4 else v.shape[-1] // max(1, call.kv_heads)
     return call
 
 
@@ -97,9 +100,13 @@ def kernel_inputs(call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor, torc
     """q, k, v as strided views for the kernel, and their layout ("HND" or "NHD"); no copies."""
     if call.skip_reshape:
         return call.q, call.k, call.v, "HND"
-    d = call.head_dim
-    return (call.q.unflatten(-1, (call.heads, d)), call.k.unflatten(-1, (call.kv_heads, d)),
-            call.v.unflatten(-1, (call.kv_heads, call.v.shape[-1] // call.kv_heads)), "NHD")
+    return (_split_heads(call.q, call.heads), _split_heads(call.k, call.kv_heads), _split_heads(call.v, call.kv_heads),
+            "NHD")
+
+
+def _split_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """(B, L, H*D) -> (B, L, H, D) as a view; 4-D tensors are already split."""
+    return t if t.ndim == 4 else t.unflatten(-1, (heads, t.shape[-1] // heads))
 
 
 def hnd_inputs(call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -249,8 +256,8 @@ class PatchState:
             return f"head_dim {call.head_dim} outside 1..{MAX_HEAD_DIM}", None
         if call.kv_heads < 1 or call.heads % call.kv_heads:
             return "query heads not a multiple of key heads", None
-        if v.shape[-1] != k.shape[-1]:
-            return "v head size differs from k", None
+        if call.v_head_dim != call.head_dim:
+            return "v head size differs from q/k", None
         mask, why = normalize_mask(call)
         if why:
             return why, None
