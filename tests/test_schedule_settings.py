@@ -1,7 +1,6 @@
 """Step detection for full-precision steps, and the settings' validation (no ComfyUI needed)."""
 import pytest
 import torch
-
 from sagetriton.nodes.schedule import is_full_precision_step, step_position
 from sagetriton.nodes.settings import SageSettings
 
