@@ -8,7 +8,6 @@ backend the model wanted and ``args/kwargs`` follow
 from __future__ import annotations
 
 import inspect
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -187,7 +186,7 @@ class PatchState:
         self.last_min_seq_len: Optional[int] = None
         self._configs: dict[tuple, tuple[KernelConfig, int]] = {}
         self._archs: dict[str, ArchInfo] = {}
-        self._lock = threading.Lock()
+        self._step_cache: Optional[tuple[tuple, bool]] = None
 
     # --- configuration -------------------------------------------------------------------------
     def arch_for(self, device: torch.device) -> ArchInfo:
@@ -218,9 +217,25 @@ class PatchState:
         measured = self.crossover(arch, cfg) if self.crossover is not None else None
         return cfg.min_seq_len if measured is None else int(measured)
 
+    def _full_precision_step(self, transformer_options: dict) -> bool:
+        s = self.settings
+        if s.full_precision_first_steps <= 0 and s.full_precision_last_steps <= 0:
+            return False
+        # Every attention call of one model evaluation shares the same sigma tensors: decide once per
+        # evaluation (reading GPU sigmas synchronises with the device).
+        key = (transformer_options.get("sigmas"), transformer_options.get("sample_sigmas"))
+        cached = self._step_cache
+        if cached is not None and cached[0][0] is key[0] and cached[0][1] is key[1]:
+            return cached[1]
+        result = is_full_precision_step(transformer_options, s.full_precision_first_steps,
+                                        s.full_precision_last_steps)
+        self._step_cache = (key, result)
+        return result
+
     # --- run bookkeeping -------------------------------------------------------------------------
     def begin_run(self) -> None:
         self.run = RunTally()
+        self._step_cache = None
 
     def end_run(self) -> Optional[RunTally]:
         run, self.run = self.run, None
@@ -261,14 +276,13 @@ class PatchState:
         mask, why = normalize_mask(call)
         if why:
             return why, None
-        s = self.settings
-        if is_full_precision_step(call.transformer_options, s.full_precision_first_steps, s.full_precision_last_steps):
+        if self._full_precision_step(call.transformer_options):
             return "full-precision step", None
         arch = self.arch_for(q.device)
         cfg, min_len = self.config_for(arch, call.head_dim)
         if call.k_len < min_len:
             return f"key length < {min_len}", None
-        key = _variant_key(arch, cfg, s, call, mask)
+        key = _variant_key(arch, cfg, self.settings, call, mask)
         if key in _disabled_variants:
             return "kernel failed (variant disabled until restart)", None
         return None, (arch, cfg, mask, key)

@@ -28,4 +28,14 @@ class SageTritonPatchModelAttention:
         }
 
     def patch(self, model, settings=None, unique_id=None):
-        return (patch_model(model, settings, node_id=unique_id),)
+        return (patch_model(model, settings, node_id=unique_id or executing_node_id()),)
+
+
+def executing_node_id():
+    """The node ComfyUI is executing right now (this one), where the hidden input did not say."""
+    try:
+        from comfy_execution.utils import get_executing_context
+    except ImportError:
+        return None
+    context = get_executing_context()
+    return getattr(context, "node_id", None)

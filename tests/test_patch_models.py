@@ -4,6 +4,7 @@ The kernel runs through the Triton interpreter (min_seq_len=0 so every call is e
 """
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 from sagetriton.kernels.arch import arch_from_properties
 from sagetriton.nodes import stats
 from sagetriton.nodes.patching import OVERRIDE_KEY, patch_model, patch_state_of
-from sagetriton.nodes.run_summary import WRAPPER_KEY
+from sagetriton.nodes.run_summary import WRAPPER_KEY, send_progress_text
 from sagetriton.nodes.settings import SageSettings
 from tiny_models import BUILDERS, cosine, sample
 
@@ -76,7 +77,7 @@ def test_patched_model_samples_like_the_original(family, tiny, monkeypatch, pack
     assert torch.equal(sample(t), reference)
 
 
-def test_nodes_through_ksampler(tiny, pack):
+def test_nodes_through_ksampler(tiny, pack, caplog):
     from sagetriton.nodes.registry import NODE_CLASS_MAPPINGS
 
     import nodes as comfy_nodes
@@ -91,12 +92,16 @@ def test_nodes_through_ksampler(tiny, pack):
     latent = {"samples": t.latent}
     args = (7, 2, t.cfg, "euler", "simple", t.positive, t.negative, latent)
     (reference,) = comfy_nodes.KSampler().sample(t.patcher, *args)
-    (out,) = comfy_nodes.KSampler().sample(patched, *args)
+    with caplog.at_level(logging.INFO, logger="SageTriton"):
+        (out,) = comfy_nodes.KSampler().sample(patched, *args)
 
     run = stats.last_run()
     assert run["node_id"] == "42" and run["kernel"] > 0 and run["fallback"] == {}
     assert run["config"]["qk_quant_gran"] == "per_thread"
     assert "calls on the SageTriton kernel" in run["text"]
+    ours = [r.getMessage() for r in caplog.records if r.name == "SageTriton"]
+    assert ours == [f"[SageTriton] {run['text']}"]  # one line per run
+    assert not send_progress_text(run["text"], "42")  # no ComfyUI server in this process: nothing to tell
     assert cosine(out["samples"], reference["samples"]) >= 0.999
 
 
