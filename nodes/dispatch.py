@@ -17,6 +17,7 @@ import torch
 from ..kernels.arch import ArchInfo, KernelConfig, detect_arch, interpreter_enabled, resolve_config
 from ..kernels.log import logger
 from . import fallback as fb
+from .install_report import NoReport
 from .schedule import is_full_precision_step
 from .settings import DEFAULT_SETTINGS, MIN_SEQ_LEN_MEASURED, SageSettings
 from .stats import RunTally, record_fallback, record_kernel
@@ -172,19 +173,19 @@ class PatchState:
 
     def __init__(self, settings: SageSettings = DEFAULT_SETTINGS, previous_override: Optional[Callable] = None,
                  arch: Optional[ArchInfo] = None, node_id: Optional[str] = None,
-                 score_budget_bytes: int = fb.DEFAULT_SCORE_BUDGET, crossover: Optional[Callable] = None):
+                 score_budget_bytes: int = fb.DEFAULT_SCORE_BUDGET, report: Optional[NoReport] = None):
         self.settings = settings
         self.previous_override = previous_override
         self.arch_override = arch  # injected for tests (simulated GPUs); None = detect from tensors
         self.node_id = node_id
         self.score_budget_bytes = score_budget_bytes
-        self.crossover = crossover  # (ArchInfo, KernelConfig) -> measured crossover or None
+        self.report = report or NoReport()  # install.py's self-test: crossover, failed variants
         self.run: Optional[RunTally] = None
         self.notes: list[str] = []  # downgrades, shown once and in every run summary
         self.last_config: Optional[KernelConfig] = None
         self.last_arch: Optional[ArchInfo] = None
         self.last_min_seq_len: Optional[int] = None
-        self._configs: dict[tuple, tuple[KernelConfig, int]] = {}
+        self._configs: dict[tuple, tuple[Optional[KernelConfig], int]] = {}
         self._archs: dict[str, ArchInfo] = {}
         self._step_cache: Optional[tuple[tuple, bool]] = None
 
@@ -197,24 +198,43 @@ class PatchState:
             self._archs[key] = detect_arch(device)
         return self._archs[key]
 
-    def config_for(self, arch: ArchInfo, head_dim: int) -> tuple[KernelConfig, int]:
-        """Resolved kernel config and the key-length threshold for this arch and head size."""
+    def config_for(self, arch: ArchInfo, head_dim: int) -> tuple[Optional[KernelConfig], int]:
+        """Resolved kernel config (None: no variant works here) and the key-length threshold."""
         key = (arch, head_dim)
         if key not in self._configs:
             cfg, notes = resolve_config(arch, head_dim, **self.settings.explicit_kernel_choices())
+            if self.report.variant_failed(arch, cfg):
+                cfg, note = self._working_variant(arch, cfg)
+                notes.append(note)
             for note in notes:
-                if note not in self.notes:
-                    self.notes.append(note)
-                    logger.warning("[SageTriton] %s: using the nearest supported setting.", note)
-            self._configs[key] = (cfg, self._min_seq_len(arch, cfg))
+                self._note(note)
+            self._configs[key] = (cfg, self._min_seq_len(arch, cfg) if cfg is not None else 0)
         cfg, min_len = self._configs[key]
-        self.last_config, self.last_arch, self.last_min_seq_len = cfg, arch, min_len
+        if cfg is not None:
+            self.last_config, self.last_arch, self.last_min_seq_len = cfg, arch, min_len
         return cfg, min_len
+
+    def _working_variant(self, arch: ArchInfo, cfg: KernelConfig) -> tuple[Optional[KernelConfig], str]:
+        """The closest variant that passed the install self-test, safest choices first."""
+        name = f"{cfg.qk_quant_gran}/{cfg.pv_precision}/{cfg.pv_accum_dtype}"
+        failed = f"kernel variant {name} failed the install self-test on {arch.arch}"
+        for gran in dict.fromkeys((cfg.qk_quant_gran, "per_warp", "per_thread", "per_block")):
+            for pv in dict.fromkeys((cfg.pv_precision, "fp16")):
+                for acc in dict.fromkeys((cfg.pv_accum_dtype, "fp32")):
+                    alt = cfg.replace(qk_quant_gran=gran, pv_precision=pv, pv_accum_dtype=acc)
+                    if alt != cfg and not self.report.variant_failed(arch, alt):
+                        return alt, f"{failed}; using {gran}/{pv}/{acc}"
+        return None, f"{failed}, and so did every fallback variant"
+
+    def _note(self, note: str) -> None:
+        if note not in self.notes:
+            self.notes.append(note)
+            logger.warning("[SageTriton] %s.", note)
 
     def _min_seq_len(self, arch: ArchInfo, cfg: KernelConfig) -> int:
         if self.settings.min_seq_len != MIN_SEQ_LEN_MEASURED:
             return self.settings.min_seq_len
-        measured = self.crossover(arch, cfg) if self.crossover is not None else None
+        measured = self.report.crossover(arch, cfg)
         return cfg.min_seq_len if measured is None else int(measured)
 
     def _full_precision_step(self, transformer_options: dict) -> bool:
@@ -280,6 +300,8 @@ class PatchState:
             return "full-precision step", None
         arch = self.arch_for(q.device)
         cfg, min_len = self.config_for(arch, call.head_dim)
+        if cfg is None:
+            return "no kernel variant passed the install self-test", None
         if call.k_len < min_len:
             return f"key length < {min_len}", None
         key = _variant_key(arch, cfg, self.settings, call, mask)
@@ -300,7 +322,8 @@ class PatchState:
 
     def run_fallback(self, func: Callable, args: tuple, kwargs: dict, call: Optional[AttentionCall]) -> torch.Tensor:
         arch = self.arch_for(call.q.device) if call is not None else self.arch_override
-        kind = fb.resolve_fallback_kind(self.settings.fallback, arch)
+        kind = fb.resolve_fallback_kind(self.settings.fallback, arch,
+                                        self.report.sdpa_default_safe(arch) if fb.is_rdna4(arch) else None)
         if call is None or kind == "comfy":
             return self._call_comfy_side(func, args, kwargs, math_only=kind == "math")
         if kind == "math" and self.previous_override is not None and self.settings.fallback == "auto":

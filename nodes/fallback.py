@@ -27,10 +27,14 @@ def is_rdna4(arch: Optional[ArchInfo]) -> bool:
     return arch is not None and arch.family == "rdna4"
 
 
-def resolve_fallback_kind(choice: str, arch: Optional[ArchInfo]) -> str:
-    """"comfy" | "sdpa" | "math" for the user's choice on this GPU."""
+def resolve_fallback_kind(choice: str, arch: Optional[ArchInfo], sdpa_default_safe: Optional[bool] = None) -> str:
+    """"comfy" | "sdpa" | "math" for the user's choice on this GPU.
+
+    On RDNA4 everything is "math" (SDPA's flash path can abort the process), except an explicit
+    "sdpa" where install.py's child-process probe found the default SDPA path safe on this GPU.
+    """
     if is_rdna4(arch):
-        return "math"  # anything else may reach SDPA's flash path, which can abort the process
+        return "sdpa" if choice == "sdpa" and sdpa_default_safe is True else "math"
     return "comfy" if choice == "auto" else choice
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..kernels.arch import ArchInfo, KernelConfig
+from ..kernels.arch import ArchInfo
 from .dispatch import PatchState, make_attention_override
+from .install_report import InstallReport
 from .run_summary import WRAPPER_KEY, make_outer_sample_wrapper
 from .settings import DEFAULT_SETTINGS, SageSettings
 
@@ -23,22 +24,6 @@ def require_attention_override_support() -> None:
     if not hasattr(attention, "wrap_attn"):
         raise RuntimeError(f"SageTriton needs ComfyUI {MIN_COMFYUI} or newer (per-model attention override); "
                            "please update ComfyUI.")
-
-
-def measured_crossover(arch: ArchInfo, cfg: KernelConfig) -> Optional[int]:
-    """Key length where the kernel starts to beat SDPA, as measured by install.py's self-test, if any."""
-    try:
-        from ..kernels import report
-    except ImportError:
-        return None
-    getter = getattr(report, "measured_crossover", None)
-    if getter is None:
-        return None
-    try:
-        value = getter(arch)
-    except Exception:  # a broken or stale report must not break sampling: use the table
-        return None
-    return None if value is None else int(value)
 
 
 def previous_override_of(model) -> Optional[callable]:
@@ -57,7 +42,7 @@ def patch_model(model, settings: Optional[SageSettings] = None, node_id: Optiona
 
     require_attention_override_support()
     state = PatchState(settings or DEFAULT_SETTINGS, previous_override_of(model), arch=arch, node_id=node_id,
-                       crossover=measured_crossover, **state_options)
+                       **{"report": InstallReport(), **state_options})
     patched = model.clone()
     patched.model_options.setdefault("transformer_options", {})[OVERRIDE_KEY] = make_attention_override(state)
     outer = comfy.patcher_extension.WrappersMP.OUTER_SAMPLE

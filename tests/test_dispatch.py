@@ -14,6 +14,7 @@ from attention_cases import comfy_args, cosine, exact_attention, normalized_mask
 from sagetriton.kernels.arch import arch_from_properties
 from sagetriton.nodes import dispatch, fallback, stats
 from sagetriton.nodes.dispatch import PatchState, bind_call, kernel_inputs
+from sagetriton.nodes.install_report import NoReport
 from sagetriton.nodes.settings import SageSettings
 
 ALWAYS_KERNEL = SageSettings(min_seq_len=0)
@@ -298,3 +299,54 @@ def test_process_totals_count_every_call():
     after = stats.attention_stats()
     assert after["fallback"]["key length < 100"] == before["fallback"].get("key length < 100", 0) + 1
     assert after["kernel"] == before["kernel"]
+
+
+# --- install.py's self-test report -----------------------------------------------------------------
+class MeasuredReport(NoReport):
+    """Answers shaped like kernels.report's for a GPU where install.py measured things."""
+
+    def __init__(self, crossover=None, failed=(), sdpa_safe=None):
+        self._crossover, self._failed, self._sdpa_safe = crossover, set(failed), sdpa_safe
+
+    def crossover(self, arch, cfg):
+        return self._crossover
+
+    def variant_failed(self, arch, cfg):
+        return f"{cfg.qk_quant_gran}/{cfg.pv_precision}/{cfg.pv_accum_dtype}" in self._failed
+
+    def sdpa_default_safe(self, arch):
+        return self._sdpa_safe
+
+
+def test_measured_crossover_replaces_the_table_value():
+    state = run_state(SageSettings(), report=MeasuredReport(crossover=20))
+    q, k, v = random_qkv(lq=8, lk=16, d=16)
+    call_override(state, q, k, v)
+    call_override(state, *random_qkv(lq=8, lk=24, d=16))
+    assert state.run.kernel == 1 and dict(state.run.fallback) == {"key length < 20": 1}
+    assert state.last_min_seq_len == 20
+
+
+def test_variant_that_failed_the_self_test_is_replaced_by_a_working_one(caplog):
+    report = MeasuredReport(failed={"per_thread/fp16/fp32", "per_warp/fp16/fp32"})
+    state = run_state(SageSettings(min_seq_len=0, qk_quant_gran="per_thread"), report=report)
+    with caplog.at_level(logging.WARNING, logger="SageTriton"):
+        call_override(state, *random_qkv(lq=16, lk=16, d=32))
+    assert state.run.kernel == 1
+    assert (state.last_config.qk_quant_gran, state.last_config.pv_precision) == ("per_block", "fp16")
+    assert any("per_thread/fp16/fp32 failed the install self-test" in r.getMessage() for r in caplog.records)
+
+
+def test_no_working_variant_means_fallback():
+    grans, accs = ("per_block", "per_warp", "per_thread"), ("fp32", "fp16+fp32", "fp16")
+    report = MeasuredReport(failed={f"{g}/{p}/{a}" for g in grans for p in ("fp16", "fp8") for a in accs})
+    state = run_state(SageSettings(min_seq_len=0), report=report)
+    call_override(state, *random_qkv(lq=8, lk=8, d=16))
+    assert reference_backend.calls == 1
+    assert dict(state.run.fallback) == {"no kernel variant passed the install self-test": 1}
+
+
+def test_rdna4_honours_explicit_sdpa_only_where_the_probe_found_it_safe():
+    assert fallback.resolve_fallback_kind("sdpa", RDNA4, sdpa_default_safe=True) == "sdpa"
+    assert fallback.resolve_fallback_kind("sdpa", RDNA4, sdpa_default_safe=None) == "math"
+    assert fallback.resolve_fallback_kind("auto", RDNA4, sdpa_default_safe=True) == "math"
