@@ -321,7 +321,8 @@ class PatchState:
         return comfy_output(out, layout, call)
 
     def run_fallback(self, func: Callable, args: tuple, kwargs: dict, call: Optional[AttentionCall]) -> torch.Tensor:
-        arch = self.arch_for(call.q.device) if call is not None else self.arch_override
+        first = call.q if call is not None else (args[0] if args else None)
+        arch = self.arch_for(first.device) if isinstance(first, torch.Tensor) else self.arch_override
         kind = fb.resolve_fallback_kind(self.settings.fallback, arch,
                                         self.report.sdpa_default_safe(arch) if fb.is_rdna4(arch) else None)
         if call is None or kind == "comfy":
