@@ -196,3 +196,16 @@ def test_older_comfyui_is_refused_with_the_minimum_version(tiny, monkeypatch):
     monkeypatch.delattr(attention, "wrap_attn")  # what ComfyUI < 0.3.60 looks like
     with pytest.raises(RuntimeError, match=r"0\.3\.60"):
         patch_model(tiny("wan21").patcher)
+
+
+def test_patch_survives_downstream_clones_and_leaves_other_models_alone(tiny):
+    flux, wan = tiny("flux"), tiny("wan21")
+    patched = patch_model(wan.patcher, ALWAYS_KERNEL)
+    downstream = patched.clone()  # what every later model node (LoRA, model sampling, ...) does
+    downstream.model_options["transformer_options"]["some_other_pack"] = True
+    sample(wan, downstream, steps=1)
+    assert stats.last_run()["kernel"] > 0
+
+    before = stats.attention_stats()
+    sample(flux, steps=1)  # another MODEL of the same graph: never routed through us
+    assert stats.attention_stats() == before
