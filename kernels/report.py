@@ -188,3 +188,17 @@ def sdpa_default_safe(arch: Optional[ArchInfo] = None) -> Optional[bool]:
     """RDNA4: whether torch's default SDPA survived the child-process probe. None: not probed (other GPUs)."""
     r = current_report(arch)
     return (r or {}).get("sdpa_default_safe")
+
+
+def is_variant_disabled(cfg, arch: Optional[ArchInfo] = None) -> bool:
+    """Whether the variant a ``KernelConfig`` selects failed here (for the dispatcher)."""
+    return variant_name(cfg.qk_quant_gran, cfg.pv_precision, cfg.pv_accum_dtype) in disabled_variants(arch)
+
+
+def crossover_for(arch: ArchInfo, cfg=None) -> Optional[int]:
+    """Dispatcher hook ``(ArchInfo, KernelConfig) -> measured crossover or None``.
+
+    Measured for the default variant at head_dim 128; used for every variant (the quantization
+    overhead that sets it is the same).
+    """
+    return measured_crossover(arch)
