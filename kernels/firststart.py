@@ -248,13 +248,13 @@ def setup_status() -> dict:
     return _state.snapshot()
 
 
-def _background_job(delay: float) -> None:
+def _background_job(delay: float, device_fn: Optional[Callable]) -> None:
     try:
         time.sleep(delay)  # let ComfyUI finish starting: the worker competes for CPU while it compiles
         from .arch import detect_arch
         from .report import current_report
 
-        arch = detect_arch()
+        arch = detect_arch(device_fn() if device_fn else None)
         if arch.vendor == "cpu":
             _state.set("skipped", "no GPU: SageTriton leaves ComfyUI's attention in place")
             return
@@ -284,7 +284,7 @@ def _background_job(delay: float) -> None:
         logger.warning("[SageTriton] background self-test failed: %s: %s", type(e).__name__, e)
 
 
-def start_background_setup(delay: float = 10.0) -> bool:
+def start_background_setup(delay: float = 10.0, device_fn: Optional[Callable] = None) -> bool:
     """Start the one-time build + self-test in a daemon thread if needed. Idempotent, non-blocking."""
     if os.environ.get(ENV_NO_AUTOSETUP, "0") == "1":
         _state.set("skipped", f"disabled by {ENV_NO_AUTOSETUP}=1")
@@ -293,7 +293,8 @@ def start_background_setup(delay: float = 10.0) -> bool:
         if _state.thread is not None:
             return False
         _state.phase = "waiting"
-        _state.thread = threading.Thread(target=_background_job, args=(delay,), name="SageTriton-setup", daemon=True)
+        _state.thread = threading.Thread(target=_background_job, args=(delay, device_fn), name="SageTriton-setup",
+                                         daemon=True)
         _state.thread.start()
     return True
 
