@@ -1,7 +1,5 @@
 """GET /sage/status: the payload as a plain function, and the route through a real ComfyUI server."""
-import pytest
 from comfy_server import comfy_server
-from conftest import needs_comfyui
 
 EXPECTED_KEYS = {"device", "arch", "vendor", "defaults", "variants", "crossover", "sdpa_default_safe", "stats",
                  "last_run", "setup", "report", "disabled_variants"}
@@ -30,7 +28,6 @@ def test_payload_without_server(pack, tmp_path, monkeypatch):
     rep.invalidate_cache()
 
 
-@needs_comfyui
 def test_status_route_in_real_comfyui(comfyui_path, tmp_path):
     with comfy_server(comfyui_path, env={"SAGETRITON_REPORT_DIR": str(tmp_path)}) as srv:
         direct = srv.get_json("/sage/status")
