@@ -51,8 +51,12 @@ def parse_args(argv=None):
 
 def check_targets_main(args) -> int:
     cc = pack_module("kernels.crosscompile")
-    names = cc.DEFAULT_TARGETS if args.check_targets == "default" else \
-        [t.name for t in cc.parse_targets(args.check_targets)]
+    try:
+        names = cc.DEFAULT_TARGETS if args.check_targets == "default" else \
+            [t.name for t in cc.parse_targets(args.check_targets)]
+    except ValueError as e:
+        print(f"install.py: {e}", file=sys.stderr)
+        return 2
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         results = cc.check_targets_in_child(names, args.head_dim)
     else:

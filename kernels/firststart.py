@@ -120,8 +120,9 @@ def _worker_cmd(out_path: Path, mode: str, show_progress: bool) -> list:
 
 def run_worker_stage(mode: str, out_path: Path, echo: bool = True, sdpa_default_safe: Optional[bool] = None,
                      on_progress: Optional[Callable[[dict], None]] = None, timeout: float = WORKER_TIMEOUT,
-                     cmd_for: Callable = _worker_cmd) -> dict:
+                     cmd_for: Optional[Callable] = None) -> dict:
     """Run the worker until it completes, restarting after crashes; returns its final state."""
+    cmd_for = cmd_for or _worker_cmd
     env = dict(os.environ)
     if mode == "interpreter":
         env["TRITON_INTERPRET"] = "1"
