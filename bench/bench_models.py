@@ -116,32 +116,43 @@ def forward_inputs(patcher, name: str):
     return x, sigma, kwargs
 
 
-def time_forward(patcher, x, sigma, kwargs, runs: int, warmup: int = 2):
-    topts = patcher.model_options.get("transformer_options", {})
-    call = lambda: patcher.model.apply_model(x, sigma, transformer_options=dict(topts), **kwargs)  # noqa: E731
+def time_variants(variants: dict, x, sigma, kwargs, runs: int, warmup: int = 2) -> dict:
+    """Median seconds per forward of each variant, timed in interleaved rounds (A, B, C, A, B, C, ...)
+    so clock and cache drift hit every variant alike. Also: output, peak memory, calls per forward."""
     cuda = DEVICE == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+
+    def call(patcher):
+        topts = patcher.model_options.get("transformer_options", {})
+        return patcher.model.apply_model(x, sigma, transformer_options=dict(topts), **kwargs)
+
+    result = {}
     with torch.no_grad():
-        for _ in range(warmup):
-            out = call()
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        times = []
-        before = attention_stats()
+        for label, patcher in variants.items():  # warm-up, output, memory and call counts, one variant at a time
+            for _ in range(warmup):
+                call(patcher)
+            sync()
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            before = attention_stats()
+            out = call(patcher).float()
+            sync()
+            after = attention_stats()
+            calls = {"kernel": after["kernel"] - before["kernel"],
+                     "fallback": {r: n - before["fallback"].get(r, 0) for r, n in after["fallback"].items()
+                                  if n - before["fallback"].get(r, 0)}}
+            peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+            result[label] = dict(out=out, peak_gib=peak, calls=calls, times=[])
         for _ in range(runs):
-            if cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            out = call()
-            if cuda:
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-        after = attention_stats()
-    calls = {"kernel": (after["kernel"] - before["kernel"]) // runs,
-             "fallback": {r: (n - before["fallback"].get(r, 0)) // runs for r, n in after["fallback"].items()
-                          if n - before["fallback"].get(r, 0)}}
-    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
-    return out.float(), statistics.median(times), peak, calls
+            for label, patcher in variants.items():
+                sync()
+                t0 = time.perf_counter()
+                call(patcher)
+                sync()
+                result[label]["times"].append(time.perf_counter() - t0)
+    for r in result.values():
+        r["seconds"] = statistics.median(r.pop("times"))
+    return result
 
 
 def sample4(patcher, name: str):
@@ -153,23 +164,21 @@ def sample4(patcher, name: str):
 
 def bench_model(name: str, runs: int) -> list:
     base = build(name)
-    # Unpatched twice, first and last: the spread between the two is the noise of this measurement.
     variants = {"unpatched": base, "patched (defaults)": patch_model(base, SageSettings()),
-                "patched (kernel on every call)": patch_model(base, SageSettings(min_seq_len=0)),
-                "unpatched (again)": base}
+                "patched (kernel on every call)": patch_model(base, SageSettings(min_seq_len=0))}
     x, sigma, kwargs = forward_inputs(base, name)
-    rows, ref_out, ref_sample = [], None, None
+    timed = time_variants(variants, x, sigma, kwargs, runs)
+    ref = timed["unpatched"]
+    ref_sample = sample4(base, name)
+    rows = []
     for label, patcher in variants.items():
-        out, seconds, peak, calls = time_forward(patcher, x, sigma, kwargs, runs)
-        sampled = sample4(patcher, name)
-        if ref_out is None:
-            ref_out, ref_sample = out, sampled
-        rows.append(dict(model=name, variant=label, seconds=seconds, peak_gib=peak, calls=calls,
-                         cosine_forward=cosine(out, ref_out), cosine_4_steps=cosine(sampled, ref_sample),
-                         finite=bool(torch.isfinite(out).all())))
-        rows[-1]["speedup"] = rows[0]["seconds"] / seconds
+        t = timed[label]
+        sampled = ref_sample if patcher is base else sample4(patcher, name)
+        rows.append(dict(model=name, variant=label, seconds=t["seconds"], speedup=ref["seconds"] / t["seconds"],
+                         peak_gib=t["peak_gib"], calls=t["calls"], cosine_forward=cosine(t["out"], ref["out"]),
+                         cosine_4_steps=cosine(sampled, ref_sample), finite=bool(torch.isfinite(t["out"]).all())))
         print(rows[-1], flush=True)
-    del base, variants
+    del base, variants, timed
     gc.collect()
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
@@ -188,7 +197,7 @@ def shrink_for_cpu_smoke_test() -> None:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--models", default="wan21,flux,sdxl")
-    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--out", default=None)
     ap.add_argument("--tiny", action="store_true", help="tiny configs on the CPU: checks this script, times nothing")
     args = ap.parse_args(argv)
