@@ -63,10 +63,10 @@ def worker_main(out_path: str, mode: str, show_progress: bool = True) -> int:
     if mode == "gpu":
         arch, device = detect_arch(), torch.device("cuda", torch.cuda.current_device())
         dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        head_dims, shapes = selftest.BUILD_HEAD_DIMS, selftest.GPU_ACCURACY_SHAPES
-    else:
+        head_dims, shapes, tokens = selftest.BUILD_HEAD_DIMS, selftest.GPU_ACCURACY_SHAPES, 256
+    else:  # the interpreter compiles nothing: keep the "build" run tiny
         arch, device, dtype = CPU_ARCH, torch.device("cpu"), torch.float16
-        head_dims, shapes = (64,), selftest.CPU_ACCURACY_SHAPES
+        head_dims, shapes, tokens = (64,), selftest.CPU_ACCURACY_SHAPES, 64
     variants = selftest.variants_for(arch)
     state["total"] = len(variants) + (1 if mode == "gpu" else 0)
     todo = [v for v in variants if selftest.name_of(v) not in state["variants"]]
@@ -79,7 +79,7 @@ def worker_main(out_path: str, mode: str, show_progress: bool = True) -> int:
         if bar:
             bar.set_postfix_str(name)
         _write_json(path, state)  # written before the risky part: a crash here is pinned on this variant
-        builds = {d: selftest.build_variant(v, d, device, dtype) for d in head_dims}
+        builds = {d: selftest.build_variant(v, d, device, dtype, tokens) for d in head_dims}
         failed = {d: b for d, b in builds.items() if not b["ok"]}
         build = {"ok": not failed, "seconds": round(sum(b["seconds"] for b in builds.values()), 2),
                  "head_dims": list(head_dims)}

@@ -87,13 +87,13 @@ def _sageattn():
 # Build and accuracy
 
 
-def build_variant(variant: dict, head_dim: int, device, dtype) -> dict:
+def build_variant(variant: dict, head_dim: int, device, dtype, tokens: int = 256) -> dict:
     """Compile (first call JIT-compiles) and run once on a small input. Never raises."""
     import torch
 
     t0 = time.perf_counter()
     try:
-        q, k, v = make_inputs((1, 2, 256, 256, head_dim), device, dtype, seed=1)
+        q, k, v = make_inputs((1, 2, tokens, tokens, head_dim), device, dtype, seed=1)
         out = _sageattn()(q, k, v, **variant)
         if device.type == "cuda":
             torch.cuda.synchronize(device)

@@ -118,3 +118,40 @@ def test_autosetup_can_be_disabled(fs, monkeypatch):
     monkeypatch.setenv(fs.ENV_NO_AUTOSETUP, "1")
     assert fs.start_background_setup(delay=0) is False
     assert fs.setup_status()["phase"] == "skipped"
+
+
+def test_run_setup_on_rdna4_probes_sdpa_first_and_writes_the_report(fs, monkeypatch, tmp_path):
+    from sagetriton.kernels import report, sdpa_probe
+    from sagetriton.kernels.arch import ArchInfo
+
+    monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path))
+    rdna4 = ArchInfo("amd", "gfx1201", "rdna4", "AMD Radeon RX 9070 XT", 32, "e4m3fn")
+    monkeypatch.setattr(sdpa_probe, "probe_sdpa_default",
+                        lambda device: {"safe": False, "reason": "child killed by SIGABRT", "cases": []})
+    seen = {}
+
+    def fake_stage(mode, out_path, echo, sdpa_default_safe, on_progress):
+        seen.update(mode=mode, sdpa_default_safe=sdpa_default_safe)
+        return {"complete": True, "crossover": {"seq_len": 1024, "sdpa": "math"},
+                "variants": {"per_warp/fp8/fp32": {"build": {"ok": True}, "selftest": {"ok": True}},
+                             "per_thread/fp8/fp16": {"build": {"ok": False, "error": "crashed"}}}}
+
+    monkeypatch.setattr(fs, "run_worker_stage", fake_stage)
+    r = fs.run_setup(rdna4, "gpu", echo=False)
+    assert seen == {"mode": "gpu", "sdpa_default_safe": False}  # the speed test compares against MATH
+    assert r["sdpa_default_safe"] is False and "SIGABRT" in r["sdpa_probe"]["reason"]
+    assert r["disabled_variants"] == ["per_thread/fp8/fp16"] and r["complete"]
+    saved = report.load_report(report.report_key(rdna4))
+    assert saved["crossover"]["seq_len"] == 1024 and saved["device"]["arch"] == "gfx1201"
+
+
+def test_run_setup_without_results_is_not_cached(fs, monkeypatch, tmp_path):
+    from sagetriton.kernels import report
+    from sagetriton.kernels.arch import ArchInfo
+
+    monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path))
+    ada = ArchInfo("nvidia", "sm89", "ada", "RTX 4090", 32, "e4m3fn")
+    monkeypatch.setattr(fs, "run_worker_stage", lambda *a, **k: {"error": "worker died at start-up", "variants": {}})
+    r = fs.run_setup(ada, "gpu", echo=False)
+    assert r["error"] == "worker died at start-up" and "path" not in r
+    assert report.load_report(report.report_key(ada)) is None  # the next start tries again
