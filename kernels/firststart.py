@@ -67,7 +67,8 @@ def worker_main(out_path: str, mode: str, show_progress: bool = True) -> int:
     else:  # the interpreter compiles nothing: keep the "build" run tiny
         arch, device, dtype = CPU_ARCH, torch.device("cpu"), torch.float16
         head_dims, shapes, tokens = (64,), selftest.CPU_ACCURACY_SHAPES, 64
-    variants = selftest.variants_for(arch)
+    # quick: only the default variant (what an unconfigured Patch node runs), e.g. for a short GPU session
+    variants = [selftest.default_variant(arch)] if state.get("quick") else selftest.variants_for(arch)
     state["total"] = len(variants) + (1 if mode == "gpu" else 0)
     todo = [v for v in variants if selftest.name_of(v) not in state["variants"]]
     bar = None
@@ -120,7 +121,7 @@ def _worker_cmd(out_path: Path, mode: str, show_progress: bool) -> list:
 
 def run_worker_stage(mode: str, out_path: Path, echo: bool = True, sdpa_default_safe: Optional[bool] = None,
                      on_progress: Optional[Callable[[dict], None]] = None, timeout: float = WORKER_TIMEOUT,
-                     cmd_for: Optional[Callable] = None) -> dict:
+                     cmd_for: Optional[Callable] = None, quick: bool = False) -> dict:
     """Run the worker until it completes, restarting after crashes; returns its final state."""
     cmd_for = cmd_for or _worker_cmd
     env = dict(os.environ)
@@ -128,7 +129,7 @@ def run_worker_stage(mode: str, out_path: Path, echo: bool = True, sdpa_default_
         env["TRITON_INTERPRET"] = "1"
     else:
         env.pop("TRITON_INTERPRET", None)
-    state = {"variants": {}, "sdpa_default_safe": sdpa_default_safe}
+    state = {"variants": {}, "sdpa_default_safe": sdpa_default_safe, "quick": quick}
     _write_json(out_path, state)
     crashes = []
     for _attempt in range(MAX_RESTARTS + 1):
@@ -176,7 +177,7 @@ def disabled_from(variants: dict) -> list:
 
 
 def run_setup(arch: ArchInfo, mode: str, echo: bool = True, on_progress=None, doctor: Optional[list] = None,
-              cross_compile: Optional[dict] = None, probe_sdpa: bool = True) -> dict:
+              cross_compile: Optional[dict] = None, probe_sdpa: bool = True, quick: bool = False) -> dict:
     """The full job for ``arch``: (RDNA4) SDPA probe, worker stage, report. Returns the saved report."""
     from .sdpa_probe import needs_probe, probe_sdpa_default
 
@@ -199,7 +200,9 @@ def run_setup(arch: ArchInfo, mode: str, echo: bool = True, on_progress=None, do
     d = report_dir()
     d.mkdir(parents=True, exist_ok=True)
     partial = d / f".worker-{report['key_id']}.json"
-    state = run_worker_stage(mode, partial, echo=echo, sdpa_default_safe=safe, on_progress=on_progress)
+    state = run_worker_stage(mode, partial, echo=echo, sdpa_default_safe=safe, on_progress=on_progress,
+                             quick=quick)
+    report["quick"] = quick
     report["variants"] = state.get("variants", {})
     report["disabled_variants"] = disabled_from(report["variants"])
     report["crossover"] = state.get("crossover")

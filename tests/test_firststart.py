@@ -130,7 +130,7 @@ def test_run_setup_on_rdna4_probes_sdpa_first_and_writes_the_report(fs, monkeypa
                         lambda device: {"safe": False, "reason": "child killed by SIGABRT", "cases": []})
     seen = {}
 
-    def fake_stage(mode, out_path, echo, sdpa_default_safe, on_progress):
+    def fake_stage(mode, out_path, echo, sdpa_default_safe, on_progress, quick=False):
         seen.update(mode=mode, sdpa_default_safe=sdpa_default_safe)
         return {"complete": True, "crossover": {"seq_len": 1024, "sdpa": "math"},
                 "variants": {"per_warp/fp8/fp32": {"build": {"ok": True}, "selftest": {"ok": True}},

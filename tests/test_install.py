@@ -95,7 +95,7 @@ def test_gpu_path_with_a_simulated_rdna4(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(doctor, "probe_environment", lambda: _gpu_env(doctor))
     calls = []
 
-    def fake_setup(arch, mode, echo, doctor):
+    def fake_setup(arch, mode, echo, doctor, quick=False):
         calls.append((arch.arch, arch.family, mode))
         r = report.new_report(report.report_key(arch))
         r.update(mode=mode, complete=True, sdpa_default_safe=False,
