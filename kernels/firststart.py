@@ -232,12 +232,20 @@ class _State:
         self.message = ""
         self.progress: dict = {}
         self.thread: Optional[threading.Thread] = None
+        self.notify: Optional[Callable[[dict], None]] = None  # e.g. a websocket push to the browser
 
     def set(self, phase: str, message: str = "", **progress) -> None:
         with self.lock:
+            changed = (phase, message, progress or self.progress) != (self.phase, self.message, self.progress)
             self.phase, self.message = phase, message
             if progress:
                 self.progress = progress
+            notify = self.notify if changed else None
+        if notify is not None:
+            try:
+                notify(self.snapshot())
+            except Exception as e:  # noqa: BLE001 - a closed browser tab must not stop the self-test
+                logger.debug("[SageTriton] setup progress notification failed: %s", e)
 
     def snapshot(self) -> dict:
         with self.lock:
@@ -288,8 +296,14 @@ def _background_job(delay: float, device_fn: Optional[Callable]) -> None:
         logger.warning("[SageTriton] background self-test failed: %s: %s", type(e).__name__, e)
 
 
-def start_background_setup(delay: float = 10.0, device_fn: Optional[Callable] = None) -> bool:
-    """Start the one-time build + self-test in a daemon thread if needed. Idempotent, non-blocking."""
+def start_background_setup(delay: float = 10.0, device_fn: Optional[Callable] = None,
+                           notify: Optional[Callable[[dict], None]] = None) -> bool:
+    """Start the one-time build + self-test in a daemon thread if needed. Idempotent, non-blocking.
+
+    ``device_fn()`` gives the device to test (ComfyUI's); ``notify(setup_status())`` is called on every change.
+    """
+    if notify is not None:
+        _state.notify = notify
     if os.environ.get(ENV_NO_AUTOSETUP, "0") == "1":
         _state.set("skipped", f"disabled by {ENV_NO_AUTOSETUP}=1")
         return False

@@ -78,6 +78,16 @@ def status_payload(device=None) -> dict:
     }
 
 
+SETUP_EVENT = "sagetriton.setup"  # websocket event with ``setup_status()`` while the first-start self-test runs
+
+
+def notify_setup(state: dict) -> None:
+    """Push the background self-test's progress to open browser tabs (called from its thread)."""
+    from server import PromptServer
+
+    PromptServer.instance.send_sync(SETUP_EVENT, state)
+
+
 def register_routes() -> bool:
     """Attach ``/sage/status`` to ComfyUI's server. Returns False when there is no server to attach to."""
     try:

@@ -73,12 +73,22 @@ def test_disabled_from_counts_failed_builds_and_selftests(fs):
     assert fs.disabled_from(variants) == ["y", "z"]
 
 
-def test_background_job_skips_cpu(fs):
+def test_background_job_skips_cpu_and_notifies(fs, monkeypatch):
     import torch
 
+    pushed = []
+    monkeypatch.setattr(fs._state, "notify", pushed.append)
     fs._background_job(0, lambda: torch.device("cpu"))
     st = fs.setup_status()
     assert st["phase"] == "skipped" and "no GPU" in st["message"]
+    assert pushed and pushed[-1] == st
+
+    def broken(state):
+        raise ConnectionResetError("tab closed")
+
+    monkeypatch.setattr(fs._state, "notify", broken)
+    fs._state.set("running", "x", done=1, total=2)  # a failing notification is swallowed
+    assert fs.setup_status()["progress"] == {"done": 1, "total": 2}
 
 
 def test_background_job_uses_existing_report_or_runs_setup(fs, monkeypatch):
