@@ -230,6 +230,8 @@ def check_triton(env: Environment) -> Check:
     if env.triton_version is None:
         if env.system == "Windows" and env.build == "cuda":
             fix = "pip install triton-windows (the release matching your torch), or use WSL2"
+        elif env.system == "Windows" and env.build == "rocm":
+            fix = "Triton has no AMD back-end for native Windows: run ComfyUI in WSL2 with ROCm torch (docs/AMD.md)"
         elif env.build == "rocm":
             fix = "reinstall torch from the ROCm index: it brings pytorch-triton-rocm"
         else:
@@ -241,9 +243,12 @@ def check_triton(env: Environment) -> Check:
     have_mm = _major_minor(env.triton_version)
     if want_mm and have_mm and want_mm != have_mm:
         pkg = re.match(r"^[A-Za-z0-9_.-]+", want).group(0)
+        if env.system == "Windows":  # torch's metadata names Linux triton; Windows gets the same release line
+            fix = f"pip install \"triton-windows>={want_mm[0]}.{want_mm[1]},<{want_mm[0]}.{want_mm[1] + 1}\""
+        else:
+            fix = f"pip install \"{pkg}=={want_mm[0]}.{want_mm[1]}.*\" (or reinstall torch, which brings it)"
         return Check("triton", FAIL,
-                     f"{env.triton_version}, but this torch expects {want}: kernels may fail to compile or crash",
-                     f"pip install \"{pkg}=={want_mm[0]}.{want_mm[1]}.*\" (or reinstall torch, which brings it)")
+                     f"{env.triton_version}, but this torch expects {want}: kernels may fail to compile or crash", fix)
     detail = env.triton_version + (f" (torch expects {want})" if want else "")
     return Check("triton", OK, detail)
 

@@ -31,6 +31,7 @@ PACK_DIR = Path(__file__).resolve().parent.parent
 MAX_RESTARTS = 3
 WORKER_TIMEOUT = 1800.0  # compiling ~36 variants on a slow GPU takes minutes, not half an hour
 ENV_NO_AUTOSETUP = "SAGETRITON_NO_AUTOSETUP"
+ENV_SETUP_DELAY = "SAGETRITON_SETUP_DELAY"  # seconds after start-up before the background self-test (default 10)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,7 +297,7 @@ def _background_job(delay: float, device_fn: Optional[Callable]) -> None:
         logger.warning("[SageTriton] background self-test failed: %s: %s", type(e).__name__, e)
 
 
-def start_background_setup(delay: float = 10.0, device_fn: Optional[Callable] = None,
+def start_background_setup(delay: Optional[float] = None, device_fn: Optional[Callable] = None,
                            notify: Optional[Callable[[dict], None]] = None) -> bool:
     """Start the one-time build + self-test in a daemon thread if needed. Idempotent, non-blocking.
 
@@ -304,6 +305,11 @@ def start_background_setup(delay: float = 10.0, device_fn: Optional[Callable] = 
     """
     if notify is not None:
         _state.notify = notify
+    if delay is None:
+        try:
+            delay = float(os.environ.get(ENV_SETUP_DELAY, "10"))
+        except ValueError:
+            delay = 10.0
     if os.environ.get(ENV_NO_AUTOSETUP, "0") == "1":
         _state.set("skipped", f"disabled by {ENV_NO_AUTOSETUP}=1")
         return False

@@ -151,3 +151,12 @@ def test_real_environment_probe_never_raises(doctor):
     assert any(ln.startswith("[ OK ] torch") for ln in lines)
     if not torch.cuda.is_available():
         assert any("no GPU found" in ln for ln in lines)
+
+
+def test_windows_triton_hints(doctor):
+    env = _env(doctor, system="Windows", torch_hip="6.5", triton_version=None)
+    assert "WSL2" in _by_name(doctor.run_checks(env))["triton"].fix  # native Windows + AMD: no Triton back-end
+    env = _env(doctor, system="Windows", torch_cuda="12.8", triton_version="3.3.1.post19",
+               triton_required="triton==3.5.0")
+    c = _by_name(doctor.run_checks(env))["triton"]
+    assert c.status == doctor.FAIL and 'triton-windows>=3.5,<3.6' in c.fix

@@ -30,10 +30,18 @@ def test_payload_without_server(pack, tmp_path, monkeypatch):
 
 
 def test_status_route_in_real_comfyui(comfyui_path, tmp_path):
-    with comfy_server(comfyui_path, env={"SAGETRITON_REPORT_DIR": str(tmp_path)}) as srv:
+    import time
+
+    env = {"SAGETRITON_REPORT_DIR": str(tmp_path), "SAGETRITON_SETUP_DELAY": "0"}
+    with comfy_server(comfyui_path, env=env) as srv:
         direct = srv.get_json("/sage/status")
-        mirrored = srv.get_json("/api/sage/status")
+        for _ in range(100):  # the background first-start decides within a moment: no GPU, nothing to build
+            mirrored = srv.get_json("/api/sage/status")
+            if mirrored["setup"]["phase"] != "waiting":
+                break
+            time.sleep(0.1)
         log = srv.log()
+    assert mirrored["setup"]["phase"] == "skipped" and "no GPU" in mirrored["setup"]["message"]
     for p in (direct, mirrored):
         assert EXPECTED_KEYS <= set(p), sorted(p)
         assert p["vendor"] == "cpu" and p["device"] == "cpu"  # ComfyUI runs with --cpu
