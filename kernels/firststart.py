@@ -135,7 +135,9 @@ def run_worker_stage(mode: str, out_path: Path, echo: bool = True, sdpa_default_
     crashes = []
     for _attempt in range(MAX_RESTARTS + 1):
         proc = subprocess.Popen(cmd_for(out_path, mode, echo), env=env, stdout=None if echo else subprocess.DEVNULL,
-                                stderr=None if echo else subprocess.PIPE, text=True, errors="replace")
+                                stderr=None if echo else subprocess.PIPE, text=True, errors="replace",
+                                # no console window popping up on Windows when started from ComfyUI
+                                creationflags=0 if echo else getattr(subprocess, "CREATE_NO_WINDOW", 0))
         stderr, timed_out, t0 = "", False, time.monotonic()
         while True:
             try:
@@ -173,8 +175,12 @@ def run_worker_stage(mode: str, out_path: Path, echo: bool = True, sdpa_default_
 
 
 def disabled_from(variants: dict) -> list:
+    """Variants that failed to build or self-test; running out of memory is not a failure of the kernel."""
+    def failed(step: dict) -> bool:
+        return not step.get("ok", False) and not step.get("oom")
+
     return sorted(n for n, r in variants.items()
-                  if not r.get("build", {}).get("ok") or not r.get("selftest", {}).get("ok", False))
+                  if failed(r.get("build", {})) or (r.get("build", {}).get("ok") and failed(r.get("selftest", {}))))
 
 
 def run_setup(arch: ArchInfo, mode: str, echo: bool = True, on_progress=None, doctor: Optional[list] = None,

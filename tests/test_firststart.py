@@ -71,6 +71,18 @@ def test_disabled_from_counts_failed_builds_and_selftests(fs):
                 "y": {"build": {"ok": True}, "selftest": {"ok": False}},
                 "z": {"build": {"ok": False}}}
     assert fs.disabled_from(variants) == ["y", "z"]
+    oom = {"a": {"build": {"ok": False, "oom": True, "error": "OutOfMemoryError: CUDA out of memory"}},
+           "b": {"build": {"ok": True}, "selftest": {"ok": False, "oom": True}}}
+    assert fs.disabled_from(oom) == []  # ComfyUI sampling next to the self-test is not the kernel's fault
+
+
+def test_oom_is_recognised(pack):
+    import torch
+    from sagetriton.kernels.selftest import is_oom
+
+    assert is_oom(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert is_oom(RuntimeError("HIP out of memory. Tried to allocate"))
+    assert not is_oom(RuntimeError("invalid device function"))
 
 
 def test_background_job_skips_cpu_and_notifies(fs, monkeypatch):
