@@ -29,7 +29,8 @@ from .report import new_report, report_dir, report_key, save_report
 
 PACK_DIR = Path(__file__).resolve().parent.parent
 MAX_RESTARTS = 3
-WORKER_TIMEOUT = 1800.0  # compiling ~36 variants on a slow GPU takes minutes, not half an hour
+STEP_TIMEOUT = 600.0  # one variant (two head dims) or the speed test; a GPU hang is stopped after this
+WORKER_TIMEOUT = 3600.0  # the whole stage
 ENV_NO_AUTOSETUP = "SAGETRITON_NO_AUTOSETUP"
 ENV_SETUP_DELAY = "SAGETRITON_SETUP_DELAY"  # seconds after start-up before the background self-test (default 10)
 
@@ -122,7 +123,8 @@ def _worker_cmd(out_path: Path, mode: str, show_progress: bool) -> list:
 
 def run_worker_stage(mode: str, out_path: Path, echo: bool = True, sdpa_default_safe: Optional[bool] = None,
                      on_progress: Optional[Callable[[dict], None]] = None, timeout: float = WORKER_TIMEOUT,
-                     cmd_for: Optional[Callable] = None, quick: bool = False) -> dict:
+                     cmd_for: Optional[Callable] = None, quick: bool = False,
+                     step_timeout: float = STEP_TIMEOUT) -> dict:
     """Run the worker until it completes, restarting after crashes; returns its final state."""
     cmd_for = cmd_for or _worker_cmd
     env = dict(os.environ)
@@ -139,14 +141,18 @@ def run_worker_stage(mode: str, out_path: Path, echo: bool = True, sdpa_default_
                                 # no console window popping up on Windows when started from ComfyUI
                                 creationflags=0 if echo else getattr(subprocess, "CREATE_NO_WINDOW", 0))
         stderr, timed_out, t0 = "", False, time.monotonic()
+        step, step_t0 = None, t0
         while True:
             try:
                 _, stderr = proc.communicate(timeout=1.0)
                 break
             except subprocess.TimeoutExpired:
+                now, seen = time.monotonic(), _read_json(out_path)
                 if on_progress:
-                    on_progress(_read_json(out_path))
-                if time.monotonic() - t0 > timeout:
+                    on_progress(seen)
+                if (seen.get("current"), seen.get("done")) != step:
+                    step, step_t0 = (seen.get("current"), seen.get("done")), now
+                if now - step_t0 > step_timeout or now - t0 > timeout:
                     proc.kill()
                     _, stderr = proc.communicate()
                     timed_out = True
