@@ -288,7 +288,7 @@ def _background_job(delay: float, device_fn: Optional[Callable]) -> None:
             return
         _state.set("running", f"building and self-testing the kernels for {arch.name} ({arch.arch})")
         logger.info("[SageTriton] first start on %s (%s): building and self-testing the kernels in the background; "
-                    "attention uses ComfyUI's default until this finishes", arch.name, arch.arch)
+                    "until it finishes, patched models use the table's defaults", arch.name, arch.arch)
         last = [-1]
 
         def progress(state: dict) -> None:
