@@ -147,6 +147,33 @@ def sweep(arch, shapes, dtype):
     return out
 
 
+def profile_stages(arch, dtype):
+    """Device time per kernel of one call (torch.profiler): where the time goes, quantization included."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out = []
+    for shape in [(2, 24, 4096, 128), (1, 24, 16384, 128), (2, 24, 4096, 64)]:
+        q, k, v = make_sets(shape, dtype, n=1)[0]
+        for gran in ("per_block", "per_warp"):
+            c = default_config(arch, shape[3]).replace(qk_quant_gran=gran)
+            fn = lambda c=c, q=q, k=k, v=v: attention_forward(  # noqa: E731
+                q, k, v, "HND", False, None, None, False, c, True, False)
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(10):
+                    fn()
+                torch.cuda.synchronize()
+            for e in prof.key_averages():
+                t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+                if t > 0:
+                    row = dict(shape=list(shape), gran=gran, kernel=e.key[:60], us_per_call=t / 10)
+                    print(row, flush=True)
+                    out.append(row)
+    return out
+
+
 def print_table(rows):
     print(f"{'shape':>20} {'dtype':>8} {'method':>28} {'ms':>8} {'TOPS':>7} {'xSDPA':>6} {'cos':>8} {'relL1':>7}")
     for r in rows:
@@ -161,6 +188,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="three shapes, default kernel only")
     ap.add_argument("--sweep", action="store_true", help="also sweep tile configurations")
+    ap.add_argument("--profile", action="store_true", help="device time per kernel of one call")
     ap.add_argument("--dtypes", default="bfloat16,float16")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -170,6 +198,8 @@ def main(argv=None):
     env = environment() | {"arch": arch.arch}
     print(env, flush=True)
     payload = {"env": env, "rows": []}
+    if args.profile:
+        payload["profile"] = profile_stages(arch, torch.bfloat16)
     if args.sweep:
         payload["sweep"] = sweep(arch, [(1, 24, 16384, 128), (1, 24, 16384, 64), (2, 24, 4096, 128)], torch.bfloat16)
     for dt in args.dtypes.split(","):

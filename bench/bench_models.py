@@ -153,8 +153,10 @@ def sample4(patcher, name: str):
 
 def bench_model(name: str, runs: int) -> list:
     base = build(name)
+    # Unpatched twice, first and last: the spread between the two is the noise of this measurement.
     variants = {"unpatched": base, "patched (defaults)": patch_model(base, SageSettings()),
-                "patched (kernel on every call)": patch_model(base, SageSettings(min_seq_len=0))}
+                "patched (kernel on every call)": patch_model(base, SageSettings(min_seq_len=0)),
+                "unpatched (again)": base}
     x, sigma, kwargs = forward_inputs(base, name)
     rows, ref_out, ref_sample = [], None, None
     for label, patcher in variants.items():

@@ -151,40 +151,29 @@ def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int):
     if not (fp8 or tile16 or smooth_v):
         return v, v.stride(), None, None, attn.PV_16BIT, 1.0
 
-    vmin, vmax = torch.aminmax(v, dim=2)
-    vmin, vmax = vmin.float(), vmax.float()
+    vmin, vmax = torch.aminmax(v, dim=2)  # (B, H, D): one pass over V
     mean = v.mean(dim=2, dtype=torch.float32) if smooth_v else None
-    amax = torch.maximum(vmax - mean, mean - vmin) if smooth_v else torch.maximum(vmax.abs(), vmin.abs())
     if fp8:
-        scale = torch.where(amax > 0, amax / FP8_MAX[cfg.fp8_format], torch.ones_like(amax))
-        out_dtype = _FP8_TORCH[cfg.fp8_format]
-        mode, p_scale = attn.PV_FP8, FP8_MAX[cfg.fp8_format]
-    else:
-        # Powers of two keep the scaling exact in fp16.
-        scale = torch.exp2(torch.ceil(torch.log2(torch.clamp(amax / _FP16_TILE_V_LIMIT, min=1.0))))
-        out_dtype = torch.float16
-        mode, p_scale = (attn.PV_16BIT_TILE if tile16 else attn.PV_16BIT), 1.0
-    scale = scale.reshape(B * H, D).contiguous()
-    inv = 1.0 / scale
-    mean_flat = mean.reshape(B * H, D).contiguous() if smooth_v else None
-    if fp8:
+        out_dtype, mode, p_scale = _FP8_TORCH[cfg.fp8_format], attn.PV_FP8, FP8_MAX[cfg.fp8_format]
         # Stored (D_PAD, L) per head: FP8 MMAs want P·V's B operand K-major (tokens contiguous).
         # Rows padded to 16 bytes, as tensor descriptors require.
         l_pad = triton.cdiv(L, 16) * 16
         out = torch.empty((B * H, d_pad, l_pad), dtype=out_dtype, device=v.device)
         stride_l, stride_d = 1, l_pad
     else:
+        out_dtype, mode, p_scale = torch.float16, (attn.PV_16BIT_TILE if tile16 else attn.PV_16BIT), 1.0
         out = torch.empty((B * H, L, d_pad), dtype=out_dtype, device=v.device)
         stride_l, stride_d = d_pad, 1
+    scale = torch.empty((B * H, D), dtype=torch.float32, device=v.device)
     block = 64
     _launch(quant.convert_v_kernel, (triton.cdiv(L, block), B * H), (
-        v, *v.stride(), mean_flat if smooth_v else inv, inv,
+        v, *v.stride(), vmin, vmax, mean if smooth_v else scale, scale,
         out, out.stride(0), stride_l, stride_d, H, L, D,
-    ), dict(BLOCK=block, D_PAD=d_pad, HAS_MEAN=smooth_v, INTERPRETER=interpreter_enabled()), num_warps=4)
+    ), dict(BLOCK=block, D_PAD=d_pad, HAS_MEAN=smooth_v, RANGE=p_scale if fp8 else _FP16_TILE_V_LIMIT,
+            POW2_SCALE=not fp8, P_SCALE=p_scale, INTERPRETER=interpreter_enabled()), num_warps=4)
     # Kernel-side strides of the converted V as (B, H, L, D_PAD).
     strides = (H * out.stride(0), out.stride(0), stride_l, stride_d)
-    if fp8:
-        scale = scale / p_scale  # P was multiplied by p_scale before the fp8 cast
+    mean_flat = mean.reshape(B * H, D) if smooth_v else None
     return out, strides, scale, mean_flat, mode, p_scale
 
 

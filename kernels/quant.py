@@ -100,11 +100,18 @@ def quantize_int8_kernel(
 @triton.jit
 def convert_v_kernel(
     V, stride_vb, stride_vh, stride_vl, stride_vd,
-    Mean, InvScale,  # fp32 (B*H, D): subtracted, then multiplied
+    VMin, VMax, Mean,  # (B*H, D) per-channel min/max over the sequence (any float dtype), fp32 mean
+    Scale,  # fp32 (B*H, D) out: what the attention epilogue multiplies by
     Out, stride_ob, stride_ol, stride_od,  # (B*H, L, D_PAD) in any order of the last two
     H, L, D,
-    BLOCK: tl.constexpr, D_PAD: tl.constexpr, HAS_MEAN: tl.constexpr, INTERPRETER: tl.constexpr,
+    BLOCK: tl.constexpr, D_PAD: tl.constexpr, HAS_MEAN: tl.constexpr, RANGE: tl.constexpr,
+    POW2_SCALE: tl.constexpr, P_SCALE: tl.constexpr, INTERPRETER: tl.constexpr,
 ):
+    """V minus its mean (smooth_v), scaled per channel into [-RANGE, RANGE], cast to Out's dtype.
+
+    The per-channel scale is derived here from the min/max statistics rather than by a chain of
+    small torch ops: fewer launches, which is what short sequences pay for.
+    """
     pid_l = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -113,12 +120,27 @@ def convert_v_kernel(
     offs_d = tl.arange(0, D_PAD)
     row_ok = offs_l < L
     d_ok = offs_d < D
+    vmin = tl.load(VMin + bh * D + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+    vmax = tl.load(VMax + bh * D + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+    if HAS_MEAN:
+        mean = tl.load(Mean + bh * D + offs_d, mask=d_ok, other=0.0)
+        amax = tl.maximum(vmax - mean, mean - vmin)
+    else:
+        amax = tl.maximum(tl.abs(vmax), tl.abs(vmin))
+    if POW2_SCALE:  # powers of two keep the scaling exact in fp16
+        scale = tl.exp2(tl.ceil(tl.log2(tl.maximum(amax / RANGE, 1.0))))
+    else:
+        scale = tl.where(amax > 0, amax / RANGE, 1.0)
+    if pid_l == 0:
+        # P was multiplied by P_SCALE before its cast: the epilogue divides it back out.
+        tl.store(Scale + bh * D + offs_d, scale / P_SCALE, mask=d_ok)
+
     v = tl.load(V + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
                 + offs_l[:, None].to(tl.int64) * stride_vl + offs_d[None, :] * stride_vd,
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
     if HAS_MEAN:
-        v = v - tl.load(Mean + bh * D + offs_d, mask=d_ok, other=0.0)[None, :]
-    v = v * tl.load(InvScale + bh * D + offs_d, mask=d_ok, other=0.0)[None, :]
+        v = v - mean[None, :]
+    v = tl.where(d_ok[None, :], v / scale[None, :], 0.0)
     o_ptrs = (Out + bh.to(tl.int64) * stride_ob + offs_l[:, None].to(tl.int64) * stride_ol
               + offs_d[None, :] * stride_od)
     if Out.dtype.element_ty == tl.float16:

@@ -7,7 +7,6 @@ backend the model wanted and ``args/kwargs`` follow
 """
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -38,12 +37,10 @@ _disabled_variants: dict[tuple, str] = {}
 _warned_outside_runs: set[str] = set()
 
 
-def _backend_signature(q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False,
-                       skip_output_reshape=False, **kwargs):
-    """ComfyUI's attention backend signature (comfy/ldm/modules/attention.py), used for binding."""
-
-
-_SIGNATURE = inspect.signature(_backend_signature)
+def _bind_backend_arguments(q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False,
+                            skip_output_reshape=False, **kwargs):
+    """ComfyUI's attention backend signature (comfy/ldm/modules/attention.py): Python binds for us."""
+    return q, k, v, heads, mask, attn_precision, skip_reshape, skip_output_reshape, kwargs
 
 
 @dataclass
@@ -77,11 +74,10 @@ class AttentionCall:
 
 def bind_call(args: tuple, kwargs: dict) -> AttentionCall:
     """Bind positional/keyword arguments the way ComfyUI's backends do; raise TypeError if they don't fit."""
-    bound = _SIGNATURE.bind(*args, **kwargs)
-    bound.apply_defaults()
-    a = bound.arguments
-    call = AttentionCall(a["q"], a["k"], a["v"], int(a["heads"]), a["mask"], a["attn_precision"],
-                         bool(a["skip_reshape"]), bool(a["skip_output_reshape"]), dict(a["kwargs"]))
+    q, k, v, heads, mask, attn_precision, skip_reshape, skip_output_reshape, extra = \
+        _bind_backend_arguments(*args, **kwargs)
+    call = AttentionCall(q, k, v, int(heads), mask, attn_precision, bool(skip_reshape), bool(skip_output_reshape),
+                         extra)
     q, k, v = call.q, call.k, call.v
     if call.skip_reshape:  # (B, H, L, D)
         call.batch, _, call.q_len, call.head_dim = q.shape

@@ -222,8 +222,9 @@ class SdpaSpy:
 
     def __call__(self, q, *args, **kwargs):
         b = torch.backends.cuda
-        self.calls.append({"rows": q.shape[-2], "math": b.math_sdp_enabled(), "flash": b.flash_sdp_enabled(),
-                           "efficient": b.mem_efficient_sdp_enabled(), "cudnn": b.cudnn_sdp_enabled()})
+        self.calls.append({"rows": q.shape[-2], "dtype": q.dtype, "math": b.math_sdp_enabled(),
+                           "flash": b.flash_sdp_enabled(), "efficient": b.mem_efficient_sdp_enabled(),
+                           "cudnn": b.cudnn_sdp_enabled()})
         return self._real(q, *args, **kwargs)
 
     @property
@@ -271,12 +272,14 @@ def test_fallback_choice_replaces_comfyui_backend(monkeypatch, choice, seed):
     assert cosine(out, exact_attention(q, k, v)) >= 0.9999
 
 
-def test_fp32_attn_precision_is_honoured_by_our_fallbacks():
+def test_fp32_attn_precision_is_honoured_by_our_fallbacks(monkeypatch, seed):
+    spy = SdpaSpy(monkeypatch)
+    state = run_state(SageSettings(fallback="math", min_seq_len=100))
     q, k, v = random_qkv(lq=16, lk=16, d=32)
-    q = q * 30  # large logits: fp16 scores would lose precision
-    out = fallback.math_sdpa_chunked(q, k, v, upcast=True)
-    assert out.dtype == torch.float16
-    assert cosine(out, exact_attention(q, k, v)) >= 0.99999
+    out = call_override(state, q, k, v, skip_output_reshape=True, attn_precision=torch.float32)
+    call_override(state, q, k, v, skip_output_reshape=True)  # short keys, default precision
+    assert [c["dtype"] for c in spy.calls] == [torch.float32, torch.float16]
+    assert out.dtype == torch.float16 and cosine(out, exact_attention(q, k, v)) >= 0.99999
 
 
 def test_query_chunk_rows_respects_budget():

@@ -23,6 +23,15 @@ RDNA4 = arch_from_properties(SimpleNamespace(name="AMD Radeon RX 9070 XT", gcnAr
                              is_hip=True)
 
 
+@pytest.fixture(autouse=True)
+def no_install_report(monkeypatch, tmp_path, pack):
+    """Hermetic: no self-test report from this checkout's earlier runs; a test may write its own."""
+    monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path / "report"))
+    pack.kernels.report.invalidate_cache()
+    yield pack.kernels.report
+    pack.kernels.report.invalidate_cache()
+
+
 @pytest.fixture(scope="module")
 def tiny():
     cache = {}
@@ -209,3 +218,20 @@ def test_patch_survives_downstream_clones_and_leaves_other_models_alone(tiny):
     before = stats.attention_stats()
     sample(flux, steps=1)  # another MODEL of the same graph: never routed through us
     assert stats.attention_stats() == before
+
+
+def test_install_report_sets_crossover_and_avoids_failed_variants(tiny, no_install_report):
+    from sagetriton.kernels.arch import CPU_ARCH
+
+    report = no_install_report
+    measured = report.new_report(report.report_key(CPU_ARCH))
+    measured["crossover"] = {"seq_len": 16}  # wan21: 32 keys in self-attention, 8 text tokens in cross-attention
+    measured["disabled_variants"] = [report.variant_name("per_warp", "fp16", "fp32")]  # the CPU row's default
+    report.save_report(measured)
+
+    t = tiny("wan21")
+    sample(t, patch_model(t.patcher), steps=1)
+    run = stats.last_run()
+    assert run["kernel"] > 0 and run["fallback"] == {"key length < 16": run["kernel"]}
+    assert run["config"]["qk_quant_gran"] != "per_warp"
+    assert any("failed the install self-test" in note for note in run["notes"])
