@@ -171,16 +171,9 @@ def variant_name(qk_quant_gran: str, pv_precision: str, pv_accum_dtype: str) -> 
     return f"{qk_quant_gran}/{pv_precision}/{pv_accum_dtype}"
 
 
-def _runtime_report(arch: Optional[ArchInfo]) -> Optional[dict]:
-    """The report the runtime decides with. The interpreter (CPU) report is for people, not for dispatch:
-    tests on a developer's machine must not change behaviour because install.py once ran there."""
-    r = current_report(arch)
-    return None if r is None or r.get("key", {}).get("vendor") == "cpu" else r
-
-
 def measured_crossover(arch: Optional[ArchInfo] = None) -> Optional[int]:
     """Key length from which the kernel beats SDPA on this GPU; None when not measured (use the table default)."""
-    r = _runtime_report(arch)
+    r = current_report(arch)
     cross = (r or {}).get("crossover") or {}
     if cross.get("kernel_never_faster"):
         # Slower at every measured length: SDPA up to twice the longest one (the kernel may still win beyond).
@@ -191,13 +184,13 @@ def measured_crossover(arch: Optional[ArchInfo] = None) -> Optional[int]:
 
 def disabled_variants(arch: Optional[ArchInfo] = None) -> frozenset:
     """Variant names (``variant_name``) that failed to build or self-test here: the runtime must not pick them."""
-    r = _runtime_report(arch)
+    r = current_report(arch)
     return frozenset((r or {}).get("disabled_variants", ()))
 
 
 def sdpa_default_safe(arch: Optional[ArchInfo] = None) -> Optional[bool]:
     """RDNA4: whether torch's default SDPA survived the child-process probe. None: not probed (other GPUs)."""
-    r = _runtime_report(arch)
+    r = current_report(arch)
     return (r or {}).get("sdpa_default_safe")
 
 

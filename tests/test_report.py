@@ -129,14 +129,3 @@ def test_crossover_from_timings(pack):
     assert c["seq_len"] is None and c["kernel_never_faster"]
     assert crossover_from_timings([t(256, 1, 2)])["seq_len"] == 256
     assert crossover_from_timings([])["kernel_never_faster"] is False
-
-
-def test_interpreter_report_never_steers_the_runtime(rep):
-    from sagetriton.kernels.arch import CPU_ARCH
-
-    r = rep.new_report(rep.report_key(CPU_ARCH))
-    r.update(crossover={"seq_len": 64}, disabled_variants=["per_block/fp8/fp16"], sdpa_default_safe=False)
-    rep.save_report(r)
-    assert rep.current_report(CPU_ARCH) is not None  # shown on /sage/status ...
-    assert rep.measured_crossover(CPU_ARCH) is None  # ... but not used for dispatch
-    assert rep.disabled_variants(CPU_ARCH) == frozenset() and rep.sdpa_default_safe(CPU_ARCH) is None

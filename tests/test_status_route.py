@@ -24,7 +24,7 @@ def test_payload_without_server(pack, tmp_path, monkeypatch):
     rep.save_report(r)
     p = status_payload("cpu")
     assert p["report"]["found"] and p["crossover"]["seq_len"] == 2048 and p["sdpa_default_safe"] is True
-    assert p["min_seq_len_resolved"] == 0  # the CPU table value: an interpreter report never steers dispatch
+    assert p["min_seq_len_resolved"] == 2048
     assert p["disabled_variants"] == ["per_block/fp8/fp16"] and "per_warp/fp16/fp32" in p["variants"]
     rep.invalidate_cache()
 
