@@ -121,27 +121,35 @@ def bench_shape(shape, dtype, arch, all_variants=True):
     return rows, base
 
 
-def sweep(arch, shapes, dtype):
-    """Tile configurations for the default precision: pick the table's entries from this."""
+TILES = [(64, 64, 4, 3), (64, 128, 4, 2), (64, 128, 4, 3), (64, 128, 4, 4),
+         (128, 128, 8, 3), (128, 64, 4, 3), (64, 256, 4, 2), (128, 128, 4, 2)]
+# (pv precision, tensor descriptors, exp2 on FMA units)
+TILE_VARIANTS = [("fp16", False, False), ("fp8", False, False), ("fp8", True, False)]
+FMA_TILES = [(64, 128, 4, 2), (64, 128, 4, 3), (128, 128, 8, 3)]
+FMA_VARIANTS = [("fp8", True, False), ("fp8", True, True), ("fp16", True, True)]
+
+
+def sweep(arch, shapes, dtype, tiles=TILES, variants=TILE_VARIANTS):
+    """Tile configurations and code-path switches: pick the table's entries from this."""
     out = []
     for shape in shapes:
         D = shape[3]
         sets = make_sets(shape, dtype)
         base = default_config(arch, D)
-        for bm, bn, w, s in [(64, 64, 4, 3), (64, 128, 4, 2), (64, 128, 4, 3), (64, 128, 4, 4),
-                             (128, 128, 8, 3), (128, 64, 4, 3), (64, 256, 4, 2), (128, 128, 4, 2)]:
-            for pv, tma in (("fp16", False), ("fp8", False), ("fp8", True)):
-                c = base.replace(block_m=bm, block_n=bn, num_warps=w, num_stages=s, pv_precision=pv, use_tma=tma)
+        for bm, bn, w, s in tiles:
+            for pv, tma, fma in variants:
+                c = base.replace(block_m=bm, block_n=bn, num_warps=w, num_stages=s, pv_precision=pv, use_tma=tma,
+                                 exp2_fma=fma)
                 fn = lambda q, k, v, c=c: attention_forward(q, k, v, "HND", False, None, None, False, c, True,
                                                              False)[0]
                 try:
                     ms = timed(fn, sets)
                     cos, _ = accuracy(fn, *sets[0])
-                    row = dict(shape=list(shape), pv=pv, tma=tma, block_m=bm, block_n=bn, warps=w, stages=s,
-                               ms=ms, tops=tops(shape, ms), cosine=cos)
+                    row = dict(shape=list(shape), pv=pv, tma=tma, exp2_fma=fma, block_m=bm, block_n=bn, warps=w,
+                               stages=s, ms=ms, tops=tops(shape, ms), cosine=cos)
                 except Exception as e:
-                    row = dict(shape=list(shape), pv=pv, tma=tma, block_m=bm, block_n=bn, warps=w, stages=s,
-                               error=str(e).splitlines()[0][:160])
+                    row = dict(shape=list(shape), pv=pv, tma=tma, exp2_fma=fma, block_m=bm, block_n=bn, warps=w,
+                               stages=s, error=str(e).splitlines()[0][:160])
                 print(row, flush=True)
                 out.append(row)
     return out
@@ -188,6 +196,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="three shapes, default kernel only")
     ap.add_argument("--sweep", action="store_true", help="also sweep tile configurations")
+    ap.add_argument("--sweep-fma", action="store_true", help="sweep exp2-on-FMA against plain exp2")
     ap.add_argument("--profile", action="store_true", help="device time per kernel of one call")
     ap.add_argument("--dtypes", default="bfloat16,float16")
     ap.add_argument("--out", default=None)
@@ -200,9 +209,12 @@ def main(argv=None):
     payload = {"env": env, "rows": []}
     if args.profile:
         payload["profile"] = profile_stages(arch, torch.bfloat16)
+    if args.sweep_fma:
+        payload["sweep_fma"] = sweep(arch, [(1, 24, 16384, 128), (1, 24, 16384, 64), (2, 24, 4096, 128)],
+                                     torch.bfloat16, FMA_TILES, FMA_VARIANTS)
     if args.sweep:
         payload["sweep"] = sweep(arch, [(1, 24, 16384, 128), (1, 24, 16384, 64), (2, 24, 4096, 128)], torch.bfloat16)
-    for dt in args.dtypes.split(","):
+    for dt in filter(None, args.dtypes.split(",")):
         dtype = getattr(torch, dt)
         for shape in (QUICK if args.quick else SHAPES):
             rows, base = bench_shape(shape, dtype, arch, all_variants=not args.quick and dt == "bfloat16")

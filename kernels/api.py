@@ -249,7 +249,7 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
         HAS_VSCALE=v_scale is not None, HAS_VMEAN=v_mean is not None, HAS_QBIAS=qbias is not None,
         K_SCALAR=k_scalar, RETURN_LSE=return_lse, EVEN_D=(D == d_pad) or (v_op is not vh),
         INTERPRETER=interpreter_enabled(), K_TMA=k_desc is not None, V_TMA=v_desc is not None,
-        V_T=pv_mode == attn.PV_FP8,
+        V_T=pv_mode == attn.PV_FP8, EXP2_FMA=cfg.exp2_fma,
     ), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out, lse
 
@@ -258,14 +258,15 @@ def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: s
                     sm_scale: float, attn_mask: Optional[torch.Tensor], return_lse: bool,
                     qk_quant_gran: str, pv_precision: str, pv_accum_dtype: str, fp8_format: str,
                     block_m: int, block_n: int, num_warps: int, num_stages: int, use_tma: bool,
-                    smooth_k: bool, smooth_v: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                    exp2_fma: bool, smooth_k: bool, smooth_v: bool) -> tuple[torch.Tensor, torch.Tensor]:
     cfg = KernelConfig(qk_quant_gran, pv_precision, pv_accum_dtype, fp8_format or None,
-                       block_m, block_n, num_warps, num_stages, use_tma=use_tma)
+                       block_m, block_n, num_warps, num_stages, use_tma=use_tma,
+                       exp2_fma=exp2_fma)
     return attention_forward(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v)
 
 
 def _attention_fake(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, qk_quant_gran, pv_precision,
-                    pv_accum_dtype, fp8_format, block_m, block_n, num_warps, num_stages, use_tma, smooth_k,
+                    pv_accum_dtype, fp8_format, block_m, block_n, num_warps, num_stages, use_tma, exp2_fma, smooth_k,
                     smooth_v):
     B = q.shape[0]
     H, LQ = (q.shape[1], q.shape[2]) if layout == "HND" else (q.shape[2], q.shape[1])
@@ -318,6 +319,6 @@ def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: s
         sm_scale = 1.0 / math.sqrt(q.shape[-1])
     out, lse = attention_op(q, k, v, tensor_layout, bool(is_causal), float(sm_scale), attn_mask, bool(return_lse),
                             cfg.qk_quant_gran, cfg.pv_precision, cfg.pv_accum_dtype, cfg.fp8_format or "",
-                            cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.use_tma,
+                            cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.use_tma, cfg.exp2_fma,
                             bool(smooth_k), bool(smooth_v))
     return (out, lse) if return_lse else out

@@ -48,6 +48,8 @@ class KernelConfig:
     min_seq_len: int = 2048
     # Load K/V tiles through tensor descriptors (TMA). NVIDIA sm90+ only.
     use_tma: bool = False
+    # Compute half of the softmax exponentials with FMA polynomials (offloads the SFUs).
+    exp2_fma: bool = False
 
     def group_sizes(self) -> tuple[int, int]:
         """Tokens sharing one Q scale and one K scale for this granularity."""

@@ -261,7 +261,7 @@ def test_fake_tensor_shapes():
     with FakeTensorMode():
         q = torch.empty(2, 100, 4, 64, dtype=torch.bfloat16)
         out, lse = kernels.api.attention_op(q, q, q, "NHD", False, 0.125, None, True, "per_warp", "fp16",
-                                            "fp32", "", 64, 64, 4, 1, False, True, False)
+                                            "fp32", "", 64, 64, 4, 1, False, False, True, False)
         assert out.shape == q.shape and out.dtype == q.dtype
         assert lse.shape == (2, 4, 100) and lse.dtype == torch.float32
 
@@ -274,3 +274,16 @@ def test_tensor_descriptor_path(seed, pv):
                        use_tma=True)
     out, _ = kernels.attention_forward(q, k, v, "HND", False, None, None, False, cfg, True, False)
     check(out, q, k, v)
+
+
+@pytest.mark.parametrize("pv", ["fp16", "fp8"])
+def test_exp2_on_fma_units(seed, pv):
+    """Half the exponentials from the FMA polynomial: same function, same accuracy bar."""
+    q, k, v = make_qkv(LQ=70, LK=256, D=64)
+    cfg = KernelConfig("per_block", pv, "fp32", "e4m3fn" if pv == "fp8" else None, 64, 64, 4, 1, exp2_fma=True)
+    out, lse = kernels.attention_forward(q, k, v, "HND", False, None, None, True, cfg, True, False)
+    check(out, q, k, v, min_cos=0.9999 if pv == "fp16" else 0.999)
+    plain, plain_lse = kernels.attention_forward(q, k, v, "HND", False, None, None, True,
+                                                 cfg.replace(exp2_fma=False), True, False)
+    assert cosine(out, plain) >= (0.99999 if pv == "fp16" else 0.9995)
+    assert (lse - plain_lse).abs().max() < 1e-3
