@@ -22,10 +22,10 @@ if _comfyui_present():
 
     try:  # the status page and the one-time background self-test must never stop the nodes from loading
         from .kernels.firststart import start_background_setup
-        from .nodes.status_route import comfy_device, register_routes
+        from .nodes.status_route import comfy_device, notify_setup, register_routes
 
         if register_routes():  # only inside a running ComfyUI server, not when tests import the pack
-            start_background_setup(device_fn=comfy_device)
+            start_background_setup(device_fn=comfy_device, notify=notify_setup)
     except Exception as _e:  # noqa: BLE001
         from .kernels.log import logger
 

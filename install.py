@@ -43,6 +43,8 @@ def parse_args(argv=None):
     p.add_argument("--strict", action="store_true", help="exit 1 when any check, build or self-test fails")
     p.add_argument("--force", action="store_true", help="redo the build and self-test even if a report exists")
     p.add_argument("--skip-cross-compile", action="store_true", help="no GPU: skip the cross-compile check")
+    p.add_argument("--quick", action="store_true",
+                   help="build and test only the default variant (the others are checked on first use)")
     p.add_argument("--worker", metavar="STATE_JSON", help=argparse.SUPPRESS)  # internal: the self-test child
     p.add_argument("--mode", choices=("gpu", "interpreter"), default="gpu", help=argparse.SUPPRESS)
     p.add_argument("--no-progress", action="store_true", help=argparse.SUPPRESS)
@@ -109,7 +111,7 @@ def install_main(args) -> int:
         arch = env.arch(0)
         if not args.force:
             existing = report_mod.load_report(report_mod.report_key(arch))
-            if existing and existing.get("complete"):
+            if existing and existing.get("complete") and (args.quick or not existing.get("quick")):
                 section(f"Kernels for {arch.name} ({arch.arch})")
                 print("Already built and self-tested for this GPU, torch, triton and pack version "
                       "(use --force to redo):")
@@ -117,7 +119,7 @@ def install_main(args) -> int:
                 return 1 if args.strict and (failed or existing.get("disabled_variants")) else 0
         section(f"Build + self-test on {arch.name} ({arch.arch}, {arch.family})")
         print("Each kernel variant the Sage Settings node can pick is built and compared with torch SDPA.")
-        report = firststart.run_setup(arch, "gpu", echo=True, doctor=doctor_dicts)
+        report = firststart.run_setup(arch, "gpu", echo=True, doctor=doctor_dicts, quick=args.quick)
         print_report(report, selftest)
         bad = failed or report.get("disabled_variants") or not report.get("complete")
         return 1 if args.strict and bad else 0
@@ -138,7 +140,7 @@ def install_main(args) -> int:
     section("Self-test through the Triton interpreter")
     arch_mod = pack_module("kernels.arch")
     report = firststart.run_setup(arch_mod.CPU_ARCH, "interpreter", echo=True, doctor=doctor_dicts,
-                                  cross_compile=cross)
+                                  cross_compile=cross, quick=args.quick)
     print_report(report, selftest)
     section("What this means")
     print("On this machine the pack leaves ComfyUI's attention in place: the nodes load, and a model\n"

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 RESULT_MARK = "SAGE_RESULT "  # the child prints one line "SAGE_RESULT <json>" as its answer
+# Windows reports a crashed process as an NTSTATUS exit code, not a signal.
+_NTSTATUS = {0xC0000005: "an access violation", 0xC0000409: "a fatal error (abort / stack buffer overrun)",
+             0xC000001D: "an illegal instruction", 0xC00000FD: "a stack overflow"}
 
 
 @dataclass
@@ -32,6 +35,8 @@ class ChildResult:
         """One line saying how the child ended, for reports and logs."""
         if self.timed_out:
             return "the child process hung and was stopped after the timeout"
+        if self.returncode and (self.returncode & 0xFFFFFFFF) in _NTSTATUS:
+            return f"the child process died of {_NTSTATUS[self.returncode & 0xFFFFFFFF]}" + self._stderr_hint()
         if self.returncode is not None and self.returncode < 0:
             try:
                 name = signal.Signals(-self.returncode).name

@@ -20,7 +20,9 @@ MARKS = {OK: "[ OK ]", WARN: "[WARN]", FAIL: "[FAIL]", INFO: "[INFO]"}
 
 # Variables users are told to set by other guides. SageTriton needs none of them.
 ROCM_ENV_VARS = ("PYTORCH_ROCM_ARCH", "HIP_PATH", "ROCM_HOME", "ROCM_PATH", "HSA_OVERRIDE_GFX_VERSION",
-                 "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+                 "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "HSA_ENABLE_DXG_DETECTION")
+# Ubuntu's own (old) ROCm runtime: found first by the loader, it knows neither WSL nor recent GPUs.
+DISTRO_HSA_RUNTIME = "/usr/lib/x86_64-linux-gnu/libhsa-runtime64.so.1"
 LOW_FREE_MEMORY = 1 << 30  # below this the self-test (and most models) will not fit
 
 
@@ -60,6 +62,7 @@ class Environment:
     dev_nodes: dict = field(default_factory=dict)  # path -> DevNode
     user_groups: list = field(default_factory=list)
     env_vars: dict = field(default_factory=dict)
+    distro_hsa_runtime: bool = False  # DISTRO_HSA_RUNTIME is installed
 
     @property
     def build(self) -> str:
@@ -160,6 +163,7 @@ def probe_environment() -> Environment:
     env.triton_cache_writable = _triton_cache_writable()
     if env.system == "Linux":
         env.dev_nodes = {p: _dev_node(p) for p in ("/dev/kfd", "/dev/dri", "/dev/dxg")}
+        env.distro_hsa_runtime = os.path.exists(DISTRO_HSA_RUNTIME)
     try:
         import torch
     except Exception as e:  # noqa: BLE001
@@ -230,6 +234,8 @@ def check_triton(env: Environment) -> Check:
     if env.triton_version is None:
         if env.system == "Windows" and env.build == "cuda":
             fix = "pip install triton-windows (the release matching your torch), or use WSL2"
+        elif env.system == "Windows" and env.build == "rocm":
+            fix = "Triton has no AMD back-end for native Windows: run ComfyUI in WSL2 with ROCm torch (docs/AMD.md)"
         elif env.build == "rocm":
             fix = "reinstall torch from the ROCm index: it brings pytorch-triton-rocm"
         else:
@@ -241,9 +247,12 @@ def check_triton(env: Environment) -> Check:
     have_mm = _major_minor(env.triton_version)
     if want_mm and have_mm and want_mm != have_mm:
         pkg = re.match(r"^[A-Za-z0-9_.-]+", want).group(0)
+        if env.system == "Windows":  # torch's metadata names Linux triton; Windows gets the same release line
+            fix = f"pip install \"triton-windows>={want_mm[0]}.{want_mm[1]},<{want_mm[0]}.{want_mm[1] + 1}\""
+        else:
+            fix = f"pip install \"{pkg}=={want_mm[0]}.{want_mm[1]}.*\" (or reinstall torch, which brings it)"
         return Check("triton", FAIL,
-                     f"{env.triton_version}, but this torch expects {want}: kernels may fail to compile or crash",
-                     f"pip install \"{pkg}=={want_mm[0]}.{want_mm[1]}.*\" (or reinstall torch, which brings it)")
+                     f"{env.triton_version}, but this torch expects {want}: kernels may fail to compile or crash", fix)
     detail = env.triton_version + (f" (torch expects {want})" if want else "")
     return Check("triton", OK, detail)
 
@@ -289,11 +298,18 @@ def check_amd_device_access(env: Environment) -> list:
     if env.system != "Linux" or env.build != "rocm":
         return []
     if env.wsl:
+        out = []
         dxg = env.dev_nodes.get("/dev/dxg", DevNode(False))
         if dxg.exists:
-            return [Check("WSL2", OK, "/dev/dxg present: ROCm goes through the Windows driver (/dev/kfd not used)")]
-        return [Check("WSL2", FAIL, "/dev/dxg missing: the Windows GPU driver is not exposed to WSL",
-                      "update the AMD Adrenalin driver on Windows and run `wsl --update`")]
+            out.append(Check("WSL2", OK, "/dev/dxg present: ROCm goes through the Windows driver (/dev/kfd not used)"))
+        else:
+            out.append(Check("WSL2", FAIL, "/dev/dxg missing: the Windows GPU driver is not exposed to WSL",
+                             "update the AMD Adrenalin driver on Windows and run `wsl --update`"))
+        if env.distro_hsa_runtime and not env.gpus:
+            out.append(Check("HSA runtime", WARN, f"{DISTRO_HSA_RUNTIME} (Ubuntu's package) may shadow AMD's WSL "
+                                                  "runtime (\"ROCk module is NOT loaded\")",
+                             "sudo apt remove libhsa-runtime64-1 libhsakmt1 (AMD's ROCm stays in /opt/rocm)"))
+        return out
     out = []
     groups_hint = "sudo usermod -aG render,video $USER, then log out and back in"
     kfd = env.dev_nodes.get("/dev/kfd", DevNode(False))

@@ -29,8 +29,10 @@ from .report import new_report, report_dir, report_key, save_report
 
 PACK_DIR = Path(__file__).resolve().parent.parent
 MAX_RESTARTS = 3
-WORKER_TIMEOUT = 1800.0  # compiling ~36 variants on a slow GPU takes minutes, not half an hour
+STEP_TIMEOUT = 600.0  # one variant (two head dims) or the speed test; a GPU hang is stopped after this
+WORKER_TIMEOUT = 3600.0  # the whole stage
 ENV_NO_AUTOSETUP = "SAGETRITON_NO_AUTOSETUP"
+ENV_SETUP_DELAY = "SAGETRITON_SETUP_DELAY"  # seconds after start-up before the background self-test (default 10)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -63,11 +65,12 @@ def worker_main(out_path: str, mode: str, show_progress: bool = True) -> int:
     if mode == "gpu":
         arch, device = detect_arch(), torch.device("cuda", torch.cuda.current_device())
         dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        head_dims, shapes = selftest.BUILD_HEAD_DIMS, selftest.GPU_ACCURACY_SHAPES
-    else:
+        head_dims, shapes, tokens = selftest.BUILD_HEAD_DIMS, selftest.GPU_ACCURACY_SHAPES, 256
+    else:  # the interpreter compiles nothing: keep the "build" run tiny
         arch, device, dtype = CPU_ARCH, torch.device("cpu"), torch.float16
-        head_dims, shapes = (64,), selftest.CPU_ACCURACY_SHAPES
-    variants = selftest.variants_for(arch)
+        head_dims, shapes, tokens = (64,), selftest.CPU_ACCURACY_SHAPES, 64
+    # quick: only the default variant (what an unconfigured Patch node runs), e.g. for a short GPU session
+    variants = [selftest.default_variant(arch)] if state.get("quick") else selftest.variants_for(arch)
     state["total"] = len(variants) + (1 if mode == "gpu" else 0)
     todo = [v for v in variants if selftest.name_of(v) not in state["variants"]]
     bar = None
@@ -79,7 +82,7 @@ def worker_main(out_path: str, mode: str, show_progress: bool = True) -> int:
         if bar:
             bar.set_postfix_str(name)
         _write_json(path, state)  # written before the risky part: a crash here is pinned on this variant
-        builds = {d: selftest.build_variant(v, d, device, dtype) for d in head_dims}
+        builds = {d: selftest.build_variant(v, d, device, dtype, tokens) for d in head_dims}
         failed = {d: b for d, b in builds.items() if not b["ok"]}
         build = {"ok": not failed, "seconds": round(sum(b["seconds"] for b in builds.values()), 2),
                  "head_dims": list(head_dims)}
@@ -120,7 +123,8 @@ def _worker_cmd(out_path: Path, mode: str, show_progress: bool) -> list:
 
 def run_worker_stage(mode: str, out_path: Path, echo: bool = True, sdpa_default_safe: Optional[bool] = None,
                      on_progress: Optional[Callable[[dict], None]] = None, timeout: float = WORKER_TIMEOUT,
-                     cmd_for: Optional[Callable] = None) -> dict:
+                     cmd_for: Optional[Callable] = None, quick: bool = False,
+                     step_timeout: float = STEP_TIMEOUT) -> dict:
     """Run the worker until it completes, restarting after crashes; returns its final state."""
     cmd_for = cmd_for or _worker_cmd
     env = dict(os.environ)
@@ -128,21 +132,27 @@ def run_worker_stage(mode: str, out_path: Path, echo: bool = True, sdpa_default_
         env["TRITON_INTERPRET"] = "1"
     else:
         env.pop("TRITON_INTERPRET", None)
-    state = {"variants": {}, "sdpa_default_safe": sdpa_default_safe}
+    state = {"variants": {}, "sdpa_default_safe": sdpa_default_safe, "quick": quick}
     _write_json(out_path, state)
     crashes = []
     for _attempt in range(MAX_RESTARTS + 1):
         proc = subprocess.Popen(cmd_for(out_path, mode, echo), env=env, stdout=None if echo else subprocess.DEVNULL,
-                                stderr=None if echo else subprocess.PIPE, text=True, errors="replace")
+                                stderr=None if echo else subprocess.PIPE, text=True, errors="replace",
+                                # no console window popping up on Windows when started from ComfyUI
+                                creationflags=0 if echo else getattr(subprocess, "CREATE_NO_WINDOW", 0))
         stderr, timed_out, t0 = "", False, time.monotonic()
+        step, step_t0 = None, t0
         while True:
             try:
                 _, stderr = proc.communicate(timeout=1.0)
                 break
             except subprocess.TimeoutExpired:
+                now, seen = time.monotonic(), _read_json(out_path)
                 if on_progress:
-                    on_progress(_read_json(out_path))
-                if time.monotonic() - t0 > timeout:
+                    on_progress(seen)
+                if (seen.get("current"), seen.get("done")) != step:
+                    step, step_t0 = (seen.get("current"), seen.get("done")), now
+                if now - step_t0 > step_timeout or now - t0 > timeout:
                     proc.kill()
                     _, stderr = proc.communicate()
                     timed_out = True
@@ -171,12 +181,16 @@ def run_worker_stage(mode: str, out_path: Path, echo: bool = True, sdpa_default_
 
 
 def disabled_from(variants: dict) -> list:
+    """Variants that failed to build or self-test; running out of memory is not a failure of the kernel."""
+    def failed(step: dict) -> bool:
+        return not step.get("ok", False) and not step.get("oom")
+
     return sorted(n for n, r in variants.items()
-                  if not r.get("build", {}).get("ok") or not r.get("selftest", {}).get("ok", False))
+                  if failed(r.get("build", {})) or (r.get("build", {}).get("ok") and failed(r.get("selftest", {}))))
 
 
 def run_setup(arch: ArchInfo, mode: str, echo: bool = True, on_progress=None, doctor: Optional[list] = None,
-              cross_compile: Optional[dict] = None, probe_sdpa: bool = True) -> dict:
+              cross_compile: Optional[dict] = None, probe_sdpa: bool = True, quick: bool = False) -> dict:
     """The full job for ``arch``: (RDNA4) SDPA probe, worker stage, report. Returns the saved report."""
     from .sdpa_probe import needs_probe, probe_sdpa_default
 
@@ -199,7 +213,9 @@ def run_setup(arch: ArchInfo, mode: str, echo: bool = True, on_progress=None, do
     d = report_dir()
     d.mkdir(parents=True, exist_ok=True)
     partial = d / f".worker-{report['key_id']}.json"
-    state = run_worker_stage(mode, partial, echo=echo, sdpa_default_safe=safe, on_progress=on_progress)
+    state = run_worker_stage(mode, partial, echo=echo, sdpa_default_safe=safe, on_progress=on_progress,
+                             quick=quick)
+    report["quick"] = quick
     report["variants"] = state.get("variants", {})
     report["disabled_variants"] = disabled_from(report["variants"])
     report["crossover"] = state.get("crossover")
@@ -229,12 +245,20 @@ class _State:
         self.message = ""
         self.progress: dict = {}
         self.thread: Optional[threading.Thread] = None
+        self.notify: Optional[Callable[[dict], None]] = None  # e.g. a websocket push to the browser
 
     def set(self, phase: str, message: str = "", **progress) -> None:
         with self.lock:
+            changed = (phase, message, progress or self.progress) != (self.phase, self.message, self.progress)
             self.phase, self.message = phase, message
             if progress:
                 self.progress = progress
+            notify = self.notify if changed else None
+        if notify is not None:
+            try:
+                notify(self.snapshot())
+            except Exception as e:  # noqa: BLE001 - a closed browser tab must not stop the self-test
+                logger.debug("[SageTriton] setup progress notification failed: %s", e)
 
     def snapshot(self) -> dict:
         with self.lock:
@@ -264,7 +288,7 @@ def _background_job(delay: float, device_fn: Optional[Callable]) -> None:
             return
         _state.set("running", f"building and self-testing the kernels for {arch.name} ({arch.arch})")
         logger.info("[SageTriton] first start on %s (%s): building and self-testing the kernels in the background; "
-                    "attention uses ComfyUI's default until this finishes", arch.name, arch.arch)
+                    "until it finishes, patched models use the table's defaults", arch.name, arch.arch)
         last = [-1]
 
         def progress(state: dict) -> None:
@@ -285,8 +309,19 @@ def _background_job(delay: float, device_fn: Optional[Callable]) -> None:
         logger.warning("[SageTriton] background self-test failed: %s: %s", type(e).__name__, e)
 
 
-def start_background_setup(delay: float = 10.0, device_fn: Optional[Callable] = None) -> bool:
-    """Start the one-time build + self-test in a daemon thread if needed. Idempotent, non-blocking."""
+def start_background_setup(delay: Optional[float] = None, device_fn: Optional[Callable] = None,
+                           notify: Optional[Callable[[dict], None]] = None) -> bool:
+    """Start the one-time build + self-test in a daemon thread if needed. Idempotent, non-blocking.
+
+    ``device_fn()`` gives the device to test (ComfyUI's); ``notify(setup_status())`` is called on every change.
+    """
+    if notify is not None:
+        _state.notify = notify
+    if delay is None:
+        try:
+            delay = float(os.environ.get(ENV_SETUP_DELAY, "10"))
+        except ValueError:
+            delay = 10.0
     if os.environ.get(ENV_NO_AUTOSETUP, "0") == "1":
         _state.set("skipped", f"disabled by {ENV_NO_AUTOSETUP}=1")
         return False

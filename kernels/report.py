@@ -175,6 +175,10 @@ def measured_crossover(arch: Optional[ArchInfo] = None) -> Optional[int]:
     """Key length from which the kernel beats SDPA on this GPU; None when not measured (use the table default)."""
     r = current_report(arch)
     cross = (r or {}).get("crossover") or {}
+    if cross.get("kernel_never_faster"):
+        # Slower at every measured length: SDPA up to twice the longest one (the kernel may still win beyond).
+        longest = max((t["seq_len"] for t in cross.get("timings", []) if "seq_len" in t), default=None)
+        return None if longest is None else 2 * longest
     return cross.get("seq_len")
 
 

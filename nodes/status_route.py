@@ -66,6 +66,8 @@ def status_payload(device=None) -> dict:
         "variants": (r or {}).get("variants", {}),
         "disabled_variants": (r or {}).get("disabled_variants", []),
         "crossover": (r or {}).get("crossover"),
+        # What the dispatcher uses for "min_seq_len: measured": the report's crossover, else the table's.
+        "min_seq_len_resolved": rep.measured_crossover(arch) or default_config(arch, 128).min_seq_len,
         "sdpa_default_safe": (r or {}).get("sdpa_default_safe"),
         "report": {"found": r is not None, "created": (r or {}).get("created"), "path": (r or {}).get("path"),
                    "mode": (r or {}).get("mode"), "key": rep.report_key(arch)},
@@ -74,6 +76,16 @@ def status_payload(device=None) -> dict:
         "stats": stats.attention_stats(),
         "last_run": last_run() if callable(last_run) else None,
     }
+
+
+SETUP_EVENT = "sagetriton.setup"  # websocket event with ``setup_status()`` while the first-start self-test runs
+
+
+def notify_setup(state: dict) -> None:
+    """Push the background self-test's progress to open browser tabs (called from its thread)."""
+    from server import PromptServer
+
+    PromptServer.instance.send_sync(SETUP_EVENT, state)
 
 
 def register_routes() -> bool:

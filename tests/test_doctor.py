@@ -112,6 +112,16 @@ def test_wsl2_rocm(doctor):
     assert "rdna3" in c["gpu0"].detail
     env.dev_nodes["/dev/dxg"] = doctor.DevNode(False)
     assert _by_name(doctor.run_checks(env))["WSL2"].status == doctor.FAIL
+    assert "HSA runtime" not in _by_name(doctor.run_checks(env))
+
+
+def test_wsl2_rocm_without_gpu_and_distro_hsa_runtime(doctor):
+    env = _env(doctor, torch_hip="6.4", wsl=True, gpus=[], distro_hsa_runtime=True,
+               dev_nodes={"/dev/kfd": doctor.DevNode(False), "/dev/dxg": doctor.DevNode(True, True)})
+    c = _by_name(doctor.run_checks(env))
+    assert c["gpu"].status == doctor.WARN and "WSL" in c["gpu"].fix
+    assert c["HSA runtime"].status == doctor.WARN and "apt remove libhsa-runtime64-1" in c["HSA runtime"].fix
+    assert "/dev/kfd" not in c  # not expected under WSL2
 
 
 def test_env_vars_and_low_memory(doctor):
@@ -151,3 +161,12 @@ def test_real_environment_probe_never_raises(doctor):
     assert any(ln.startswith("[ OK ] torch") for ln in lines)
     if not torch.cuda.is_available():
         assert any("no GPU found" in ln for ln in lines)
+
+
+def test_windows_triton_hints(doctor):
+    env = _env(doctor, system="Windows", torch_hip="6.5", triton_version=None)
+    assert "WSL2" in _by_name(doctor.run_checks(env))["triton"].fix  # native Windows + AMD: no Triton back-end
+    env = _env(doctor, system="Windows", torch_cuda="12.8", triton_version="3.3.1.post19",
+               triton_required="triton==3.5.0")
+    c = _by_name(doctor.run_checks(env))["triton"]
+    assert c.status == doctor.FAIL and 'triton-windows>=3.5,<3.6' in c.fix

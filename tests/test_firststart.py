@@ -19,7 +19,7 @@ for name in ("a", "b", "c"):
     state["current"] = name; write()
     if name == crash_on:
         os.abort()
-    if crash_on == "hang":
+    if crash_on == "hang" and name == "b":
         import time; time.sleep(60)
     state["variants"][name] = {"build": {"ok": True}, "selftest": {"ok": True, "cosine": 0.9999}}
     state["done"] = len(state["variants"]); write()
@@ -62,8 +62,9 @@ def test_worker_dying_at_startup_gives_up_without_looping(fs, tmp_path):
 
 
 def test_hanging_worker_is_killed(fs, tmp_path):
-    state = fs.run_worker_stage("gpu", tmp_path / "w.json", echo=False, cmd_for=_cmd("hang"), timeout=1.5)
-    assert state["variants"]["a"]["build"]["ok"] is False and "hung" in state["variants"]["a"]["build"]["error"]
+    state = fs.run_worker_stage("gpu", tmp_path / "w.json", echo=False, cmd_for=_cmd("hang"), step_timeout=1.5)
+    assert state["complete"] and state["variants"]["a"]["build"]["ok"] and state["variants"]["c"]["build"]["ok"]
+    assert state["variants"]["b"]["build"]["ok"] is False and "hung" in state["variants"]["b"]["build"]["error"]
 
 
 def test_disabled_from_counts_failed_builds_and_selftests(fs):
@@ -71,14 +72,36 @@ def test_disabled_from_counts_failed_builds_and_selftests(fs):
                 "y": {"build": {"ok": True}, "selftest": {"ok": False}},
                 "z": {"build": {"ok": False}}}
     assert fs.disabled_from(variants) == ["y", "z"]
+    oom = {"a": {"build": {"ok": False, "oom": True, "error": "OutOfMemoryError: CUDA out of memory"}},
+           "b": {"build": {"ok": True}, "selftest": {"ok": False, "oom": True}}}
+    assert fs.disabled_from(oom) == []  # ComfyUI sampling next to the self-test is not the kernel's fault
 
 
-def test_background_job_skips_cpu(fs):
+def test_oom_is_recognised(pack):
+    import torch
+    from sagetriton.kernels.selftest import is_oom
+
+    assert is_oom(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert is_oom(RuntimeError("HIP out of memory. Tried to allocate"))
+    assert not is_oom(RuntimeError("invalid device function"))
+
+
+def test_background_job_skips_cpu_and_notifies(fs, monkeypatch):
     import torch
 
+    pushed = []
+    monkeypatch.setattr(fs._state, "notify", pushed.append)
     fs._background_job(0, lambda: torch.device("cpu"))
     st = fs.setup_status()
     assert st["phase"] == "skipped" and "no GPU" in st["message"]
+    assert pushed and pushed[-1] == st
+
+    def broken(state):
+        raise ConnectionResetError("tab closed")
+
+    monkeypatch.setattr(fs._state, "notify", broken)
+    fs._state.set("running", "x", done=1, total=2)  # a failing notification is swallowed
+    assert fs.setup_status()["progress"] == {"done": 1, "total": 2}
 
 
 def test_background_job_uses_existing_report_or_runs_setup(fs, monkeypatch):
@@ -118,3 +141,40 @@ def test_autosetup_can_be_disabled(fs, monkeypatch):
     monkeypatch.setenv(fs.ENV_NO_AUTOSETUP, "1")
     assert fs.start_background_setup(delay=0) is False
     assert fs.setup_status()["phase"] == "skipped"
+
+
+def test_run_setup_on_rdna4_probes_sdpa_first_and_writes_the_report(fs, monkeypatch, tmp_path):
+    from sagetriton.kernels import report, sdpa_probe
+    from sagetriton.kernels.arch import ArchInfo
+
+    monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path))
+    rdna4 = ArchInfo("amd", "gfx1201", "rdna4", "AMD Radeon RX 9070 XT", 32, "e4m3fn")
+    monkeypatch.setattr(sdpa_probe, "probe_sdpa_default",
+                        lambda device: {"safe": False, "reason": "child killed by SIGABRT", "cases": []})
+    seen = {}
+
+    def fake_stage(mode, out_path, echo, sdpa_default_safe, on_progress, quick=False):
+        seen.update(mode=mode, sdpa_default_safe=sdpa_default_safe)
+        return {"complete": True, "crossover": {"seq_len": 1024, "sdpa": "math"},
+                "variants": {"per_warp/fp8/fp32": {"build": {"ok": True}, "selftest": {"ok": True}},
+                             "per_thread/fp8/fp16": {"build": {"ok": False, "error": "crashed"}}}}
+
+    monkeypatch.setattr(fs, "run_worker_stage", fake_stage)
+    r = fs.run_setup(rdna4, "gpu", echo=False)
+    assert seen == {"mode": "gpu", "sdpa_default_safe": False}  # the speed test compares against MATH
+    assert r["sdpa_default_safe"] is False and "SIGABRT" in r["sdpa_probe"]["reason"]
+    assert r["disabled_variants"] == ["per_thread/fp8/fp16"] and r["complete"]
+    saved = report.load_report(report.report_key(rdna4))
+    assert saved["crossover"]["seq_len"] == 1024 and saved["device"]["arch"] == "gfx1201"
+
+
+def test_run_setup_without_results_is_not_cached(fs, monkeypatch, tmp_path):
+    from sagetriton.kernels import report
+    from sagetriton.kernels.arch import ArchInfo
+
+    monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path))
+    ada = ArchInfo("nvidia", "sm89", "ada", "RTX 4090", 32, "e4m3fn")
+    monkeypatch.setattr(fs, "run_worker_stage", lambda *a, **k: {"error": "worker died at start-up", "variants": {}})
+    r = fs.run_setup(ada, "gpu", echo=False)
+    assert r["error"] == "worker died at start-up" and "path" not in r
+    assert report.load_report(report.report_key(ada)) is None  # the next start tries again

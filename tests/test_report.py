@@ -105,3 +105,27 @@ def test_report_dir_default_is_writable_and_overridable(pack, monkeypatch, tmp_p
     assert d.name in (".sagetriton", "sagetriton")  # the pack folder, or the user cache when read-only
     monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path / "x"))
     assert report.report_dir() == tmp_path / "x"
+
+
+def test_kernel_never_faster_keeps_sdpa_beyond_the_measured_range(rep, rdna4, monkeypatch):
+    key = rep.report_key(rdna4, "2.9.0", "3.5.0")
+    monkeypatch.setattr(rep, "report_key", lambda arch, *a: key)
+    r = rep.new_report(key)
+    r["crossover"] = {"seq_len": None, "kernel_never_faster": True,
+                      "timings": [{"seq_len": 1024, "kernel_ms": 2, "sdpa_ms": 1},
+                                  {"seq_len": 16384, "kernel_ms": 30, "sdpa_ms": 20}]}
+    rep.save_report(r)
+    assert rep.measured_crossover(rdna4) == 32768
+
+
+def test_crossover_from_timings(pack):
+    from sagetriton.kernels.selftest import crossover_from_timings
+
+    t = lambda n, k, s: {"seq_len": n, "kernel_ms": k, "sdpa_ms": s}  # noqa: E731
+    # Faster from 4096 on; the win at 1024 is noise (slower again at 2048) and does not count.
+    c = crossover_from_timings([t(1024, 1, 2), t(2048, 3, 2), t(4096, 5, 6), t(8192, 10, 20)])
+    assert c["seq_len"] == 4096 and not c["kernel_never_faster"]
+    c = crossover_from_timings([t(1024, 3, 2), t(2048, 5, 4)])
+    assert c["seq_len"] is None and c["kernel_never_faster"]
+    assert crossover_from_timings([t(256, 1, 2)])["seq_len"] == 256
+    assert crossover_from_timings([])["kernel_never_faster"] is False

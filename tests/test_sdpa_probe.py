@@ -49,3 +49,11 @@ def test_only_rdna4_is_probed(probe):
     assert not probe.needs_probe(ArchInfo("amd", "gfx1100", "rdna3"))
     assert not probe.needs_probe(ArchInfo("nvidia", "sm90", "hopper"))
     assert not probe.needs_probe(CPU_ARCH)
+
+
+def test_windows_crash_codes_are_named(pack):
+    from sagetriton.kernels.childproc import ChildResult
+
+    assert "access violation" in ChildResult(0xC0000005, "", "").describe()
+    assert "access violation" in ChildResult(-1073741819, "", "").describe()  # the same code, signed
+    assert ChildResult(3, "", "boom\n").describe() == "the child process exited with code 3: boom"

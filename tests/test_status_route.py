@@ -24,15 +24,24 @@ def test_payload_without_server(pack, tmp_path, monkeypatch):
     rep.save_report(r)
     p = status_payload("cpu")
     assert p["report"]["found"] and p["crossover"]["seq_len"] == 2048 and p["sdpa_default_safe"] is True
+    assert p["min_seq_len_resolved"] == 2048
     assert p["disabled_variants"] == ["per_block/fp8/fp16"] and "per_warp/fp16/fp32" in p["variants"]
     rep.invalidate_cache()
 
 
 def test_status_route_in_real_comfyui(comfyui_path, tmp_path):
-    with comfy_server(comfyui_path, env={"SAGETRITON_REPORT_DIR": str(tmp_path)}) as srv:
+    import time
+
+    env = {"SAGETRITON_REPORT_DIR": str(tmp_path), "SAGETRITON_SETUP_DELAY": "0"}
+    with comfy_server(comfyui_path, env=env) as srv:
         direct = srv.get_json("/sage/status")
-        mirrored = srv.get_json("/api/sage/status")
+        for _ in range(100):  # the background first-start decides within a moment: no GPU, nothing to build
+            mirrored = srv.get_json("/api/sage/status")
+            if mirrored["setup"]["phase"] != "waiting":
+                break
+            time.sleep(0.1)
         log = srv.log()
+    assert mirrored["setup"]["phase"] == "skipped" and "no GPU" in mirrored["setup"]["message"]
     for p in (direct, mirrored):
         assert EXPECTED_KEYS <= set(p), sorted(p)
         assert p["vendor"] == "cpu" and p["device"] == "cpu"  # ComfyUI runs with --cpu

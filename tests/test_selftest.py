@@ -1,0 +1,54 @@
+"""The self-test pieces on CPU (Triton interpreter): variant lists, accuracy verdicts, speed table."""
+import pytest
+import torch
+
+
+@pytest.fixture
+def st(pack):
+    from sagetriton.kernels import selftest
+
+    return selftest
+
+
+def test_variants_follow_what_the_gpu_can_run(st):
+    from sagetriton.kernels.arch import ArchInfo
+
+    rdna3 = ArchInfo("amd", "gfx1100", "rdna3", "RX 7900 XTX", 32, None)
+    rdna4 = ArchInfo("amd", "gfx1201", "rdna4", "RX 9070 XT", 32, "e4m3fn")
+    assert len(st.variants_for(rdna4)) == 18
+    v3 = st.variants_for(rdna3)
+    assert len(v3) == 9 and {v["pv_precision"] for v in v3} == {"fp16"}  # gfx11 has no fp8 matrix instructions
+    assert st.default_variant(rdna4)["pv_precision"] == "fp8"
+    assert st.name_of(st.default_variant(rdna3)) == "per_warp/fp16/fp32"
+
+
+def test_accuracy_passes_the_real_kernel_and_catches_a_broken_one(st, monkeypatch):
+    v = {"qk_quant_gran": "per_warp", "pv_precision": "fp8", "pv_accum_dtype": "fp32"}
+    cpu = torch.device("cpu")
+    good = st.accuracy(v, st.CPU_ACCURACY_SHAPES, cpu, torch.float16)
+    assert good["ok"] and good["cosine"] > 0.999 and good["rel_l1"] < 0.06, good
+
+    # A miscompiled kernel (here: keys in the wrong order) must fail the self-test.
+    real = st._sageattn()
+    monkeypatch.setattr(st, "_sageattn", lambda: lambda q, k, v, **kw: real(q, k.flip(2), v, **kw))
+    bad = st.accuracy(v, st.CPU_ACCURACY_SHAPES, cpu, torch.float16)
+    assert not bad["ok"] and "inaccurate" in bad["error"]
+    monkeypatch.setattr(st, "_sageattn", lambda: lambda q, k, v, **kw: torch.full_like(q, float("nan")))
+    assert not st.accuracy(v, st.CPU_ACCURACY_SHAPES, cpu, torch.float16)["ok"]
+
+    def raises():
+        raise RuntimeError("triton.compiler.errors.CompilationError: at 12:4")
+
+    monkeypatch.setattr(st, "_sageattn", raises)
+    b = st.build_variant(v, 64, cpu, torch.float16, tokens=32)
+    assert not b["ok"] and "CompilationError" in b["error"] and "oom" not in b
+
+
+def test_speed_table_and_crossover_on_cpu(st):
+    from sagetriton.kernels.arch import CPU_ARCH
+
+    r = st.measure_crossover(CPU_ARCH, torch.device("cpu"), torch.float16, head_dim=32, lengths=(32, 64), heads=1)
+    assert [t["seq_len"] for t in r["timings"]] == [32, 64] and r["sdpa"] == "default"
+    assert all(t["kernel_ms"] > 0 and t["sdpa_ms"] > 0 for t in r["timings"])
+    text = st.format_crossover(r)
+    assert "tokens" in text and "crossover:" in text
