@@ -1,0 +1,210 @@
+"""End-to-end in a real headless browser: ComfyUI's frontend with the SageTriton extension loaded.
+
+Debian's chromium + chromedriver (installed by .ci/run), driven by selenium. Screenshots go to
+tests/artifacts/ (git-ignored).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from conftest import needs_comfyui
+from e2e_server import TINY_MODEL, comfy_server  # noqa: F401 (fixture)
+
+pytestmark = needs_comfyui
+
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+EXT_NAME = "SageTriton.NodeInfo"
+
+
+@pytest.fixture(scope="module")
+def driver(comfy_server):  # noqa: F811
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+
+    if not Path(CHROMEDRIVER).exists():
+        pytest.skip("chromium-driver not installed (apt-get install chromium chromium-driver)")
+    profile = tempfile.mkdtemp(prefix="sagetriton-chromium-")
+    opts = webdriver.ChromeOptions()
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--window-size=1600,1000", f"--user-data-dir={profile}"):
+        opts.add_argument(flag)
+    drv = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    drv.set_script_timeout(120)
+    try:
+        drv.get(comfy_server.url)
+        _wait(drv, "return !!(window.app && app.graph && app.canvas && app.extensions && "
+                   f"app.extensions.some(e => e.name === '{EXT_NAME}'))", 90, "frontend with the extension")
+        yield drv
+    finally:
+        drv.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def _wait(drv, script: str, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = drv.execute_script(script)
+        if last:
+            return last
+        time.sleep(0.25)
+    logs = drv.get_log("browser") if hasattr(drv, "get_log") else []
+    raise AssertionError(f"timed out waiting for {what} (last={last!r}); browser log: {logs[-20:]}")
+
+
+def _shot(drv, name: str) -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / name
+    drv.save_screenshot(str(path))
+    return path
+
+
+# Test code only: builds a graph through LiteGraph, reads widgets back. Returns node ids by role.
+BUILD_GRAPH = """
+const [tiny] = arguments;
+app.graph.clear();
+const add = (type, pos, values = {}) => {
+  const n = LiteGraph.createNode(type);
+  n.pos = pos;
+  app.graph.add(n);
+  for (const [k, v] of Object.entries(values)) n.widgets.find(w => w.name === k).value = v;
+  return n;
+};
+const unet = add("UNETLoader", [20, 40], {unet_name: tiny});
+const settings = add("SageTritonSettings", [20, 200], {min_seq_len: 0});
+const patch = add("SageTritonPatchModelAttention", [430, 40]);
+const cond = add("SageTritonE2ETinyConditioning", [430, 330]);
+const latent = add("EmptyHunyuanLatentVideo", [430, 520], {width: 64, height: 64, length: 1});
+const ks = add("KSampler", [840, 40], {steps: 1, cfg: 1.0, seed: 0});
+const save = add("SaveLatent", [840, 560], {filename_prefix: "sagetriton_e2e_browser"});
+unet.connect(0, patch, 0); settings.connect(0, patch, 1); patch.connect(0, ks, 0);
+cond.connect(0, ks, 1); cond.connect(0, ks, 2); latent.connect(0, ks, 3); ks.connect(0, save, 0);
+app.canvas.ds.scale = 1; app.canvas.ds.offset = [20, 20];
+app.graph.setDirtyCanvas(true, true);
+return {settings: settings.id, patch: patch.id};
+"""
+
+READ_NODE = """
+const n = app.graph.getNodeById(arguments[0]);
+const info = n.widgets.find(w => w.name === "sagetriton_info");
+const widgets = Object.fromEntries(n.widgets.map(w => [w.name, {value: w.value, label: w.label ?? null,
+                                                                 tooltip: w.tooltip ?? null}]));
+return {lines: info ? info.lines : null, hidden: info ? !!info.hidden : null, widgets, size: Array.from(n.size)};
+"""
+
+
+def test_nodes_show_gpu_defaults_and_marked_choices(driver, comfy_server):  # noqa: F811
+    _, status = comfy_server.get("/sage/status")
+    ids = driver.execute_script(BUILD_GRAPH, TINY_MODEL)
+    # The extension fetches /sage/status asynchronously: wait for the panel to show the arch.
+    _wait(driver, f"const n = app.graph.getNodeById({ids['settings']});"
+                  "const w = n.widgets.find(w => w.name === 'sagetriton_info');"
+                  f"return w && w.lines[0].includes({json.dumps(status['arch'])})", 30, "the info panel")
+    fmt = driver.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "import('/extensions/sagetriton/sage_format.mjs').then(m => done({"
+        " defaults: m.defaultsLine(arguments[0]), run: m.runLine(arguments[0].last_run),"
+        " bad: m.unsupportedChoices(arguments[0])}), e => done({error: String(e)}));", status)
+    assert "error" not in fmt, fmt
+
+    settings = driver.execute_script(READ_NODE, ids["settings"])
+    patch = driver.execute_script(READ_NODE, ids["patch"])
+    for node in (settings, patch):
+        assert node["lines"][0].startswith("SageTriton · ") and status["arch"] in node["lines"][0]
+        assert node["lines"][1] == fmt["defaults"]
+        assert str(status["defaults"]["pv_precision"]) in node["lines"][1]
+        assert node["hidden"] is False
+    assert patch["lines"][2] == fmt["run"] and patch["lines"][2].startswith("last run: ")
+
+    # Every choice the server says this GPU cannot run is marked, with the reason in the tooltip.
+    for option, values in fmt["bad"].items():
+        tip = settings["widgets"][option]["tooltip"]
+        for value, r in values.items():
+            assert f"⚠ {r['short']}" in settings["lines"], settings["lines"]
+            assert f"{value}: {r['why']}" in tip, tip
+    if status["arch"] == "cpu":  # no fp8 matrix instructions on the interpreter "arch"
+        assert "⚠ fp8 → fp16 on this GPU" in settings["lines"]
+        assert "fp8 → fp16" in settings["widgets"]["pv_precision"]["tooltip"]
+    _shot(driver, "sagetriton_nodes.png")
+
+    # Picking an unsupported value marks the widget's label; picking a supported one clears it.
+    def pick(value):
+        return driver.execute_script(
+            f"const n = app.graph.getNodeById({ids['settings']}); const w = n.widgets.find(w => w.name"
+            f" === 'pv_precision'); w.value = arguments[0]; w.callback?.(w.value, app.canvas, n); return w.label;",
+            value)
+    if "fp8" in fmt["bad"].get("pv_precision", {}):
+        assert "⚠" in pick("fp8") and "fp16 on this GPU" in pick("fp8")
+        _shot(driver, "sagetriton_fp8_marked.png")
+    assert "⚠" not in (pick("auto") or "")
+
+
+def test_setting_hides_the_panels(driver):
+    setting = "SageTriton.NodeInfo.Show"
+    listed = driver.execute_script(
+        "return app.extensions.find(e => e.name === arguments[0]).settings.map(s => s.id)", EXT_NAME)
+    assert setting in listed
+    try:
+        driver.execute_async_script(
+            "const done = arguments[arguments.length - 1];"
+            "app.extensionManager.setting.set(arguments[0], false).then(() => done(true));", setting)
+        hidden = driver.execute_script(
+            "return app.graph.nodes.filter(n => n.widgets?.some(w => w.name === 'sagetriton_info'))"
+            ".map(n => n.widgets.find(w => w.name === 'sagetriton_info')).map(w => [w.hidden, w.lines.length])")
+        assert hidden and all(h and n == 0 for h, n in hidden), hidden
+    finally:
+        driver.execute_async_script(
+            "const done = arguments[arguments.length - 1];"
+            "app.extensionManager.setting.set(arguments[0], true).then(() => done(true));", setting)
+    shown = driver.execute_script(
+        "return app.graph.nodes.filter(n => n.widgets?.some(w => w.name === 'sagetriton_info'))"
+        ".map(n => n.widgets.find(w => w.name === 'sagetriton_info').hidden)")
+    assert shown and not any(shown)
+
+
+def test_about_page_badge(driver):
+    badges = driver.execute_script(
+        "return app.extensions.find(e => e.name === arguments[0]).aboutPageBadges", EXT_NAME)
+    assert badges and badges[0]["label"] == "SageTriton" and badges[0]["url"].startswith("https://")
+    # The About panel renders it (Settings dialog → About).
+    driver.execute_script("app.extensionManager.command.execute('Comfy.ShowSettingsDialog')")
+    _wait(driver, "return !!document.querySelector('.settings-container, .p-dialog')", 15, "settings dialog")
+    driver.execute_script(
+        "const about = [...document.querySelectorAll('.p-listbox-option, li, span')]"
+        ".find(e => e.textContent.trim() === 'About'); about && about.click();")
+    found = _wait(driver, "return [...document.querySelectorAll('a')].some("
+                          f"a => a.textContent.includes('SageTriton') && a.href === {json.dumps(badges[0]['url'])})",
+                  15, "the about-page badge")
+    assert found
+    _shot(driver, "sagetriton_about.png")
+    driver.execute_script("document.dispatchEvent(new KeyboardEvent('keydown', {key: 'Escape'}))")
+    driver.find_element("tag name", "body").send_keys("\ue00c")  # Escape closes the dialog
+
+
+def test_run_from_the_canvas_updates_the_patch_node(driver, comfy_server):  # noqa: F811
+    ids = driver.execute_script(BUILD_GRAPH, TINY_MODEL)
+    driver.execute_async_script(
+        "const done = arguments[arguments.length - 1]; window.__sageRun = null;"
+        "import('/scripts/api.js').then(({api}) => {"
+        " api.addEventListener('execution_success', () => { window.__sageRun = 'success'; });"
+        " api.addEventListener('execution_error', e => { window.__sageRun = 'error: ' + JSON.stringify(e.detail); });"
+        " done(true); });")
+    driver.execute_async_script(
+        "const done = arguments[arguments.length - 1]; app.queuePrompt(0, 1).then(() => done(true));")
+    outcome = _wait(driver, "return window.__sageRun", 120, "the prompt to finish")
+    assert outcome == "success", (outcome, comfy_server.log_tail())
+    _, status = comfy_server.get("/sage/status")
+    run = status["last_run"]
+    assert run and run["kernel"] + sum(run["fallback"].values()) > 0, run
+    expected = f"last run: {run['kernel']} kernel · {sum(run['fallback'].values())} fallback"
+    _wait(driver, f"const w = app.graph.getNodeById({ids['patch']}).widgets.find(w => w.name === 'sagetriton_info');"
+                  f"return w.lines.some(l => l.startsWith({json.dumps(expected)}))", 20, "the last-run line")
+    time.sleep(0.5)  # one more frame for the screenshot
+    _shot(driver, "sagetriton_after_run.png")

@@ -1,0 +1,131 @@
+"""End-to-end: the pack inside a real ComfyUI server (HTTP API), CPU only."""
+from __future__ import annotations
+
+import pytest
+from conftest import needs_comfyui
+from e2e_server import PACK_LINK, TINY_MODEL, comfy_server  # noqa: F401 (fixture)
+
+pytestmark = needs_comfyui
+
+SETTINGS = "SageTritonSettings"
+PATCH = "SageTritonPatchModelAttention"
+
+
+@pytest.fixture(scope="module")
+def object_info(comfy_server):  # noqa: F811
+    code, info = comfy_server.get("/object_info")
+    assert code == 200
+    return info
+
+
+def _inputs(node_info: dict) -> dict:
+    return {**node_info["input"].get("required", {}), **node_info["input"].get("optional", {})}
+
+
+def _settings_defaults(object_info) -> dict:
+    """Every Sage Settings input at its advertised default (first choice for combos)."""
+    values = {}
+    for name, spec in _inputs(object_info[SETTINGS]).items():
+        kind, opts = spec[0], (spec[1] if len(spec) > 1 else {})
+        if isinstance(kind, list):
+            values[name] = opts.get("default", kind[0])
+        elif kind == "COMBO":
+            values[name] = opts.get("default", opts["options"][0])
+        else:
+            values[name] = opts["default"]
+    return values
+
+
+def test_object_info_lists_both_nodes_with_tooltips(object_info):
+    assert object_info[SETTINGS]["display_name"] == "Sage Settings"
+    assert object_info[PATCH]["display_name"] == "Patch Model Attention"
+    assert object_info[SETTINGS]["output"] == ["SAGE_SETTINGS"]
+    assert object_info[PATCH]["output"] == ["MODEL"]
+    patch_in = object_info[PATCH]["input"]
+    assert patch_in["required"]["model"][0] == "MODEL"
+    assert patch_in["optional"]["settings"][0] == "SAGE_SETTINGS"
+    settings_in = _inputs(object_info[SETTINGS])
+    assert set(settings_in) >= {"qk_quant_gran", "pv_precision", "pv_accum_dtype", "smooth_k", "smooth_v",
+                                "min_seq_len", "fallback", "full_precision_first_steps",
+                                "full_precision_last_steps"}
+    for node in (SETTINGS, PATCH):
+        for name, spec in _inputs(object_info[node]).items():
+            opts = spec[1] if len(spec) > 1 else {}
+            assert opts.get("tooltip"), f"{node}.{name} has no tooltip"
+
+
+def test_status_route_answers(comfy_server):  # noqa: F811
+    for path in ("/sage/status", "/api/sage/status"):
+        code, status = comfy_server.get(path)
+        assert code == 200, (path, status)
+        assert isinstance(status, dict)
+        for key in ("device", "arch", "vendor", "defaults", "stats"):
+            assert key in status, f"{path} lacks {key!r}: {sorted(status)}"
+        assert {"qk_quant_gran", "pv_precision", "pv_accum_dtype", "min_seq_len"} <= set(status["defaults"])
+        assert {"kernel", "fallback"} <= set(status["stats"])
+
+
+def test_status_reports_choices_for_every_settings_option(comfy_server, object_info):  # noqa: F811
+    # The web extension marks unsupported choices from this; fp8 P·V never runs on the CPU "arch".
+    _, status = comfy_server.get("/sage/status")
+    assert "choices" in status, "GET /sage/status must include supported_choices(arch) as 'choices'"
+    fp8 = status["choices"]["pv_precision"]["fp8"]
+    ok, why = (fp8[0], fp8[1]) if isinstance(fp8, list) else (fp8["ok"], fp8.get("reason", ""))
+    if status["arch"] == "cpu":
+        assert ok is False and "fp8 → fp16" in why
+
+
+def test_extension_script_is_served(comfy_server):  # noqa: F811
+    code, listing = comfy_server.get("/extensions")
+    assert code == 200
+    ours = [p for p in listing if p.startswith(f"/extensions/{PACK_LINK}/")]
+    assert f"/extensions/{PACK_LINK}/sagetriton.js" in ours
+    assert not [p for p in ours if p.endswith(".mjs")], "helpers must not be auto-loaded"
+    for path in ours + [f"/extensions/{PACK_LINK}/sage_format.mjs"]:
+        code, body = comfy_server.get(path)
+        assert code == 200 and ("registerExtension" in body or "export function" in body), path
+
+
+def _prompt(settings: dict, steps: int = 1) -> dict:
+    return {
+        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": TINY_MODEL, "weight_dtype": "default"}},
+        "2": {"class_type": SETTINGS, "inputs": settings},
+        "3": {"class_type": PATCH, "inputs": {"model": ["1", 0], "settings": ["2", 0]}},
+        "4": {"class_type": "SageTritonE2ETinyConditioning", "inputs": {"width": 4096, "tokens": 8, "seed": 0}},
+        "5": {"class_type": "EmptyHunyuanLatentVideo",
+              "inputs": {"width": 64, "height": 64, "length": 1, "batch_size": 1}},
+        "6": {"class_type": "KSampler", "inputs": {
+            "model": ["3", 0], "seed": 0, "steps": steps, "cfg": 1.0, "sampler_name": "euler",
+            "scheduler": "simple", "positive": ["4", 0], "negative": ["4", 0], "latent_image": ["5", 0],
+            "denoise": 1.0}},
+        "7": {"class_type": "SaveLatent", "inputs": {"samples": ["6", 0], "filename_prefix": "sagetriton_e2e"}},
+    }
+
+
+def test_invalid_settings_value_is_rejected_and_server_keeps_serving(comfy_server, object_info):  # noqa: F811
+    settings = {**_settings_defaults(object_info), "pv_precision": "fp9"}
+    code, answer = comfy_server.post("/prompt", {"prompt": _prompt(settings)})
+    assert code == 400, answer
+    errors = answer["node_errors"]["2"]["errors"]
+    assert any("pv_precision" in (e.get("details", "") + e.get("message", "") + str(e.get("extra_info", "")))
+               for e in errors), errors
+    assert comfy_server.get("/sage/status")[0] == 200
+    assert comfy_server.get("/object_info/" + SETTINGS)[0] == 200
+
+
+def test_full_prompt_patches_samples_and_reports(comfy_server, object_info):  # noqa: F811
+    # min_seq_len=0: the kernel may run even at this toy sequence length.
+    settings = {**_settings_defaults(object_info), "min_seq_len": 0}
+    _, before = comfy_server.get("/sage/status")
+    entry = comfy_server.run_prompt(_prompt(settings))
+    assert entry["status"]["status_str"] == "success", (entry["status"], comfy_server.log_tail())
+    assert entry["outputs"]["7"]["latents"], entry["outputs"]
+
+    _, status = comfy_server.get("/sage/status")
+    run = status.get("last_run")
+    assert run, f"/sage/status has no last_run after a sampled prompt: {sorted(status)}"
+    calls = run["kernel"] + sum(run["fallback"].values())
+    assert calls > 0, f"the patched model's attention never reached the override: {run}"
+    # Process-wide counters moved by at least this run's calls.
+    total = lambda s: s["stats"]["kernel"] + sum(s["stats"]["fallback"].values())
+    assert total(status) - total(before) >= calls

@@ -1,0 +1,87 @@
+// Pure text helpers for the SageTriton extension: no DOM, no app; the browser test imports them.
+
+export const SETTINGS_NODE = "SageTritonSettings";
+export const PATCH_NODE = "SageTritonPatchModelAttention";
+
+// One choice of /sage/status `choices` -> {ok, why}. The server serialises kernels/arch.py's
+// supported_choices(), whose entries are (ok, reason) tuples; {ok, reason} objects are accepted too.
+export function choiceState(entry) {
+  if (Array.isArray(entry)) return { ok: entry[0] !== false, why: String(entry[1] ?? "") };
+  if (entry && typeof entry === "object") {
+    const ok = entry.ok ?? entry.supported ?? true;
+    return { ok: ok !== false, why: String(entry.reason ?? entry.why ?? "") };
+  }
+  return { ok: entry !== false, why: "" };
+}
+
+// The short, visible part of a reason: "sm80 has no fp8 ...; fp8 → fp16 on this GPU" -> "fp8 → fp16 on this GPU".
+export function shortReason(value, why) {
+  const arrow = String(why).split(";").map((s) => s.trim()).find((s) => s.includes("→"));
+  return arrow || `${value} not supported on this GPU`;
+}
+
+// {option: {value: {why, short}}} for every choice this GPU cannot run.
+export function unsupportedChoices(status) {
+  const out = {};
+  for (const [option, values] of Object.entries(status?.choices ?? {})) {
+    for (const [value, entry] of Object.entries(values ?? {})) {
+      const { ok, why } = choiceState(entry);
+      if (ok) continue;
+      (out[option] ??= {})[value] = { why, short: shortReason(value, why) };
+    }
+  }
+  return out;
+}
+
+export function archLabel(status) {
+  if (!status) return "SageTriton · status unavailable";
+  const parts = ["SageTriton", status.arch ?? "?"];
+  const family = status.family ?? status.defaults?.family;
+  if (family && family !== status.arch) parts.push(family);
+  if (status.vendor && status.vendor !== "cpu") parts.push(status.vendor.toUpperCase());
+  return parts.join(" · ");
+}
+
+function seqText(n) {
+  if (n === undefined || n === null) return null;
+  return Number(n) <= 0 ? "kernel at any length" : `kernel from ${n} tokens`;
+}
+
+export function defaultsLine(status) {
+  const d = status?.defaults;
+  if (!d) return "defaults: not reported yet";
+  const accum = d.pv_accum_dtype ? ` (${d.pv_accum_dtype} acc)` : "";
+  const parts = [`QK int8 ${d.qk_quant_gran ?? "?"}`, `PV ${d.pv_precision ?? "?"}${accum}`];
+  const seq = seqText(d.min_seq_len ?? status.crossover);
+  if (seq) parts.push(seq);
+  return `defaults: ${parts.join(" · ")}`;
+}
+
+// "last run: 120 kernel · 8 fallback (short_seq 6, mask 2)", top `top` reasons by count.
+export function runLine(run, top = 3) {
+  if (!run) return "last run: none yet";
+  const fb = Object.entries(run.fallback ?? {}).sort((a, b) => b[1] - a[1]);
+  const nfb = fb.reduce((s, [, n]) => s + Number(n), 0);
+  let text = `last run: ${run.kernel ?? 0} kernel · ${nfb} fallback`;
+  if (fb.length) {
+    const shown = fb.slice(0, top).map(([why, n]) => `${why} ${n}`);
+    if (fb.length > top) shown.push(`+${fb.length - top} more`);
+    text += ` (${shown.join(", ")})`;
+  }
+  return text;
+}
+
+// The lines the info panel shows on a node of `nodeType`.
+export function infoLines(nodeType, status, unsupported = unsupportedChoices(status)) {
+  const lines = [archLabel(status)];
+  if (!status) return lines;
+  lines.push(defaultsLine(status));
+  if (nodeType === SETTINGS_NODE) {
+    for (const values of Object.values(unsupported)) {
+      for (const { short } of Object.values(values)) lines.push(`⚠ ${short}`);
+    }
+  } else if (nodeType === PATCH_NODE) {
+    lines.push(runLine(status.last_run));
+  }
+  return lines;
+}

@@ -1,0 +1,175 @@
+// SageTriton's canvas extension: what the pack decided for this GPU, on the nodes themselves.
+// Only the extension API is used: registerExtension hooks, declared settings, api events.
+import { app } from "../../scripts/app.js";
+import { api } from "../../scripts/api.js";
+import { PATCH_NODE, SETTINGS_NODE, infoLines, unsupportedChoices } from "./sage_format.mjs";
+
+const EXT = "SageTriton.NodeInfo";
+const SHOW_SETTING = "SageTriton.NodeInfo.Show";
+const INFO_WIDGET = "sagetriton_info";
+const LINE_H = 16;
+const PAD = 6;
+const REPO = "https://github.com/sagetriton/ComfyUI-SageTriton";
+
+let status = null; // last /sage/status answer (null until it arrives, or if the route is missing)
+let showInfo = null; // the setting's value as last reported by onChange (null: ask the store)
+const warnedReasons = new Set(); // fallback reasons already toasted this session
+
+function isOurs(node) {
+  const t = node?.comfyClass ?? node?.type;
+  return t === PATCH_NODE || t === SETTINGS_NODE;
+}
+
+function settingValue(id, fallback) {
+  // extensionManager.setting is the current API; ui.settings is kept for older frontends.
+  const v = app.extensionManager?.setting?.get?.(id) ?? app.ui?.settings?.getSettingValue?.(id);
+  return v === undefined || v === null ? fallback : v;
+}
+
+function toast(severity, summary, detail) {
+  app.extensionManager?.toast?.add?.({ severity, summary, detail, life: 8000 });
+}
+
+async function fetchStatus() {
+  try {
+    const res = await api.fetchApi("/sage/status", { cache: "no-store" });
+    status = res.ok ? await res.json() : null;
+  } catch (err) {
+    console.warn("[SageTriton] /sage/status failed:", err);
+    status = null;
+  }
+  return status;
+}
+
+// A read-only panel drawn under the node's widgets; serialize:false keeps it out of
+// widgets_values and out of the prompt.
+function infoWidget(node) {
+  let w = node.widgets?.find((x) => x.name === INFO_WIDGET);
+  if (w) return w;
+  w = {
+    type: "sagetriton_info",
+    name: INFO_WIDGET,
+    value: "",
+    lines: [],
+    serialize: false,
+    options: { serialize: false },
+    computeSize(width) {
+      return [width, this.lines.length * LINE_H + PAD * 2];
+    },
+    draw(ctx, _node, width, y) {
+      if (!this.lines.length) return;
+      const h = this.lines.length * LINE_H + PAD;
+      ctx.save();
+      ctx.fillStyle = "rgba(20, 60, 45, 0.85)";
+      ctx.beginPath();
+      ctx.roundRect(10, y + 2, width - 20, h, 6);
+      ctx.fill();
+      ctx.font = "12px sans-serif";
+      ctx.textBaseline = "middle";
+      this.lines.forEach((line, i) => {
+        ctx.fillStyle = i === 0 ? "#8fe3b4" : line.startsWith("⚠") ? "#f3c26b" : "#d8e4dc";
+        ctx.fillText(fitText(ctx, line, width - 36), 18, y + 2 + PAD / 2 + LINE_H * i + LINE_H / 2);
+      });
+      ctx.restore();
+    },
+  };
+  return node.addCustomWidget(w) ?? w;
+}
+
+function fitText(ctx, text, maxWidth) {
+  if (ctx.measureText(text).width <= maxWidth) return text;
+  let s = text;
+  while (s.length > 1 && ctx.measureText(s + "…").width > maxWidth) s = s.slice(0, -1);
+  return s + "…";
+}
+
+// Mark Sage Settings choices this GPU cannot run: the reason goes into the widget's tooltip, and
+// the label says so while such a value is selected (combo values themselves must stay untouched:
+// they are what the server validates).
+function markChoices(node, unsupported) {
+  for (const w of node.widgets ?? []) {
+    const bad = unsupported[w.name];
+    w.sageBaseTooltip ??= w.tooltip ?? "";
+    w.sageBaseLabel ??= w.label ?? w.name;
+    if (!bad) continue;
+    const notes = Object.entries(bad).map(([value, r]) => `${value}: ${r.why || r.short}`);
+    w.tooltip = [w.sageBaseTooltip, `On this GPU (${status?.arch ?? "?"}):`, ...notes].filter(Boolean).join("\n");
+    w.label = bad[w.value] ? `${w.sageBaseLabel} ⚠ ${bad[w.value].short}` : w.sageBaseLabel;
+    if (!w.sageWatched) {
+      // Re-mark when the user picks another value.
+      const prev = w.callback;
+      w.callback = function (...args) {
+        const r = prev?.apply(this, args);
+        refreshNode(node);
+        return r;
+      };
+      w.sageWatched = true;
+    }
+  }
+}
+
+function refreshNode(node) {
+  if (!isOurs(node)) return;
+  const type = node.comfyClass ?? node.type;
+  const show = (showInfo ?? settingValue(SHOW_SETTING, true)) !== false;
+  const w = infoWidget(node);
+  const unsupported = unsupportedChoices(status);
+  w.lines = show ? infoLines(type, status, unsupported) : [];
+  w.value = w.lines.join("\n");
+  w.hidden = !show;
+  if (type === SETTINGS_NODE) markChoices(node, show ? unsupported : {});
+  // Grow (never shrink) the node so the panel's lines fit; 12px sans-serif is ~6.6px a character.
+  const min = node.computeSize();
+  const textWidth = Math.max(0, ...w.lines.map((l) => l.length * 6.6 + 40));
+  node.setSize([Math.max(node.size[0], min[0], textWidth), Math.max(node.size[1], min[1])]);
+  node.setDirtyCanvas?.(true, true);
+}
+
+function refreshAll() {
+  for (const node of app.graph?.nodes ?? []) refreshNode(node);
+  app.graph?.setDirtyCanvas?.(true, true);
+}
+
+async function afterRun() {
+  await fetchStatus();
+  refreshAll();
+  // Kernel failures are worth interrupting the user for; ordinary fallbacks are shown on the node.
+  for (const reason of Object.keys(status?.last_run?.fallback ?? {})) {
+    if (!/error|fail|compile/i.test(reason) || warnedReasons.has(reason)) continue;
+    warnedReasons.add(reason);
+    toast("warn", "SageTriton fell back", `Attention fell back to ComfyUI's: ${reason}. See the server log.`);
+  }
+}
+
+app.registerExtension({
+  name: EXT,
+  settings: [
+    {
+      id: SHOW_SETTING,
+      category: ["SageTriton", "Nodes", "Show info"],
+      name: "Show GPU, defaults and last-run info on SageTriton nodes",
+      tooltip: "The panel on Patch Model Attention and Sage Settings nodes, from GET /sage/status.",
+      type: "boolean",
+      defaultValue: true,
+      // onChange runs before the store holds the new value: use the value it is given.
+      onChange: (value) => {
+        showInfo = value;
+        refreshAll();
+      },
+    },
+  ],
+  aboutPageBadges: [{ label: "SageTriton", url: REPO, icon: "pi pi-github" }],
+  async setup() {
+    await fetchStatus();
+    refreshAll();
+    api.addEventListener("execution_success", afterRun);
+    api.addEventListener("execution_error", afterRun);
+  },
+  nodeCreated(node) {
+    if (isOurs(node)) refreshNode(node);
+  },
+  loadedGraphNode(node) {
+    // Saved widget values are applied after nodeCreated: re-mark the selected choices.
+    if (isOurs(node)) refreshNode(node);
+  },
+});
