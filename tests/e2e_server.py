@@ -67,7 +67,9 @@ class ComfyServer:
         for d in ("out", "user/default"):
             (self.base / d).mkdir(parents=True)
         # A first visit opens the template browser over the canvas; the tests want the canvas.
-        (self.base / "user/default/comfy.settings.json").write_text(json.dumps({"Comfy.TutorialCompleted": True}))
+        (self.base / "user/default/comfy.settings.json").write_text(json.dumps({
+            "Comfy.TutorialCompleted": True, "Comfy.Workflow.ShowMissingModelsWarning": False,
+            "Comfy.Workflow.ShowMissingNodesWarning": False}))
         nodes = self.base / "custom_nodes"
         nodes.mkdir()
         (nodes / PACK_LINK).symlink_to(PACK_DIR, target_is_directory=True)

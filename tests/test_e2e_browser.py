@@ -110,7 +110,8 @@ def test_nodes_show_gpu_defaults_and_marked_choices(driver, comfy_server):  # no
     fmt = driver.execute_async_script(
         "const done = arguments[arguments.length - 1];"
         "import('/extensions/sagetriton/sage_format.mjs').then(m => done({"
-        " defaults: m.defaultsLine(arguments[0]), run: m.runLine(arguments[0].last_run),"
+        " defaults: m.defaultsLine(arguments[0]), seq: m.seqLine(arguments[0]),"
+        " run: m.runLines(arguments[0].last_run),"
         " bad: m.unsupportedChoices(arguments[0])}), e => done({error: String(e)}));", status)
     assert "error" not in fmt, fmt
 
@@ -121,7 +122,8 @@ def test_nodes_show_gpu_defaults_and_marked_choices(driver, comfy_server):  # no
         assert node["lines"][1] == fmt["defaults"]
         assert str(status["defaults"]["pv_precision"]) in node["lines"][1]
         assert node["hidden"] is False
-    assert patch["lines"][2] == fmt["run"] and patch["lines"][2].startswith("last run: ")
+        assert node["lines"][2] == fmt["seq"]
+    assert patch["lines"][3:] == fmt["run"] and patch["lines"][3].startswith("last run: ")
 
     # Every choice the server says this GPU cannot run is marked, with the reason in the tooltip.
     for option, values in fmt["bad"].items():
@@ -141,7 +143,7 @@ def test_nodes_show_gpu_defaults_and_marked_choices(driver, comfy_server):  # no
             f" === 'pv_precision'); w.value = arguments[0]; w.callback?.(w.value, app.canvas, n); return w.label;",
             value)
     if "fp8" in fmt["bad"].get("pv_precision", {}):
-        assert "⚠" in pick("fp8") and "fp16 on this GPU" in pick("fp8")
+        assert pick("fp8").endswith("⚠ → fp16")
         _shot(driver, "sagetriton_fp8_marked.png")
     assert "⚠" not in (pick("auto") or "")
 
@@ -206,5 +208,30 @@ def test_run_from_the_canvas_updates_the_patch_node(driver, comfy_server):  # no
     expected = f"last run: {run['kernel']} kernel · {sum(run['fallback'].values())} fallback"
     _wait(driver, f"const w = app.graph.getNodeById({ids['patch']}).widgets.find(w => w.name === 'sagetriton_info');"
                   f"return w.lines.some(l => l.startsWith({json.dumps(expected)}))", 20, "the last-run line")
+    if run["fallback"]:
+        top = max(run["fallback"], key=run["fallback"].get)
+        lines = driver.execute_script(
+            f"return app.graph.getNodeById({ids['patch']}).widgets.find(w => w.name === 'sagetriton_info').lines")
+        assert any(line.startswith("fallbacks: ") and top in line for line in lines), lines
     time.sleep(0.5)  # one more frame for the screenshot
     _shot(driver, "sagetriton_after_run.png")
+
+
+@pytest.mark.parametrize("name", ["flux_txt2img_sagetriton", "wan21_t2v_sagetriton", "sdxl_txt2img_sagetriton"])
+def test_example_workflow_opens_with_every_node_known(driver, comfy_server, name):  # noqa: F811
+    # Loaded the way the template browser does: fetched from the server, then app.loadGraphData.
+    result = driver.execute_async_script(
+        "const [url, done] = [arguments[0], arguments[arguments.length - 1]];"
+        "fetch(url).then(r => r.json()).then(async wf => {"
+        " await app.loadGraphData(wf, true, true, 'sagetriton-example');"
+        " const nodes = app.graph.nodes;"
+        " done({expected: wf.nodes.length, loaded: nodes.length,"
+        "  unknown: nodes.filter(n => !LiteGraph.registered_node_types[n.type]).map(n => n.type),"
+        "  panels: nodes.filter(n => n.widgets?.some(w => w.name === 'sagetriton_info')).map(n => n.type)});"
+        "}).catch(e => done({error: String(e)}));",
+        f"/api/workflow_templates/sagetriton/{name}.json")
+    assert "error" not in result, result
+    assert result["loaded"] == result["expected"] and not result["unknown"], result
+    assert "SageTritonPatchModelAttention" in result["panels"], result
+    if name == "wan21_t2v_sagetriton":
+        _shot(driver, "sagetriton_example_wan21.png")

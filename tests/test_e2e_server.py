@@ -1,6 +1,9 @@
 """End-to-end: the pack inside a real ComfyUI server (HTTP API), CPU only."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from conftest import needs_comfyui
 from e2e_server import PACK_LINK, TINY_MODEL, comfy_server  # noqa: F401 (fixture)
@@ -129,3 +132,77 @@ def test_full_prompt_patches_samples_and_reports(comfy_server, object_info):  # 
     # Process-wide counters moved by at least this run's calls.
     total = lambda s: s["stats"]["kernel"] + sum(s["stats"]["fallback"].values())
     assert total(status) - total(before) >= calls
+
+
+WORKFLOWS = sorted((Path(__file__).resolve().parent.parent / "workflows").glob("*.json"))
+MODEL_FILE = (".safetensors", ".sft", ".ckpt", ".pt", ".pth", ".gguf")
+
+
+def test_example_workflows_are_served_as_templates(comfy_server):  # noqa: F811
+    names = {p.stem for p in WORKFLOWS}
+    assert {"flux_txt2img_sagetriton", "wan21_t2v_sagetriton", "sdxl_txt2img_sagetriton"} <= names
+    code, templates = comfy_server.get("/workflow_templates")
+    assert code == 200 and set(templates.get(PACK_LINK, [])) == names, templates
+    for name in names:
+        code, body = comfy_server.get(f"/api/workflow_templates/{PACK_LINK}/{name}.json")
+        assert code == 200 and body["nodes"], name
+
+
+def _widget_inputs(spec: dict) -> list[tuple[str, list | str, dict]]:
+    """Inputs the frontend turns into widgets, in its order, plus control_after_generate slots."""
+    out = []
+    for section in ("required", "optional"):
+        for name, s in spec["input"].get(section, {}).items():
+            kind, opts = s[0], (s[1] if len(s) > 1 else {})
+            if isinstance(kind, list) or kind in ("COMBO", "INT", "FLOAT", "STRING", "BOOLEAN"):
+                out.append((name, kind, opts))
+                if opts.get("control_after_generate"):
+                    out.append((name + ".control_after_generate", "CONTROL", {}))
+    return out
+
+
+def _check_value(where: str, kind, opts: dict, value) -> None:
+    if kind == "CONTROL":
+        assert value in ("fixed", "increment", "decrement", "randomize"), where
+    elif isinstance(kind, list) or kind == "COMBO":
+        choices = kind if isinstance(kind, list) else opts["options"]
+        if not (isinstance(value, str) and value.endswith(MODEL_FILE)):  # model files: the user's own
+            assert value in choices, f"{where}: {value!r} not in {choices}"
+    elif kind == "BOOLEAN":
+        assert isinstance(value, bool), where
+    elif kind in ("INT", "FLOAT"):
+        assert isinstance(value, (int, float)) and not isinstance(value, bool), where
+        assert opts.get("min", value) <= value <= opts.get("max", value), f"{where}: {value} out of range"
+        if kind == "INT":
+            assert float(value).is_integer(), where
+    elif kind == "STRING":
+        assert isinstance(value, str), where
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
+def test_example_workflow_matches_the_servers_nodes(path, object_info):
+    """UI format, every node type known to this ComfyUI, widget values valid, links type-correct."""
+    wf = json.loads(path.read_text())
+    assert wf.get("version") is not None and wf["nodes"] and wf["links"]
+    types = {n["type"] for n in wf["nodes"]}
+    assert PATCH in types, "every example uses Patch Model Attention"
+    nodes = {n["id"]: n for n in wf["nodes"]}
+    for node in wf["nodes"]:
+        where = f"{path.name} node {node['id']} ({node['type']})"
+        assert node["type"] in object_info, f"{where}: unknown node type"
+        spec = object_info[node["type"]]
+        widgets = _widget_inputs(spec)
+        values = node.get("widgets_values") or []
+        assert len(values) == len(widgets), f"{where}: {len(values)} widget values for {[w[0] for w in widgets]}"
+        for (name, kind, opts), value in zip(widgets, values, strict=True):
+            _check_value(f"{where}.{name}", kind, opts, value)
+    for link_id, src, src_slot, dst, dst_slot, ltype in wf["links"]:
+        out_type = object_info[nodes[src]["type"]]["output"][src_slot]
+        dst_input = nodes[dst]["inputs"][dst_slot]
+        assert dst_input["link"] == link_id and ltype == out_type == dst_input["type"], (path.name, link_id)
+    # Every required non-widget input is connected: the workflow runs once the models are there.
+    for node in wf["nodes"]:
+        for inp in node.get("inputs", []):
+            required = object_info[node["type"]]["input"].get("required", {})
+            if inp["name"] in required and not inp.get("widget"):
+                assert inp.get("link") is not None, f"{path.name}: {node['type']}.{inp['name']} unconnected"

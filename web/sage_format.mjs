@@ -42,33 +42,34 @@ export function archLabel(status) {
   return parts.join(" · ");
 }
 
-function seqText(n) {
+// "kernel from 4096 tokens": shorter keys go to the fallback (quantization overhead wins there).
+export function seqLine(status) {
+  const n = status?.defaults?.min_seq_len ?? status?.crossover;
   if (n === undefined || n === null) return null;
-  return Number(n) <= 0 ? "kernel at any length" : `kernel from ${n} tokens`;
+  return Number(n) <= 0 ? "kernel at any sequence length" : `kernel from ${n} tokens`;
 }
 
+// Short lines keep the nodes narrow: "defaults: QK per_warp · PV fp8 · fp32 acc".
 export function defaultsLine(status) {
   const d = status?.defaults;
   if (!d) return "defaults: not reported yet";
-  const accum = d.pv_accum_dtype ? ` (${d.pv_accum_dtype} acc)` : "";
-  const parts = [`QK int8 ${d.qk_quant_gran ?? "?"}`, `PV ${d.pv_precision ?? "?"}${accum}`];
-  const seq = seqText(d.min_seq_len ?? status.crossover);
-  if (seq) parts.push(seq);
+  const parts = [`QK ${d.qk_quant_gran ?? "?"}`, `PV ${d.pv_precision ?? "?"}`];
+  if (d.pv_accum_dtype) parts.push(`${d.pv_accum_dtype} acc`);
   return `defaults: ${parts.join(" · ")}`;
 }
 
-// "last run: 120 kernel · 8 fallback (short_seq 6, mask 2)", top `top` reasons by count.
-export function runLine(run, top = 3) {
-  if (!run) return "last run: none yet";
+// ["last run: 120 kernel · 8 fallback", "fallbacks: short_seq 6, mask 2"] (top `top` reasons).
+export function runLines(run, top = 3) {
+  if (!run) return ["last run: none yet"];
   const fb = Object.entries(run.fallback ?? {}).sort((a, b) => b[1] - a[1]);
   const nfb = fb.reduce((s, [, n]) => s + Number(n), 0);
-  let text = `last run: ${run.kernel ?? 0} kernel · ${nfb} fallback`;
+  const lines = [`last run: ${run.kernel ?? 0} kernel · ${nfb} fallback`];
   if (fb.length) {
     const shown = fb.slice(0, top).map(([why, n]) => `${why} ${n}`);
     if (fb.length > top) shown.push(`+${fb.length - top} more`);
-    text += ` (${shown.join(", ")})`;
+    lines.push(`fallbacks: ${shown.join(", ")}`);
   }
-  return text;
+  return lines;
 }
 
 // The lines the info panel shows on a node of `nodeType`.
@@ -76,12 +77,14 @@ export function infoLines(nodeType, status, unsupported = unsupportedChoices(sta
   const lines = [archLabel(status)];
   if (!status) return lines;
   lines.push(defaultsLine(status));
+  const seq = seqLine(status);
+  if (seq) lines.push(seq);
   if (nodeType === SETTINGS_NODE) {
     for (const values of Object.values(unsupported)) {
       for (const { short } of Object.values(values)) lines.push(`⚠ ${short}`);
     }
   } else if (nodeType === PATCH_NODE) {
-    lines.push(runLine(status.last_run));
+    lines.push(...runLines(status.last_run));
   }
   return lines;
 }

@@ -9,6 +9,7 @@ const SHOW_SETTING = "SageTriton.NodeInfo.Show";
 const INFO_WIDGET = "sagetriton_info";
 const LINE_H = 16;
 const PAD = 6;
+const MAX_GROW_W = 360; // longer lines are cut with an ellipsis rather than widening the node further
 const REPO = "https://github.com/sagetriton/ComfyUI-SageTriton";
 
 let status = null; // last /sage/status answer (null until it arrives, or if the route is missing)
@@ -94,7 +95,7 @@ function markChoices(node, unsupported) {
     if (!bad) continue;
     const notes = Object.entries(bad).map(([value, r]) => `${value}: ${r.why || r.short}`);
     w.tooltip = [w.sageBaseTooltip, `On this GPU (${status?.arch ?? "?"}):`, ...notes].filter(Boolean).join("\n");
-    w.label = bad[w.value] ? `${w.sageBaseLabel} ⚠ ${bad[w.value].short}` : w.sageBaseLabel;
+    w.label = bad[w.value] ? `${w.sageBaseLabel} ${labelMark(bad[w.value].short)}` : w.sageBaseLabel;
     if (!w.sageWatched) {
       // Re-mark when the user picks another value.
       const prev = w.callback;
@@ -106,6 +107,12 @@ function markChoices(node, unsupported) {
       w.sageWatched = true;
     }
   }
+}
+
+// Widget labels have little room: "fp8 → fp16 on this GPU" becomes "⚠ → fp16".
+function labelMark(short) {
+  const to = /→\s*(\S+)/.exec(short);
+  return to ? `⚠ → ${to[1]}` : "⚠";
 }
 
 function refreshNode(node) {
@@ -120,7 +127,7 @@ function refreshNode(node) {
   if (type === SETTINGS_NODE) markChoices(node, show ? unsupported : {});
   // Grow (never shrink) the node so the panel's lines fit; 12px sans-serif is ~6.6px a character.
   const min = node.computeSize();
-  const textWidth = Math.max(0, ...w.lines.map((l) => l.length * 6.6 + 40));
+  const textWidth = Math.min(MAX_GROW_W, Math.max(0, ...w.lines.map((l) => l.length * 6.6 + 40)));
   node.setSize([Math.max(node.size[0], min[0], textWidth), Math.max(node.size[1], min[1])]);
   node.setDirtyCanvas?.(true, true);
 }
