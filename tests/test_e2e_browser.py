@@ -116,6 +116,9 @@ def test_nodes_show_gpu_defaults_and_marked_choices(driver, comfy_server):  # no
     assert "error" not in fmt, fmt
 
     settings = driver.execute_script(READ_NODE, ids["settings"])
+    _, info = comfy_server.get("/object_info/SageTritonSettings")
+    spec = info["SageTritonSettings"]["input"]
+    settings_tooltips = {k: v[1]["tooltip"] for sec in ("required", "optional") for k, v in spec.get(sec, {}).items()}
     patch = driver.execute_script(READ_NODE, ids["patch"])
     for node in (settings, patch):
         assert node["lines"][0].startswith("SageTriton · ") and status["arch"] in node["lines"][0]
@@ -131,6 +134,8 @@ def test_nodes_show_gpu_defaults_and_marked_choices(driver, comfy_server):  # no
         for value, r in values.items():
             assert f"⚠ {r['short']}" in settings["lines"], settings["lines"]
             assert f"{value}: {r['why']}" in tip, tip
+    for option in fmt["bad"]:  # the input's own tooltip stays, above the GPU note
+        assert settings["widgets"][option]["tooltip"].startswith(settings_tooltips[option]), option
     if status["arch"] == "cpu":  # no fp8 matrix instructions on the interpreter "arch"
         assert "⚠ fp8 → fp16 on this GPU" in settings["lines"]
         assert "fp8 → fp16" in settings["widgets"]["pv_precision"]["tooltip"]
@@ -148,7 +153,18 @@ def test_nodes_show_gpu_defaults_and_marked_choices(driver, comfy_server):  # no
     assert "⚠" not in (pick("auto") or "")
 
 
-def test_setting_hides_the_panels(driver):
+MARKED_LABELS = ("return app.graph.nodes.flatMap(n => n.widgets ?? [])"
+                 ".filter(w => (w.label ?? '').includes('⚠')).map(w => w.label)")
+
+
+def test_setting_hides_the_panels(driver, comfy_server):  # noqa: F811
+    ids = driver.execute_script(BUILD_GRAPH, TINY_MODEL)
+    _, status = comfy_server.get("/sage/status")
+    fp8_marked = status["arch"] == "cpu"  # fp8 P·V is never available on the interpreter "arch"
+    driver.execute_script(
+        f"const n = app.graph.getNodeById({ids['settings']}); const w = n.widgets.find(w => w.name"
+        " === 'pv_precision'); w.value = 'fp8'; w.callback?.(w.value, app.canvas, n);")
+    assert bool(driver.execute_script(MARKED_LABELS)) == fp8_marked
     setting = "SageTriton.NodeInfo.Show"
     listed = driver.execute_script(
         "return app.extensions.find(e => e.name === arguments[0]).settings.map(s => s.id)", EXT_NAME)
@@ -161,6 +177,8 @@ def test_setting_hides_the_panels(driver):
             "return app.graph.nodes.filter(n => n.widgets?.some(w => w.name === 'sagetriton_info'))"
             ".map(n => n.widgets.find(w => w.name === 'sagetriton_info')).map(w => [w.hidden, w.lines.length])")
         assert hidden and all(h and n == 0 for h, n in hidden), hidden
+        marks = driver.execute_script(MARKED_LABELS)
+        assert not marks, marks
     finally:
         driver.execute_async_script(
             "const done = arguments[arguments.length - 1];"
@@ -169,6 +187,7 @@ def test_setting_hides_the_panels(driver):
         "return app.graph.nodes.filter(n => n.widgets?.some(w => w.name === 'sagetriton_info'))"
         ".map(n => n.widgets.find(w => w.name === 'sagetriton_info').hidden)")
     assert shown and not any(shown)
+    assert bool(driver.execute_script(MARKED_LABELS)) == fp8_marked
 
 
 def test_about_page_badge(driver):

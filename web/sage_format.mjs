@@ -34,6 +34,7 @@ export function unsupportedChoices(status) {
 }
 
 export function archLabel(status) {
+  if (status === undefined) return "SageTriton · loading…";
   if (!status) return "SageTriton · status unavailable";
   const parts = ["SageTriton", status.arch ?? "?"];
   const family = status.family ?? status.defaults?.family;

@@ -12,9 +12,10 @@ const PAD = 6;
 const MAX_GROW_W = 360; // longer lines are cut with an ellipsis rather than widening the node further
 const REPO = "https://github.com/sagetriton/ComfyUI-SageTriton";
 
-let status = null; // last /sage/status answer (null until it arrives, or if the route is missing)
+let status; // last /sage/status answer: undefined until the first answer, null if it failed
 let showInfo = null; // the setting's value as last reported by onChange (null: ask the store)
 const warnedReasons = new Set(); // fallback reasons already toasted this session
+const inputTooltips = new Map(); // Sage Settings input name -> the server's tooltip
 
 function isOurs(node) {
   const t = node?.comfyClass ?? node?.type;
@@ -89,13 +90,20 @@ function fitText(ctx, text, maxWidth) {
 // they are what the server validates).
 function markChoices(node, unsupported) {
   for (const w of node.widgets ?? []) {
+    if (!("sageOwnTooltip" in w)) {
+      w.sageOwnTooltip = w.tooltip; // usually undefined: the frontend then shows the input's tooltip
+      w.sageOwnLabel = w.label;
+    }
     const bad = unsupported[w.name];
-    w.sageBaseTooltip ??= w.tooltip ?? "";
-    w.sageBaseLabel ??= w.label ?? w.name;
-    if (!bad) continue;
+    if (!bad) {
+      w.tooltip = w.sageOwnTooltip;
+      w.label = w.sageOwnLabel;
+      continue;
+    }
     const notes = Object.entries(bad).map(([value, r]) => `${value}: ${r.why || r.short}`);
-    w.tooltip = [w.sageBaseTooltip, `On this GPU (${status?.arch ?? "?"}):`, ...notes].filter(Boolean).join("\n");
-    w.label = bad[w.value] ? `${w.sageBaseLabel} ${labelMark(bad[w.value].short)}` : w.sageBaseLabel;
+    const base = w.sageOwnTooltip ?? inputTooltips.get(w.name) ?? "";
+    w.tooltip = [base, `On this GPU (${status?.arch ?? "?"}):`, ...notes].filter(Boolean).join("\n");
+    w.label = bad[w.value] ? `${w.sageOwnLabel ?? w.name} ${labelMark(bad[w.value].short)}` : w.sageOwnLabel;
     if (!w.sageWatched) {
       // Re-mark when the user picks another value.
       const prev = w.callback;
@@ -137,6 +145,13 @@ function refreshAll() {
   app.graph?.setDirtyCanvas?.(true, true);
 }
 
+let refreshTimer = null;
+function refreshSoon() {
+  // Several events arrive per prompt (progress text, success): one status fetch for all of them.
+  clearTimeout(refreshTimer);
+  refreshTimer = setTimeout(afterRun, 150);
+}
+
 async function afterRun() {
   await fetchStatus();
   refreshAll();
@@ -169,8 +184,22 @@ app.registerExtension({
   async setup() {
     await fetchStatus();
     refreshAll();
-    api.addEventListener("execution_success", afterRun);
-    api.addEventListener("execution_error", afterRun);
+    api.addEventListener("execution_success", refreshSoon);
+    api.addEventListener("execution_error", refreshSoon);
+    // The patch node's run summary also arrives as progress text on that node.
+    api.addEventListener("progress_text", ({ detail }) => {
+      const node = app.graph?.getNodeById?.(detail?.nodeId);
+      if ((node?.comfyClass ?? node?.type) === PATCH_NODE) refreshSoon();
+    });
+  },
+  beforeRegisterNodeDef(_nodeType, nodeData) {
+    // Keep the inputs' own tooltips: a marked widget shows them above the GPU note.
+    if (nodeData?.name !== SETTINGS_NODE) return;
+    for (const section of ["required", "optional"]) {
+      for (const [name, spec] of Object.entries(nodeData.input?.[section] ?? {})) {
+        if (spec?.[1]?.tooltip) inputTooltips.set(name, spec[1].tooltip);
+      }
+    }
   },
   nodeCreated(node) {
     if (isOurs(node)) refreshNode(node);
