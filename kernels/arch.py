@@ -47,7 +47,15 @@ class KernelConfig:
     # Key length below which torch SDPA beats the kernel (quantization overhead dominates).
     min_seq_len: int = 2048
 
-    def replace(self, **kw) -> "KernelConfig":
+    def group_sizes(self) -> tuple[int, int]:
+        """Tokens sharing one Q scale and one K scale for this granularity."""
+        if self.qk_quant_gran == "per_block":
+            return self.block_m, self.block_n
+        if self.qk_quant_gran == "per_warp":
+            return max(self.block_m // self.num_warps, 1), self.block_n
+        return 1, 1  # per_thread: per-token scales, finer than any thread's MMA fragment
+
+    def replace(self, **kw) -> KernelConfig:
         return dataclasses.replace(self, **kw)
 
     def as_dict(self) -> dict:
@@ -125,7 +133,8 @@ def arch_from_properties(props, is_hip: bool) -> ArchInfo:
     return info
 
 
-CPU_ARCH = ArchInfo("cpu", "cpu", "cpu", "CPU (Triton interpreter)", 32, None, True)
+# The interpreter emulates fp8, so every path can be tested on a CPU.
+CPU_ARCH = ArchInfo("cpu", "cpu", "cpu", "CPU (Triton interpreter)", 32, "e4m3fn", True)
 
 
 def interpreter_enabled() -> bool:

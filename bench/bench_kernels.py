@@ -1,0 +1,187 @@
+"""Kernel speed and accuracy on a CUDA/ROCm GPU, side by side with torch SDPA.
+
+    python bench/bench_kernels.py [--quick] [--sweep] [--out bench/results/<gpu>_kernels.json]
+
+TOPS = 4·B·H·Lq·Lk·D / time, the full call (quantization included), median of do_bench over
+rotating input sets so nothing is served from L2. Accuracy is cosine / relative L1 against an
+fp32 math reference on a slice of heads.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton.testing
+from common import RESULTS, cosine, environment, import_pack, rel_l1, write_json
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import_pack()
+from sagetriton.kernels.api import attention_forward  # noqa: E402
+from sagetriton.kernels.arch import default_config, detect_arch  # noqa: E402
+
+SHAPES = [  # (B, H, L, D): batch x heads large enough to fill the GPU
+    (2, 24, 1024, 128), (2, 24, 4096, 128), (2, 24, 8192, 128), (1, 24, 16384, 128), (1, 12, 32768, 128),
+    (2, 24, 1024, 64), (2, 24, 4096, 64), (2, 24, 8192, 64), (1, 24, 16384, 64), (1, 12, 32768, 64),
+]
+QUICK = [(2, 24, 4096, 128), (1, 24, 16384, 128), (1, 24, 16384, 64)]
+
+
+def tops(shape, ms):
+    B, H, L, D = shape
+    return 4 * B * H * L * L * D / (ms * 1e-3) / 1e12
+
+
+def timed(fn, sets):
+    i = [0]
+
+    def step():
+        q, k, v = sets[i[0] % len(sets)]
+        i[0] += 1
+        fn(q, k, v)
+
+    return triton.testing.do_bench(step, warmup=50, rep=300, return_mode="median")
+
+
+def sdpa_with(backends):
+    def run(q, k, v):
+        with sdpa_kernel(backends):
+            return F.scaled_dot_product_attention(q, k, v)
+    return run
+
+
+def make_sets(shape, dtype, n=3):
+    B, H, L, D = shape
+    return [tuple(torch.randn(B, H, L, D, device="cuda", dtype=dtype) for _ in range(3)) for _ in range(n)]
+
+
+def accuracy(fn, q, k, v):
+    out = fn(q, k, v)[:, :2].float()
+    ref = F.scaled_dot_product_attention(q[:, :2].float(), k[:, :2].float(), v[:, :2].float())
+    return cosine(out, ref), rel_l1(out, ref)
+
+
+def kernel_rows(arch, D):
+    """(label, fn) for the per-arch default and each granularity / PV precision variant."""
+    base = default_config(arch, D)
+    rows = [("sage default", lambda q, k, v, c=base: attention_forward(q, k, v, "HND", False, None, None,
+                                                                         False, c, True, False)[0])]
+    pvs = ("fp16", "fp8") if arch.fp8 else ("fp16",)
+    for gran, pv in itertools.product(("per_block", "per_warp", "per_thread"), pvs):
+        c = base.replace(qk_quant_gran=gran, pv_precision=pv)
+        if c == base:
+            continue
+        rows.append((f"sage {gran} {pv}", lambda q, k, v, c=c: attention_forward(
+            q, k, v, "HND", False, None, None, False, c, True, False)[0]))
+    return rows, base
+
+
+def reference_sage():
+    try:
+        from sageattention import sageattn as ref_sageattn  # the CUDA package, if installed
+    except ImportError:
+        return None
+    return lambda q, k, v: ref_sageattn(q, k, v, tensor_layout="HND")
+
+
+def bench_shape(shape, dtype, arch, all_variants=True):
+    B, H, L, D = shape
+    sets = make_sets(shape, dtype)
+    rows = []
+    krows, base = kernel_rows(arch, D)
+    if not all_variants:
+        krows = krows[:1]
+    methods = [("sdpa default", lambda q, k, v: F.scaled_dot_product_attention(q, k, v))]
+    methods += [(f"sdpa {b.name.lower()}", sdpa_with([b])) for b in
+                (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION)]
+    methods += krows
+    ref = reference_sage()
+    if ref is not None:
+        methods.append(("sageattention (CUDA)", ref))
+    for label, fn in methods:
+        try:
+            ms = timed(fn, sets)
+            cos, l1 = accuracy(fn, *sets[0])
+        except Exception as e:  # a backend this GPU lacks: report, keep going
+            rows.append(dict(method=label, error=str(e).splitlines()[0][:200]))
+            continue
+        rows.append(dict(method=label, ms=ms, tops=tops(shape, ms), cosine=cos, rel_l1=l1))
+    sdpa = next(r for r in rows if r["method"] == "sdpa default")
+    sage = next(r for r in rows if r["method"] == "sage default")
+    use_kernel = L >= base.min_seq_len
+    pick = sage if use_kernel else sdpa
+    rows.append(dict(method="dispatch", ms=pick["ms"], tops=pick["tops"], cosine=pick["cosine"],
+                     rel_l1=pick["rel_l1"], routed_to="kernel" if use_kernel else "sdpa"))
+    for r in rows:
+        r.update(shape=list(shape), dtype=str(dtype).replace("torch.", ""))
+        if "ms" in r:
+            r["vs_sdpa"] = sdpa["ms"] / r["ms"]
+    return rows, base
+
+
+def sweep(arch, shapes, dtype):
+    """Tile configurations for the default precision: pick the table's entries from this."""
+    out = []
+    for shape in shapes:
+        D = shape[3]
+        sets = make_sets(shape, dtype)
+        base = default_config(arch, D)
+        for bm, bn, w, s in [(64, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2),
+                             (128, 128, 8, 3), (64, 128, 4, 3), (128, 32, 4, 3)]:
+            for pv in ("fp16", "fp8"):
+                c = base.replace(block_m=bm, block_n=bn, num_warps=w, num_stages=s, pv_precision=pv)
+                fn = lambda q, k, v, c=c: attention_forward(q, k, v, "HND", False, None, None, False, c, True, False)[0]
+                try:
+                    ms = timed(fn, sets)
+                    cos, _ = accuracy(fn, *sets[0])
+                    row = dict(shape=list(shape), pv=pv, block_m=bm, block_n=bn, warps=w, stages=s, ms=ms,
+                               tops=tops(shape, ms), cosine=cos)
+                except Exception as e:
+                    row = dict(shape=list(shape), pv=pv, block_m=bm, block_n=bn, warps=w, stages=s,
+                               error=str(e).splitlines()[0][:160])
+                print(row, flush=True)
+                out.append(row)
+    return out
+
+
+def print_table(rows):
+    print(f"{'shape':>20} {'dtype':>8} {'method':>28} {'ms':>8} {'TOPS':>7} {'xSDPA':>6} {'cos':>8} {'relL1':>7}")
+    for r in rows:
+        if "error" in r:
+            print(f"{str(r['shape']):>20} {r['dtype']:>8} {r['method']:>28}  error: {r['error'][:60]}")
+            continue
+        print(f"{str(r['shape']):>20} {r['dtype']:>8} {r['method']:>28} {r['ms']:8.3f} {r['tops']:7.0f} "
+              f"{r['vs_sdpa']:6.2f} {r['cosine']:8.5f} {r['rel_l1']:7.4f}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="three shapes, default kernel only")
+    ap.add_argument("--sweep", action="store_true", help="also sweep tile configurations")
+    ap.add_argument("--dtypes", default="bfloat16,float16")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("bench_kernels.py needs a CUDA or ROCm GPU")
+    arch = detect_arch()
+    env = environment() | {"arch": arch.arch}
+    print(env, flush=True)
+    payload = {"env": env, "rows": []}
+    if args.sweep:
+        payload["sweep"] = sweep(arch, [(1, 24, 16384, 128), (1, 24, 16384, 64), (2, 24, 4096, 128)], torch.bfloat16)
+    for dt in args.dtypes.split(","):
+        dtype = getattr(torch, dt)
+        for shape in (QUICK if args.quick else SHAPES):
+            rows, base = bench_shape(shape, dtype, arch, all_variants=not args.quick and dt == "bfloat16")
+            print_table(rows)
+            payload["rows"] += rows
+            payload.setdefault("configs", {})[str(shape[3])] = base.as_dict()
+    out = args.out or RESULTS / f"{arch.arch}_kernels.json"
+    write_json(out if not isinstance(out, str) else __import__("pathlib").Path(out), payload)
+    print_table(payload["rows"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""Shared by the GPU benchmarks: import the pack by path, environment facts, accuracy metrics."""
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from pack_loader import find_comfyui, import_pack  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def environment() -> dict:
+    import torch
+    import triton
+
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+    return {"date": datetime.date.today().isoformat(), "gpu": gpu, "torch": torch.__version__,
+            "triton": triton.__version__, "python": platform.python_version()}
+
+
+def cosine(a, b) -> float:
+    a, b = a.double().flatten(), b.double().flatten()
+    return float(a @ b / (a.norm() * b.norm()))
+
+
+def rel_l1(a, b) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).abs().sum() / b.abs().sum())
+
+
+def write_json(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=1))
+    print(f"wrote {path}")
+
+
+__all__ = ["import_pack", "find_comfyui", "environment", "cosine", "rel_l1", "write_json", "RESULTS"]

@@ -1,0 +1,266 @@
+"""``sageattn``: the public entry point, call-compatible with ``sageattention.sageattn``.
+
+Host side only: validation, layout handling (strided views, never transposed copies), the
+quantization launches and the attention launch. Registered as the custom op
+``sagetriton::attention`` with a fake implementation so ``torch.compile(fullgraph=True)`` traces
+through it.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import triton
+
+from . import attention as attn
+from . import quant
+from .arch import FP8_MAX, KernelConfig, detect_arch, interpreter_enabled, resolve_config
+from .log import logger
+
+_FP8_TORCH = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
+# fp16 per-tile accumulation: keep |V| small enough that a tile of BLOCK_N keys sums below 65504.
+_FP16_TILE_V_LIMIT = 256.0
+_warned: set = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        logger.warning("[SageTriton] %s", msg)
+
+
+def head_dim_padded(d: int) -> int:
+    # tl.dot needs a reduction dim of at least 32 for int8 and power-of-two tile shapes.
+    return max(32, triton.next_power_of_2(d))
+
+
+def _check_inputs(q, k, v, layout: str, attn_mask, is_causal: bool) -> None:
+    if layout not in ("HND", "NHD"):
+        raise ValueError(f"tensor_layout must be 'HND' (B, H, L, D) or 'NHD' (B, L, H, D), got {layout!r}")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError("q, k and v must be 4-D tensors")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(f"sageattn supports float16, bfloat16 and float32 inputs, got {q.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError("q, k and v must be on one device")
+    if q.device.type == "cpu" and not interpreter_enabled():
+        raise RuntimeError("sageattn runs on CUDA/ROCm GPUs; CPU tensors need TRITON_INTERPRET=1 (tests only)")
+    if is_causal and attn_mask is not None:
+        raise ValueError("attn_mask and is_causal cannot both be set (same rule as torch SDPA)")
+
+
+def _as_bhld(t: torch.Tensor, layout: str) -> torch.Tensor:
+    return t if layout == "HND" else t.permute(0, 2, 1, 3)
+
+
+def _prepare_mask(attn_mask, B, H, LQ, LK):
+    if attn_mask is None:
+        return None, attn.MASK_NONE
+    if attn_mask.dtype == torch.bool:
+        kind = attn.MASK_BOOL
+    elif attn_mask.is_floating_point():
+        kind = attn.MASK_ADD
+    else:
+        raise TypeError(f"attn_mask must be bool or floating point, got {attn_mask.dtype}")
+    try:
+        m = attn_mask.expand(B, H, LQ, LK)  # a view: broadcast dims get stride 0
+    except RuntimeError as e:
+        raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
+                         f"(B, H, Lq, Lk) = {(B, H, LQ, LK)}") from e
+    return m, kind
+
+
+def _quantize_qk(x, mean, group, block, d_pad, scale_mult, mean_mode, mean_div, bias=None):
+    B, H, L, D = x.shape
+    out = torch.empty((B * H, L, d_pad), dtype=torch.int8, device=x.device)
+    scale = torch.empty((B * H, L), dtype=torch.float32, device=x.device)
+    dummy = scale
+    grid = (triton.cdiv(L, block), B * H)
+    quant.quantize_int8_kernel[grid](
+        x, *x.stride(),
+        mean if mean is not None else dummy,
+        *(mean.stride()[:2] if mean is not None else (0, 0)),
+        out, scale, bias if bias is not None else dummy,
+        H, mean_div, L, D, scale_mult,
+        BLOCK=block, GROUP=group, D_PAD=d_pad, MEAN_MODE=mean_mode,
+        num_warps=4,
+    )
+    return out, scale
+
+
+def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int):
+    """Return (v operand, strides (b, h, n, d), v_scale, v_mean, pv_mode, p_scale).
+
+    The plain 16-bit path reads V in place. FP8, smoothing and fp16 tile accumulation need one
+    statistics pass and one conversion pass.
+    """
+    B, H, L, D = v.shape
+    fp8 = cfg.pv_precision == "fp8"
+    tile16 = not fp8 and cfg.pv_accum_dtype in ("fp16+fp32", "fp16")
+    if not (fp8 or tile16 or smooth_v):
+        return v, v.stride(), None, None, attn.PV_16BIT, 1.0
+
+    vmin, vmax = torch.aminmax(v, dim=2)
+    vmin, vmax = vmin.float(), vmax.float()
+    mean = v.mean(dim=2, dtype=torch.float32) if smooth_v else None
+    amax = torch.maximum(vmax - mean, mean - vmin) if smooth_v else torch.maximum(vmax.abs(), vmin.abs())
+    if fp8:
+        scale = torch.where(amax > 0, amax / FP8_MAX[cfg.fp8_format], torch.ones_like(amax))
+        out_dtype = _FP8_TORCH[cfg.fp8_format]
+        mode, p_scale = attn.PV_FP8, FP8_MAX[cfg.fp8_format]
+    else:
+        # Powers of two keep the scaling exact in fp16.
+        scale = torch.exp2(torch.ceil(torch.log2(torch.clamp(amax / _FP16_TILE_V_LIMIT, min=1.0))))
+        out_dtype = torch.float16
+        mode, p_scale = (attn.PV_16BIT_TILE if tile16 else attn.PV_16BIT), 1.0
+    scale = scale.reshape(B * H, D).contiguous()
+    inv = 1.0 / scale
+    mean_flat = mean.reshape(B * H, D).contiguous() if smooth_v else None
+    if fp8:
+        # Stored (D_PAD, L) per head: FP8 MMAs want P·V's B operand K-major (tokens contiguous).
+        out = torch.empty((B * H, d_pad, L), dtype=out_dtype, device=v.device)
+        stride_l, stride_d = 1, L
+    else:
+        out = torch.empty((B * H, L, d_pad), dtype=out_dtype, device=v.device)
+        stride_l, stride_d = d_pad, 1
+    block = 64
+    quant.convert_v_kernel[(triton.cdiv(L, block), B * H)](
+        v, *v.stride(), mean_flat if smooth_v else inv, inv,
+        out, out.stride(0), stride_l, stride_d, H, L, D,
+        BLOCK=block, D_PAD=d_pad, HAS_MEAN=smooth_v, INTERPRETER=interpreter_enabled(), num_warps=4,
+    )
+    # Kernel-side strides of the converted V as (B, H, L, D_PAD).
+    strides = (H * L * d_pad, L * d_pad, stride_l, stride_d)
+    if fp8:
+        scale = scale / p_scale  # P was multiplied by p_scale before the fp8 cast
+    return out, strides, scale, mean_flat, mode, p_scale
+
+
+def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[float], attn_mask,
+                      return_lse: bool, cfg: KernelConfig, smooth_k: bool, smooth_v: bool):
+    """Run the kernels for an already-resolved config. Returns (out, lse or empty)."""
+    _check_inputs(q, k, v, layout, attn_mask, is_causal)
+    qh, kh, vh = _as_bhld(q, layout), _as_bhld(k, layout), _as_bhld(v, layout)
+    B, H, LQ, D = qh.shape
+    Bk, H_KV, LK, Dk = kh.shape
+    if Bk != B or vh.shape[0] != B or vh.shape[1] != H_KV or vh.shape[2] != LK:
+        raise ValueError(f"shape mismatch (as B, H, L, D): q {tuple(qh.shape)}, k {tuple(kh.shape)}, "
+                         f"v {tuple(vh.shape)}")
+    if Dk != D or vh.shape[3] != D:
+        raise ValueError(f"q, k and v must share head_dim, got {D}, {Dk}, {vh.shape[3]}")
+    if not 1 <= D <= 256:
+        raise ValueError(f"head_dim must be in 1..256, got {D}")
+    if H % H_KV != 0:
+        raise ValueError(f"query heads ({H}) must be a multiple of key/value heads ({H_KV})")
+    if LK == 0:
+        raise ValueError("key/value sequence is empty")
+    sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
+
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    oh = _as_bhld(out, layout)
+    lse = torch.empty((B, H, LQ) if return_lse else (0,), dtype=torch.float32, device=q.device)
+    if LQ == 0:
+        return out, lse
+
+    d_pad = head_dim_padded(D)
+    q_group, k_group = cfg.group_sizes()
+    km = kh.mean(dim=2, dtype=torch.float32) if smooth_k else None  # (B, H_KV, D)
+    qbias = torch.empty((B * H, LQ), dtype=torch.float32, device=q.device) if (smooth_k and return_lse) else None
+    q8, qs = _quantize_qk(qh, km if qbias is not None else None, q_group, cfg.block_m, d_pad,
+                          sm_scale * quant.LOG2E, quant.MEAN_DOT if qbias is not None else quant.MEAN_NONE,
+                          H // H_KV, bias=qbias)
+    if qbias is not None:
+        qbias.mul_(sm_scale)
+    k8, ks = _quantize_qk(kh, km, k_group, cfg.block_n, d_pad, 1.0,
+                          quant.MEAN_SUBTRACT if smooth_k else quant.MEAN_NONE, 1)
+    v_op, v_strides, v_scale, v_mean, pv_mode, p_scale = _prepare_v(vh, cfg, smooth_v, d_pad)
+
+    mask, mask_kind = _prepare_mask(attn_mask, B, H, LQ, LK)
+    mask_arg = mask if mask is not None else qs
+    mask_strides = mask.stride() if mask is not None else (0, 0, 0, 0)
+    dummy = qs
+    grid = (triton.cdiv(LQ, cfg.block_m), B * H)
+    attn.attention_kernel[grid](
+        q8, qs, k8, ks, v_op,
+        v_scale if v_scale is not None else dummy, v_mean if v_mean is not None else dummy,
+        qbias if qbias is not None else dummy,
+        oh, lse, mask_arg,
+        *v_strides, *oh.stride(), *mask_strides,
+        H, H_KV, LQ, LK, D,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_PAD=d_pad,
+        IS_CAUSAL=is_causal, MASK_KIND=mask_kind, PV_MODE=pv_mode, P_SCALE=p_scale,
+        HAS_VSCALE=v_scale is not None, HAS_VMEAN=v_mean is not None, HAS_QBIAS=qbias is not None,
+        RETURN_LSE=return_lse, EVEN_D=(D == d_pad) or (v_op is not vh), INTERPRETER=interpreter_enabled(),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out, lse
+
+
+def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str, is_causal: bool,
+                    sm_scale: float, attn_mask: Optional[torch.Tensor], return_lse: bool,
+                    qk_quant_gran: str, pv_precision: str, pv_accum_dtype: str, fp8_format: str,
+                    block_m: int, block_n: int, num_warps: int, num_stages: int,
+                    smooth_k: bool, smooth_v: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    cfg = KernelConfig(qk_quant_gran, pv_precision, pv_accum_dtype, fp8_format or None,
+                       block_m, block_n, num_warps, num_stages)
+    return attention_forward(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v)
+
+
+def _attention_fake(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, qk_quant_gran, pv_precision,
+                    pv_accum_dtype, fp8_format, block_m, block_n, num_warps, num_stages, smooth_k, smooth_v):
+    B = q.shape[0]
+    H, LQ = (q.shape[1], q.shape[2]) if layout == "HND" else (q.shape[2], q.shape[1])
+    lse_shape = (B, H, LQ) if return_lse else (0,)
+    return q.new_empty(q.shape), q.new_empty(lse_shape, dtype=torch.float32)
+
+
+def _register_op():
+    # The pack can be imported twice under different module names (ComfyUI names it after its
+    # folder); the op is defined once per process and the same code serves both.
+    if not hasattr(torch.ops.sagetriton, "attention"):
+        op = torch.library.custom_op("sagetriton::attention", _attention_impl, mutates_args=())
+        op.register_fake(_attention_fake)
+    return torch.ops.sagetriton.attention
+
+
+attention_op = _register_op()
+_arch_cache: dict = {}
+
+
+def _arch_for(device: torch.device):
+    key = (device.type, device.index)
+    if key not in _arch_cache:
+        _arch_cache[key] = detect_arch(device)
+    return _arch_cache[key]
+
+
+def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: str = "HND",
+             is_causal: bool = False, sm_scale: Optional[float] = None,
+             attn_mask: Optional[torch.Tensor] = None, return_lse: bool = False, *,
+             qk_quant_gran: Optional[str] = None, pv_precision: Optional[str] = None,
+             pv_accum_dtype: Optional[str] = None, smooth_k: bool = True, smooth_v: bool = False):
+    """Quantized scaled-dot-product attention.
+
+    q: (B, Hq, Lq, D) for ``tensor_layout="HND"`` or (B, Lq, Hq, D) for ``"NHD"``; k, v likewise
+    with Hkv heads (Hq a multiple of Hkv) and Lk tokens. fp16/bf16 in, same dtype out; fp32 inputs
+    are quantized straight from fp32, P·V runs in bf16, and the output is fp32. ``attn_mask`` is a
+    boolean (True = attend) or additive float mask broadcastable to (B, Hq, Lq, Lk), with torch SDPA
+    semantics. Options left as ``None`` take this GPU's defaults (``kernels.arch``).
+
+    Returns ``out`` or, with ``return_lse``, ``(out, lse)`` where lse is the natural-log
+    log-sum-exp per (B, Hq, Lq) in fp32.
+    """
+    _check_inputs(q, k, v, tensor_layout, attn_mask, is_causal)
+    arch = _arch_for(q.device)
+    cfg, notes = resolve_config(arch, q.shape[-1], qk_quant_gran, pv_precision, pv_accum_dtype)
+    for note in notes:
+        _warn_once(note)
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(q.shape[-1])
+    out, lse = attention_op(q, k, v, tensor_layout, bool(is_causal), float(sm_scale), attn_mask, bool(return_lse),
+                            cfg.qk_quant_gran, cfg.pv_precision, cfg.pv_accum_dtype, cfg.fp8_format or "",
+                            cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, bool(smooth_k), bool(smooth_v))
+    return (out, lse) if return_lse else out

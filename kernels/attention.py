@@ -1,0 +1,167 @@
+"""The attention kernel: INT8 Q·Kᵀ, online softmax in exp2, FP16/BF16 or FP8 P·V.
+
+One portable Triton source for every architecture (pointer loads, no vendor intrinsics). Q and K
+arrive pre-quantized by ``quant.py`` with per-token scales that already hold sm_scale·log2(e), so a
+logit is ``int32_dot * q_scale[m] * k_scale[n]`` in base-2 units.
+
+Per-tile work is split in two loops: full tiles with no bounds checks, then the tiles that cross
+the key length or the causal diagonal. Masks are read through strides (0 for broadcast dims), so a
+broadcast mask is never materialised.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .quant import to_fp8
+
+# P·V modes.
+PV_16BIT = 0  # P and V in 16-bit, accumulated in fp32 by the MMA
+PV_16BIT_TILE = 1  # fp16 MMA accumulation per tile, added into the fp32 accumulator
+PV_FP8 = 2  # P and V in fp8, a fresh accumulator per tile added into fp32 (two-level)
+
+MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
+
+
+@triton.jit
+def _attn_tile(
+    acc, l_i, m_i, q, qs, offs_m, start_n,
+    k_base, ks_base, v_base, mask_base,
+    stride_vn, stride_vd, stride_mm, stride_mn,
+    LQ, LK, D,
+    BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, BOUNDARY: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    MASK_KIND: tl.constexpr, PV_MODE: tl.constexpr, P_SCALE: tl.constexpr, EVEN_D: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+):
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D_PAD)
+    k_ptrs = k_base + offs_n[:, None].to(tl.int64) * D_PAD + offs_d[None, :]
+    if BOUNDARY:
+        n_ok = offs_n < LK
+        k = tl.load(k_ptrs, mask=n_ok[:, None], other=0)
+        ks = tl.load(ks_base + offs_n, mask=n_ok, other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+        ks = tl.load(ks_base + offs_n)
+
+    x = tl.dot(q, tl.trans(k)).to(tl.float32) * qs[:, None] * ks[None, :]
+
+    if MASK_KIND != 0:
+        m_ptrs = mask_base + offs_m[:, None].to(tl.int64) * stride_mm + offs_n[None, :].to(tl.int64) * stride_mn
+        m_ok = (offs_m[:, None] < LQ) & (offs_n[None, :] < LK)
+        if MASK_KIND == 1:
+            keep = tl.load(m_ptrs, mask=m_ok, other=0) != 0
+            # Added rather than selected so a NaN logit stays NaN under a mask, as in SDPA.
+            x = x + tl.where(keep, 0.0, float("-inf"))
+        else:
+            x = x + tl.load(m_ptrs, mask=m_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+    if BOUNDARY:
+        x = tl.where(offs_n[None, :] < LK, x, float("-inf"))
+        if IS_CAUSAL:
+            x = tl.where(offs_n[None, :] <= offs_m[:, None], x, float("-inf"))
+
+    m_new = tl.maximum(m_i, tl.max(x, 1))
+    # A row masked so far has max -inf: shift by 0 instead, so exp2 gives 0 rather than NaN.
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_use)
+    p = tl.math.exp2(x - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+
+    v_ptrs = v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_d[None, :] * stride_vd
+    if BOUNDARY:
+        if EVEN_D:
+            v = tl.load(v_ptrs, mask=offs_n[:, None] < LK, other=0.0)
+        else:
+            v = tl.load(v_ptrs, mask=(offs_n[:, None] < LK) & (offs_d[None, :] < D), other=0.0)
+    else:
+        if EVEN_D:
+            v = tl.load(v_ptrs)
+        else:
+            v = tl.load(v_ptrs, mask=offs_d[None, :] < D, other=0.0)
+
+    if PV_MODE == 0:
+        if v.dtype == tl.float32:  # fp32 inputs: P·V in bf16 (fp16 could overflow on large V)
+            v = v.to(tl.bfloat16)
+        p16 = p.to(v.dtype)
+        if INTERPRETER and v.dtype == tl.bfloat16:
+            # The CPU interpreter's bf16 dot is wrong; the same bf16 values multiplied in fp32 are exact.
+            acc = tl.dot(p16.to(tl.float32), v.to(tl.float32), acc)
+        else:
+            acc = tl.dot(p16, v, acc)
+    elif PV_MODE == 1:
+        acc += tl.dot(p.to(tl.float16), v.to(tl.float16), out_dtype=tl.float16).to(tl.float32)
+    else:
+        acc += tl.dot(to_fp8(p * P_SCALE, v.dtype, INTERPRETER), v)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def attention_kernel(
+    Q8, QS, K8, KS, V, VScale, VMean, QBias,
+    Out, Lse, Mask,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_mb, stride_mh, stride_mm, stride_mn,
+    H, H_KV, LQ, LK, D,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PV_MODE: tl.constexpr, P_SCALE: tl.constexpr,
+    HAS_VSCALE: tl.constexpr, HAS_VMEAN: tl.constexpr, HAS_QBIAS: tl.constexpr,
+    RETURN_LSE: tl.constexpr, EVEN_D: tl.constexpr, INTERPRETER: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    bhk = b * H_KV + h // (H // H_KV)  # GQA: consecutive query heads share one KV head
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    m_ok = offs_m < LQ
+    q = tl.load(Q8 + bh.to(tl.int64) * LQ * D_PAD + offs_m[:, None].to(tl.int64) * D_PAD + offs_d[None, :],
+                mask=m_ok[:, None], other=0)
+    qs = tl.load(QS + bh.to(tl.int64) * LQ + offs_m, mask=m_ok, other=0.0)
+
+    k_base = K8 + bhk.to(tl.int64) * LK * D_PAD
+    ks_base = KS + bhk.to(tl.int64) * LK
+    v_base = V + b.to(tl.int64) * stride_vb + (bhk - b * H_KV).to(tl.int64) * stride_vh
+    mask_base = Mask + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+
+    full_end = (LK // BLOCK_N) * BLOCK_N
+    hi = LK
+    if IS_CAUSAL:
+        hi = tl.minimum(LK, (pid_m + 1) * BLOCK_M)
+        full_end = tl.minimum(full_end, (pid_m * BLOCK_M // BLOCK_N) * BLOCK_N)
+
+    for start_n in range(0, full_end, BLOCK_N):
+        acc, l_i, m_i = _attn_tile(
+            acc, l_i, m_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, mask_base,
+            stride_vn, stride_vd, stride_mm, stride_mn, LQ, LK, D,
+            BLOCK_N, D_PAD, False, IS_CAUSAL, MASK_KIND, PV_MODE, P_SCALE, EVEN_D, INTERPRETER)
+    for start_n in range(full_end, hi, BLOCK_N):
+        acc, l_i, m_i = _attn_tile(
+            acc, l_i, m_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, mask_base,
+            stride_vn, stride_vd, stride_mm, stride_mn, LQ, LK, D,
+            BLOCK_N, D_PAD, True, IS_CAUSAL, MASK_KIND, PV_MODE, P_SCALE, EVEN_D, INTERPRETER)
+
+    # A fully masked row has l_i == 0: SDPA returns 0 there, and so do we.
+    live = l_i > 0
+    out = acc / tl.where(live, l_i, 1.0)[:, None]
+    d_ok = offs_d < D
+    if HAS_VSCALE:
+        out = out * tl.load(VScale + bhk * D + offs_d, mask=d_ok, other=0.0)[None, :]
+    if HAS_VMEAN:
+        out = out + tl.where(live[:, None], tl.load(VMean + bhk * D + offs_d, mask=d_ok, other=0.0)[None, :], 0.0)
+    o_ptrs = (Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+              + offs_m[:, None].to(tl.int64) * stride_om + offs_d[None, :] * stride_od)
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
+
+    if RETURN_LSE:
+        lse = tl.where(live, (m_i + tl.math.log2(tl.where(live, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+        if HAS_QBIAS:
+            lse += tl.load(QBias + bh.to(tl.int64) * LQ + offs_m, mask=m_ok, other=0.0)
+        tl.store(Lse + bh.to(tl.int64) * LQ + offs_m, lse, mask=m_ok)

@@ -1,0 +1,105 @@
+"""Pure-torch references: the same quantized math as the kernel, and exact fp64 attention.
+
+``quantized_reference`` mirrors the kernel's arithmetic (group scales, INT8 products, exp2 softmax,
+fp8/16-bit P·V) without tiling, so differences to the kernel are only the online-softmax order.
+``exact_attention`` is torch SDPA's math in float64: the ground truth for accuracy.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from .arch import FP8_MAX, KernelConfig
+
+_FP8 = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
+
+
+def to_bhld(t: torch.Tensor, layout: str) -> torch.Tensor:
+    return t if layout == "HND" else t.permute(0, 2, 1, 3)
+
+
+def _expand_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
+    return t.repeat_interleave(heads // t.shape[1], dim=1)
+
+
+def _quantize_groups(x: torch.Tensor, group: int):
+    """INT8 values and per-token scales with one scale per ``group`` consecutive tokens."""
+    B, H, L, D = x.shape
+    pad = (-L) % group
+    xp = torch.nn.functional.pad(x, (0, 0, 0, pad))
+    amax = xp.abs().amax(dim=-1).reshape(B, H, -1, group).amax(dim=-1)
+    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    scale = scale.repeat_interleave(group, dim=-1)[..., :L]
+    xi = torch.clamp(torch.round(x / scale[..., None]), -127, 127)  # round half to even vs away: rare ties
+    return xi, scale
+
+
+def mask_to_additive(attn_mask: Optional[torch.Tensor], dtype=torch.float64) -> Optional[torch.Tensor]:
+    if attn_mask is None:
+        return None
+    if attn_mask.dtype == torch.bool:
+        return torch.zeros(attn_mask.shape, dtype=dtype, device=attn_mask.device).masked_fill(~attn_mask, float("-inf"))
+    return attn_mask.to(dtype)
+
+
+def exact_attention(q, k, v, layout="HND", is_causal=False, sm_scale=None, attn_mask=None):
+    """fp64 SDPA math. Returns (out in the input layout, lse (B, H, Lq))."""
+    qh, kh, vh = (to_bhld(t, layout).double() for t in (q, k, v))
+    H = qh.shape[1]
+    kh, vh = _expand_kv(kh, H), _expand_kv(vh, H)
+    scale = 1.0 / math.sqrt(qh.shape[-1]) if sm_scale is None else sm_scale
+    s = qh @ kh.transpose(-1, -2) * scale
+    if is_causal:
+        keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    add = mask_to_additive(attn_mask)
+    if add is not None:
+        s = s + add
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
+    out = p @ vh  # fully masked rows: p is all zero, out is 0 (torch SDPA's convention)
+    return to_bhld(out, layout), lse
+
+
+def quantized_reference(q, k, v, cfg: KernelConfig, layout="HND", is_causal=False, sm_scale=None,
+                        attn_mask=None, smooth_k=True, smooth_v=False):
+    """The kernel's quantized arithmetic in plain torch (fp32 softmax). Returns (out, lse)."""
+    qh, kh, vh = (to_bhld(t, layout).float() for t in (q, k, v))
+    B, H, LQ, D = qh.shape
+    scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
+    qg, kg = cfg.group_sizes()
+    km = kh.mean(dim=2, keepdim=True) if smooth_k else torch.zeros_like(kh[:, :, :1])
+    qi, qs = _quantize_groups(qh, qg)
+    ki, ks = _quantize_groups(kh - km, kg)
+    qs = qs * scale * math.log2(math.e)
+    s2 = (qi.double() @ _expand_kv(ki, H).double().transpose(-1, -2)).float()
+    s2 = s2 * qs[..., None] * _expand_kv(ks, H)[..., None, :]
+    if is_causal:
+        keep = torch.ones(s2.shape[-2:], dtype=torch.bool, device=s2.device).tril()
+        s2 = s2.masked_fill(~keep, float("-inf"))
+    add = mask_to_additive(attn_mask, torch.float32)
+    if add is not None:
+        s2 = s2 + add * math.log2(math.e)
+    m = s2.amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isinf(m), 0.0, m)
+    p = torch.exp2(s2 - m)
+    row_sum = p.sum(dim=-1, keepdim=True)
+
+    vmean = vh.mean(dim=2, keepdim=True) if smooth_v else torch.zeros_like(vh[:, :, :1])
+    vc = vh - vmean
+    if cfg.pv_precision == "fp8":
+        fmax = FP8_MAX[cfg.fp8_format]
+        vs = torch.where(vc.abs().amax(dim=2, keepdim=True) > 0, vc.abs().amax(dim=2, keepdim=True) / fmax, 1.0)
+        v8 = (vc / vs).to(_FP8[cfg.fp8_format]).float()
+        pv = ((p * fmax).to(_FP8[cfg.fp8_format]).float() @ _expand_kv(v8, H)) * _expand_kv(vs, H) / fmax
+    else:
+        pv_dtype = torch.float16 if q.dtype == torch.float16 or cfg.pv_accum_dtype != "fp32" else torch.bfloat16
+        pv = p.to(pv_dtype).float() @ _expand_kv(vc.to(pv_dtype).float(), H)
+    live = row_sum > 0
+    out = torch.where(live, pv / torch.where(live, row_sum, 1.0) + _expand_kv(vmean, H), 0.0)
+    lse = torch.where(live[..., 0], (m[..., 0] + torch.log2(row_sum[..., 0])) * math.log(2), float("-inf"))
+    if smooth_k:
+        lse = lse + (qh * _expand_kv(km, H)).sum(-1) * scale
+    return to_bhld(out.to(q.dtype), layout), lse

@@ -1,0 +1,264 @@
+"""The Triton kernels (through the interpreter) against the quantized torch reference and fp64."""
+import itertools
+
+import pytest
+import sagetriton.kernels as kernels
+import torch
+import torch.nn.functional as F
+from sagetriton.kernels import reference as ref
+from sagetriton.kernels.arch import KernelConfig
+
+sageattn = kernels.sageattn
+
+
+def cosine(a, b):
+    a, b = a.double().flatten(), b.double().flatten()
+    return (a @ b / (a.norm() * b.norm())).item()
+
+
+def rel_l1(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).abs().sum() / b.abs().sum()).item()
+
+
+def make_qkv(B=1, H=2, LQ=80, LK=None, D=64, H_KV=None, layout="HND", dtype=torch.float16, k_bias=2.0):
+    LK = LQ if LK is None else LK
+    H_KV = H if H_KV is None else H_KV
+
+    def t(h, L):
+        shape = (B, h, L, D) if layout == "HND" else (B, L, h, D)
+        return torch.randn(shape, dtype=torch.float32)
+
+    q, k, v = t(H, LQ), t(H_KV, LK), t(H_KV, LK)
+    # Real models' K has per-channel offsets: exactly what smooth_k removes.
+    k = k + k_bias * torch.randn(D)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def check(out, q, k, v, layout="HND", min_cos=0.999, **kw):
+    exact, _ = ref.exact_attention(q, k, v, layout=layout, **kw)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert torch.isfinite(out).all()
+    c = cosine(out, exact)
+    assert c >= min_cos, f"cosine {c:.6f} vs fp64"
+    return c
+
+
+OPTIONS = list(itertools.product(("per_block", "per_warp", "per_thread"), ("fp16", "fp8"),
+                                 ("fp32", "fp16+fp32", "fp16"), (True, False), (False, True)))
+
+
+@pytest.mark.parametrize("gran,pv,acc,smooth_k,smooth_v", OPTIONS)
+def test_every_option_combination(seed, gran, pv, acc, smooth_k, smooth_v):
+    q, k, v = make_qkv(LQ=70, LK=90, D=48)
+    out, lse = sageattn(q, k, v, qk_quant_gran=gran, pv_precision=pv, pv_accum_dtype=acc,
+                        smooth_k=smooth_k, smooth_v=smooth_v, return_lse=True)
+    check(out, q, k, v)
+    _, exact_lse = ref.exact_attention(q, k, v)
+    assert torch.allclose(lse.double(), exact_lse, atol=0.05, rtol=0.01)
+    # Tight agreement with the same quantized arithmetic in torch: only the softmax order differs.
+    cfg = KernelConfig(gran, pv, acc, "e4m3fn" if pv == "fp8" else None, 64, 64, 4, 1)
+    qref, qref_lse = ref.quantized_reference(q, k, v, cfg, smooth_k=smooth_k, smooth_v=smooth_v)
+    assert cosine(out, qref) >= (0.9999 if pv == "fp16" else 0.9995)
+    # Round-half ties differ (torch rounds to even, the kernel away from zero): a few 1e-2 nats.
+    assert (lse - qref_lse).abs().max() < 3e-2, (lse - qref_lse).abs().max()
+
+
+@pytest.mark.parametrize("D", [1, 8, 16, 40, 64, 80, 96, 120, 128, 160, 256])
+def test_every_head_dim(seed, D):
+    q, k, v = make_qkv(LQ=33, LK=47, D=D)
+    check(sageattn(q, k, v), q, k, v)
+
+
+@pytest.mark.parametrize("LQ,LK", [(1, 1), (1, 77), (77, 1), (63, 65), (129, 17), (200, 130)])
+def test_odd_lengths_and_cross_attention(seed, LQ, LK):
+    q, k, v = make_qkv(LQ=LQ, LK=LK, D=64)
+    check(sageattn(q, k, v), q, k, v)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+def test_layouts_and_dtypes(seed, layout, dtype):
+    q, k, v = make_qkv(LQ=65, D=64, layout=layout, dtype=dtype)
+    out = sageattn(q, k, v, tensor_layout=layout)
+    check(out, q, k, v, layout=layout)
+
+
+def test_strided_views_of_fused_qkv(seed):
+    """Views cut from one (B, L, 3, H, D) projection, as attention layers produce them."""
+    B, L, H, D = 2, 70, 3, 40
+    qkv = torch.randn(B, L, 3, H, D, dtype=torch.float16)
+    q, k, v = qkv.unbind(2)
+    assert not q.is_contiguous()
+    out = sageattn(q, k, v, tensor_layout="NHD")
+    check(out, q, k, v, layout="NHD")
+    # HND views (a transpose) too.
+    qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
+    check(sageattn(qh, kh, vh, tensor_layout="HND"), qh, kh, vh)
+
+
+@pytest.mark.parametrize("H,H_KV", [(4, 2), (6, 1)])
+def test_gqa_and_mqa(seed, H, H_KV):
+    q, k, v = make_qkv(H=H, H_KV=H_KV, LQ=50, LK=60, D=32)
+    check(sageattn(q, k, v), q, k, v)
+
+
+@pytest.mark.parametrize("LQ,LK", [(90, 90), (40, 100), (100, 40)])
+def test_causal_is_top_left_aligned(seed, LQ, LK):
+    q, k, v = make_qkv(LQ=LQ, LK=LK, D=32)
+    out = sageattn(q, k, v, is_causal=True)
+    check(out, q, k, v, is_causal=True)
+    sdpa = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    assert cosine(out, sdpa) >= 0.999
+
+
+MASK_SHAPES = [(70, 90), (2, 1, 70, 90), (1, 3, 1, 90), (2, 3, 70, 90), (1, 90)]
+
+
+@pytest.mark.parametrize("shape", MASK_SHAPES)
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_masks_broadcast_like_sdpa(seed, shape, kind):
+    q, k, v = make_qkv(B=2, H=3, LQ=70, LK=90, D=32)
+    if kind == "bool":
+        mask = torch.rand(shape) > 0.3
+    else:
+        mask = torch.randn(shape) * 2 - (torch.rand(shape) > 0.8).float() * 1e4
+    out = sageattn(q, k, v, attn_mask=mask)
+    check(out, q, k, v, attn_mask=mask)
+    sdpa = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+    assert cosine(out, sdpa) >= 0.999
+
+
+def test_fully_masked_rows_match_sdpa(seed):
+    q, k, v = make_qkv(LQ=20, LK=30, D=32)
+    mask = torch.rand(20, 30) > 0.5
+    mask[3] = False
+    mask[17] = False
+    out, lse = sageattn(q, k, v, attn_mask=mask, return_lse=True)
+    sdpa = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+    assert torch.isfinite(out).all()
+    assert (out[:, :, 3] == 0).all() and (out[:, :, 17] == 0).all()
+    assert cosine(out, sdpa) >= 0.999
+    assert torch.isneginf(lse[:, :, 3]).all()
+
+
+def test_lse_with_smoothing_matches_fp64(seed):
+    q, k, v = make_qkv(LQ=50, LK=70, D=64, k_bias=8.0)
+    _, exact = ref.exact_attention(q, k, v)
+    errors = {}
+    for smooth_k in (True, False):
+        _, lse = sageattn(q, k, v, return_lse=True, smooth_k=smooth_k)
+        assert lse.dtype == torch.float32 and lse.shape == (1, 2, 50)
+        errors[smooth_k] = (lse.double() - exact).abs().max().item()
+    # Smoothing adds q·mean(K) back exactly, and removes the channel offset INT8 would choke on.
+    assert errors[True] < 0.03, errors
+    assert errors[True] < errors[False], errors
+
+
+def test_nan_and_inf_propagate_like_sdpa(seed):
+    # No channel offset: an Inf query against keys all of one sign would give SDPA an all -inf row.
+    q, k, v = make_qkv(LQ=40, LK=40, D=32, k_bias=0.0)
+    q[0, 0, 5, 3] = float("nan")
+    q[0, 1, 9, 0] = float("inf")
+    out = sageattn(q, k, v)
+    sdpa = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    assert torch.equal(torch.isnan(out).any(-1), torch.isnan(sdpa).any(-1))
+    assert torch.isnan(out[0, 0, 5]).all() and torch.isnan(out[0, 1, 9]).all()
+    # The other rows of the same quantization group stay exact.
+    others = torch.ones(40, dtype=torch.bool)
+    others[[5, 9]] = False
+    assert cosine(out[..., others, :], sdpa[..., others, :]) >= 0.999
+
+    q, k, v = make_qkv(LQ=40, LK=40, D=32)
+    k[0, 0, 7, 1] = float("nan")
+    out = sageattn(q, k, v)
+    sdpa = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    assert torch.equal(torch.isnan(out), torch.isnan(sdpa))
+
+
+def test_zero_blocks_do_not_divide_by_zero(seed):
+    q, k, v = make_qkv(LQ=64, LK=64, D=32)
+    q[:, :, :32] = 0
+    k[:, :, 32:] = 0
+    for pv in ("fp16", "fp8"):
+        out = sageattn(q, k, v, pv_precision=pv, smooth_k=False)
+        check(out, q, k, v)
+    out = sageattn(torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v))
+    assert (out == 0).all()
+
+
+@pytest.mark.parametrize("pv,acc", [("fp16", "fp32"), ("fp16", "fp16+fp32"), ("fp16", "fp16"), ("fp8", "fp32")])
+def test_large_v_values_never_overflow(seed, pv, acc):
+    q, k, v = make_qkv(LQ=128, LK=128, D=64)
+    v = (v.float() * 3000 + 1000).half()  # magnitudes seen in real models' V
+    q = q * 0.01  # near-uniform attention: a tile's P·V sums ~BLOCK_N values of V
+    out = sageattn(q, k, v, pv_precision=pv, pv_accum_dtype=acc)
+    check(out, q, k, v)
+
+
+def test_fp32_inputs_return_fp32(seed):
+    q, k, v = make_qkv(LQ=50, D=64, dtype=torch.float32)
+    out = sageattn(q, k, v)
+    assert out.dtype == torch.float32
+    check(out, q, k, v)
+
+
+def test_fp8_fnuz_path(seed):
+    """gfx942's e4m3fnuz (max 240) through the kernel's fp8 path."""
+    q, k, v = make_qkv(LQ=64, D=64)
+    cfg = KernelConfig("per_warp", "fp8", "fp32", "e4m3fnuz", 64, 64, 4, 1)
+    out, _ = kernels.attention_forward(q, k, v, "HND", False, None, None, False, cfg, True, False)
+    check(out, q, k, v)
+
+
+def test_sm_scale(seed):
+    q, k, v = make_qkv(LQ=40, D=64)
+    check(sageattn(q, k, v, sm_scale=0.3), q, k, v, sm_scale=0.3)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(tensor_layout="BHLD"), "tensor_layout"),
+    (dict(qk_quant_gran="per_tensor"), "qk_quant_gran"),
+    (dict(pv_precision="fp4"), "pv_precision"),
+    (dict(is_causal=True, attn_mask=torch.ones(40, 40, dtype=torch.bool)), "is_causal"),
+    (dict(attn_mask=torch.ones(3, 7)), "broadcast"),
+    (dict(attn_mask=torch.ones(40, 40, dtype=torch.int32)), "bool or floating"),
+])
+def test_bad_arguments_raise_clear_errors(bad, match):
+    q, k, v = make_qkv(LQ=40, D=32)
+    with pytest.raises((ValueError, TypeError), match=match):
+        sageattn(q, k, v, **bad)
+
+
+def test_bad_shapes_raise_clear_errors():
+    q, k, v = make_qkv(LQ=40, D=32)
+    with pytest.raises(ValueError, match="head_dim"):
+        sageattn(q, k[..., :16], v)
+    with pytest.raises(ValueError, match="multiple"):
+        sageattn(torch.randn(1, 3, 40, 32, dtype=torch.half), k, v)
+    with pytest.raises(TypeError, match="float16, bfloat16 and float32"):
+        sageattn(q.int(), k.int(), v.int())
+
+
+def test_torch_compile_traces_without_graph_breaks(seed):
+    q, k, v = make_qkv(LQ=40, D=32)
+
+    def f(q, k, v):
+        return sageattn(q * 2, k, v, tensor_layout="HND").float().sum(-1)
+
+    explanation = torch._dynamo.explain(f)(q, k, v)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    assert torch.allclose(compiled(q, k, v), f(q, k, v))
+
+
+def test_fake_tensor_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(2, 100, 4, 64, dtype=torch.bfloat16)
+        out, lse = kernels.api.attention_op(q, q, q, "NHD", False, 0.125, None, True, "per_warp", "fp16",
+                                            "fp32", "", 64, 64, 4, 1, True, False)
+        assert out.shape == q.shape and out.dtype == q.dtype
+        assert lse.shape == (2, 4, 100) and lse.dtype == torch.float32
