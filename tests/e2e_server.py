@@ -79,10 +79,9 @@ class ComfyServer:
         save_tiny_wan21(models / TINY_MODEL)
         cmd = [sys.executable, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
                "--base-directory", str(self.base), "--output-directory", str(self.base / "out"),
-               "--user-directory", str(self.base / "user"), "--disable-auto-launch", "--disable-api-nodes",
-               # bf16 so attention reaches the kernel path (fp32 is a dtype fallback by design).
-               "--bf16-unet"]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+               "--user-directory", str(self.base / "user"), "--disable-auto-launch", "--disable-api-nodes"]
+        # The pack's per-GPU report goes to the temp dir, not the user's cache.
+        env = dict(os.environ, PYTHONUNBUFFERED="1", SAGETRITON_REPORT_DIR=str(self.base / "sagetriton-report"))
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(cmd, cwd=self.comfyui, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -149,6 +148,20 @@ class ComfyServer:
                     return hist[pid]
             time.sleep(0.25)
         raise TimeoutError(f"prompt {pid} did not finish in {timeout} s:\n{self.log_tail()}")
+
+
+def flat_defaults(status: dict) -> dict:
+    """The resolved default config; the route may key it by head_dim ({"64": ..., "128": ...})."""
+    d = status["defaults"]
+    return d if "qk_quant_gran" in d else d.get("128") or next(iter(d.values()))
+
+
+def choices_of(status: dict) -> dict:
+    """{option: {value: (ok, why)}} from ``choices`` or ``supported_choices``, lists or {ok, why} objects."""
+    raw = status.get("choices", status.get("supported_choices"))
+    assert raw is not None, f"/sage/status lacks choices (supported_choices(arch)): {sorted(status)}"
+    norm = lambda e: (e[0], e[1]) if isinstance(e, list) else (e["ok"], e.get("why", e.get("reason", "")))
+    return {opt: {v: norm(e) for v, e in vals.items()} for opt, vals in raw.items()}
 
 
 _SERVER: ComfyServer | None = None

@@ -5,6 +5,7 @@ tests/artifacts/ (git-ignored).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import tempfile
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import needs_comfyui
-from e2e_server import TINY_MODEL, comfy_server  # noqa: F401 (fixture)
+from e2e_server import TINY_MODEL, comfy_server, flat_defaults  # noqa: F401 (fixture)
 
 pytestmark = needs_comfyui
 
@@ -100,13 +101,14 @@ return {lines: info ? info.lines : null, hidden: info ? !!info.hidden : null, wi
 """
 
 
-def test_nodes_show_gpu_defaults_and_marked_choices(driver, comfy_server):  # noqa: F811
-    _, status = comfy_server.get("/sage/status")
-    ids = driver.execute_script(BUILD_GRAPH, TINY_MODEL)
-    # The extension fetches /sage/status asynchronously: wait for the panel to show the arch.
-    _wait(driver, f"const n = app.graph.getNodeById({ids['settings']});"
+def _wait_panel(driver, node_id, text: str, what: str):
+    _wait(driver, f"const n = app.graph.getNodeById({node_id});"
                   "const w = n.widgets.find(w => w.name === 'sagetriton_info');"
-                  f"return w && w.lines[0].includes({json.dumps(status['arch'])})", 30, "the info panel")
+                  f"return !!w && w.lines.some(l => l.includes({json.dumps(text)}))", 30, what)
+
+
+def _format(driver, status: dict) -> dict:
+    """The panel lines sage_format.mjs computes for ``status`` (the page's own module)."""
     fmt = driver.execute_async_script(
         "const done = arguments[arguments.length - 1];"
         "import('/extensions/sagetriton/sage_format.mjs').then(m => done({"
@@ -114,80 +116,127 @@ def test_nodes_show_gpu_defaults_and_marked_choices(driver, comfy_server):  # no
         " run: m.runLines(arguments[0].last_run),"
         " bad: m.unsupportedChoices(arguments[0])}), e => done({error: String(e)}));", status)
     assert "error" not in fmt, fmt
+    return fmt
 
+
+def _refetch_status(driver):
+    # The extension refetches /sage/status after each prompt: fake the end of one.
+    driver.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "import('/scripts/api.js').then(({api}) => {"
+        " api.dispatchEvent(new CustomEvent('execution_success', {detail: {}})); done(true); });")
+
+
+# An sm80 (Ampere: no fp8 matrix units) as the route would describe it. The CPU test "arch" runs
+# every choice through the interpreter, so marking is checked against this simulated GPU.
+AMPERE_WHY = "sm80 has no fp8 matrix instructions; fp8 → fp16 on this GPU"
+
+
+@contextlib.contextmanager
+def simulated_ampere(driver):
+    """Test-only: the page sees /sage/status answers rewritten to an sm80 with no fp8."""
+    driver.execute_script(
+        "const why = arguments[0]; window.__sageRealFetch = window.fetch;"
+        "window.fetch = (url, opts) => !String(url).includes('/sage/status') ? window.__sageRealFetch(url, opts)"
+        " : window.__sageRealFetch(url, opts).then(r => r.json()).then(s => {"
+        "   s.arch = 'sm80'; s.family = 'ampere'; s.vendor = 'nvidia';"
+        "   const key = 'choices' in s ? 'choices' : 'supported_choices';"
+        "   s[key] = {...s[key], pv_precision: {...s[key].pv_precision, fp8: {ok: false, why}}};"
+        "   return new Response(JSON.stringify(s), {headers: {'Content-Type': 'application/json'}}); });",
+        AMPERE_WHY)
+    _refetch_status(driver)
+    try:
+        yield
+    finally:
+        driver.execute_script("window.fetch = window.__sageRealFetch;")
+        _refetch_status(driver)
+
+
+def _pick(driver, node_id, option: str, value: str):
+    """Select ``value`` as the user would (value + callback); returns the widget's label."""
+    return driver.execute_script(
+        f"const n = app.graph.getNodeById({node_id}); const w = n.widgets.find(w => w.name === arguments[0]);"
+        " w.value = arguments[1]; w.callback?.(w.value, app.canvas, n); return w.label ?? null;", option, value)
+
+
+def test_nodes_show_gpu_and_defaults_from_the_server(driver, comfy_server):  # noqa: F811
+    _, status = comfy_server.get("/sage/status")
+    ids = driver.execute_script(BUILD_GRAPH, TINY_MODEL)
+    _wait_panel(driver, ids["settings"], f"SageTriton · {status['arch']}", "the info panel")
+    fmt = _format(driver, status)
     settings = driver.execute_script(READ_NODE, ids["settings"])
-    _, info = comfy_server.get("/object_info/SageTritonSettings")
-    spec = info["SageTritonSettings"]["input"]
-    settings_tooltips = {k: v[1]["tooltip"] for sec in ("required", "optional") for k, v in spec.get(sec, {}).items()}
     patch = driver.execute_script(READ_NODE, ids["patch"])
     for node in (settings, patch):
-        assert node["lines"][0].startswith("SageTriton · ") and status["arch"] in node["lines"][0]
+        assert node["lines"][0].startswith(f"SageTriton · {status['arch']}")
         assert node["lines"][1] == fmt["defaults"]
-        assert str(status["defaults"]["pv_precision"]) in node["lines"][1]
-        assert node["hidden"] is False
+        assert f"PV {flat_defaults(status)['pv_precision']}" in node["lines"][1]
         assert node["lines"][2] == fmt["seq"]
+        assert node["hidden"] is False
     assert patch["lines"][3:] == fmt["run"] and patch["lines"][3].startswith("last run: ")
-
-    # Every choice the server says this GPU cannot run is marked, with the reason in the tooltip.
-    for option, values in fmt["bad"].items():
-        tip = settings["widgets"][option]["tooltip"]
-        for value, r in values.items():
-            assert f"⚠ {r['short']}" in settings["lines"], settings["lines"]
-            assert f"{value}: {r['why']}" in tip, tip
-    for option in fmt["bad"]:  # the input's own tooltip stays, above the GPU note
-        assert settings["widgets"][option]["tooltip"].startswith(settings_tooltips[option]), option
-    if status["arch"] == "cpu":  # no fp8 matrix instructions on the interpreter "arch"
-        assert "⚠ fp8 → fp16 on this GPU" in settings["lines"]
-        assert "fp8 → fp16" in settings["widgets"]["pv_precision"]["tooltip"]
+    # Whatever the server says this GPU cannot run is marked (on the CPU "arch": nothing).
+    marks = [line for line in settings["lines"] if line.startswith("⚠")]
+    assert marks == [f"⚠ {r['short']}" for values in fmt["bad"].values() for r in values.values()]
     _shot(driver, "sagetriton_nodes.png")
 
-    # Picking an unsupported value marks the widget's label; picking a supported one clears it.
-    def pick(value):
-        return driver.execute_script(
-            f"const n = app.graph.getNodeById({ids['settings']}); const w = n.widgets.find(w => w.name"
-            f" === 'pv_precision'); w.value = arguments[0]; w.callback?.(w.value, app.canvas, n); return w.label;",
-            value)
-    if "fp8" in fmt["bad"].get("pv_precision", {}):
-        assert pick("fp8").endswith("⚠ → fp16")
+
+def test_unsupported_choices_are_marked(driver, comfy_server):  # noqa: F811
+    ids = driver.execute_script(BUILD_GRAPH, TINY_MODEL)
+    _, info = comfy_server.get("/object_info/SageTritonSettings")
+    own_tip = info["SageTritonSettings"]["input"]["required"]["pv_precision"][1]["tooltip"]
+    with simulated_ampere(driver):
+        _wait_panel(driver, ids["settings"], "⚠ fp8 → fp16 on this GPU", "the fp8 mark")
+        settings = driver.execute_script(READ_NODE, ids["settings"])
+        assert settings["lines"][0].startswith("SageTriton · sm80")
+        tip = settings["widgets"]["pv_precision"]["tooltip"]
+        # The input's own tooltip first, then the GPU note with the full reason.
+        assert tip.startswith(own_tip) and f"fp8: {AMPERE_WHY}" in tip and "On this GPU (sm80)" in tip
+        assert settings["widgets"]["qk_quant_gran"]["tooltip"] is None  # untouched: nothing to mark
+        # Picking the unsupported value marks the widget's label; a supported one clears it.
+        assert _pick(driver, ids["settings"], "pv_precision", "fp8").endswith("⚠ → fp16")
         _shot(driver, "sagetriton_fp8_marked.png")
-    assert "⚠" not in (pick("auto") or "")
+        assert "⚠" not in (_pick(driver, ids["settings"], "pv_precision", "auto") or "")
+        _pick(driver, ids["settings"], "pv_precision", "fp8")
+    # Back to the real server (CPU): fp8 runs there, so the mark goes away.
+    _, status = comfy_server.get("/sage/status")
+    _wait_panel(driver, ids["settings"], f"SageTriton · {status['arch']}", "the real status again")
+    settings = driver.execute_script(READ_NODE, ids["settings"])
+    if "fp8" not in _format(driver, status)["bad"].get("pv_precision", {}):
+        assert "⚠" not in (settings["widgets"]["pv_precision"]["label"] or "")
+        assert settings["widgets"]["pv_precision"]["tooltip"] is None
 
 
 MARKED_LABELS = ("return app.graph.nodes.flatMap(n => n.widgets ?? [])"
                  ".filter(w => (w.label ?? '').includes('⚠')).map(w => w.label)")
+PANELS = ("return app.graph.nodes.filter(n => n.widgets?.some(w => w.name === 'sagetriton_info'))"
+          ".map(n => n.widgets.find(w => w.name === 'sagetriton_info')).map(w => [!!w.hidden, w.lines.length])")
+
+
+def _set_setting(driver, setting: str, value) -> None:
+    driver.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "app.extensionManager.setting.set(arguments[0], arguments[1]).then(() => done(true));", setting, value)
 
 
 def test_setting_hides_the_panels(driver, comfy_server):  # noqa: F811
-    ids = driver.execute_script(BUILD_GRAPH, TINY_MODEL)
-    _, status = comfy_server.get("/sage/status")
-    fp8_marked = status["arch"] == "cpu"  # fp8 P·V is never available on the interpreter "arch"
-    driver.execute_script(
-        f"const n = app.graph.getNodeById({ids['settings']}); const w = n.widgets.find(w => w.name"
-        " === 'pv_precision'); w.value = 'fp8'; w.callback?.(w.value, app.canvas, n);")
-    assert bool(driver.execute_script(MARKED_LABELS)) == fp8_marked
     setting = "SageTriton.NodeInfo.Show"
     listed = driver.execute_script(
         "return app.extensions.find(e => e.name === arguments[0]).settings.map(s => s.id)", EXT_NAME)
     assert setting in listed
-    try:
-        driver.execute_async_script(
-            "const done = arguments[arguments.length - 1];"
-            "app.extensionManager.setting.set(arguments[0], false).then(() => done(true));", setting)
-        hidden = driver.execute_script(
-            "return app.graph.nodes.filter(n => n.widgets?.some(w => w.name === 'sagetriton_info'))"
-            ".map(n => n.widgets.find(w => w.name === 'sagetriton_info')).map(w => [w.hidden, w.lines.length])")
-        assert hidden and all(h and n == 0 for h, n in hidden), hidden
-        marks = driver.execute_script(MARKED_LABELS)
-        assert not marks, marks
-    finally:
-        driver.execute_async_script(
-            "const done = arguments[arguments.length - 1];"
-            "app.extensionManager.setting.set(arguments[0], true).then(() => done(true));", setting)
-    shown = driver.execute_script(
-        "return app.graph.nodes.filter(n => n.widgets?.some(w => w.name === 'sagetriton_info'))"
-        ".map(n => n.widgets.find(w => w.name === 'sagetriton_info').hidden)")
-    assert shown and not any(shown)
-    assert bool(driver.execute_script(MARKED_LABELS)) == fp8_marked
+    ids = driver.execute_script(BUILD_GRAPH, TINY_MODEL)
+    with simulated_ampere(driver):
+        _wait_panel(driver, ids["settings"], "⚠ fp8 → fp16", "the fp8 mark")
+        _pick(driver, ids["settings"], "pv_precision", "fp8")
+        assert driver.execute_script(MARKED_LABELS)
+        try:
+            _set_setting(driver, setting, False)
+            panels = driver.execute_script(PANELS)
+            assert len(panels) == 2 and all(h and n == 0 for h, n in panels), panels
+            assert not driver.execute_script(MARKED_LABELS)
+        finally:
+            _set_setting(driver, setting, True)
+        panels = driver.execute_script(PANELS)
+        assert len(panels) == 2 and all(not h and n >= 3 for h, n in panels), panels
+        assert driver.execute_script(MARKED_LABELS)
 
 
 def test_about_page_badge(driver):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from conftest import needs_comfyui
-from e2e_server import PACK_LINK, TINY_MODEL, comfy_server  # noqa: F401 (fixture)
+from e2e_server import PACK_LINK, TINY_MODEL, choices_of, comfy_server, flat_defaults  # noqa: F401
 
 pytestmark = needs_comfyui
 
@@ -64,18 +64,24 @@ def test_status_route_answers(comfy_server):  # noqa: F811
         assert isinstance(status, dict)
         for key in ("device", "arch", "vendor", "defaults", "stats"):
             assert key in status, f"{path} lacks {key!r}: {sorted(status)}"
-        assert {"qk_quant_gran", "pv_precision", "pv_accum_dtype", "min_seq_len"} <= set(status["defaults"])
+        assert {"qk_quant_gran", "pv_precision", "pv_accum_dtype", "min_seq_len"} <= set(flat_defaults(status))
         assert {"kernel", "fallback"} <= set(status["stats"])
 
 
 def test_status_reports_choices_for_every_settings_option(comfy_server, object_info):  # noqa: F811
     # The web extension marks unsupported choices from this; fp8 P·V never runs on the CPU "arch".
     _, status = comfy_server.get("/sage/status")
-    assert "choices" in status, "GET /sage/status must include supported_choices(arch) as 'choices'"
-    fp8 = status["choices"]["pv_precision"]["fp8"]
-    ok, why = (fp8[0], fp8[1]) if isinstance(fp8, list) else (fp8["ok"], fp8.get("reason", ""))
-    if status["arch"] == "cpu":
-        assert ok is False and "fp8 → fp16" in why
+    choices = choices_of(status)
+    settings_in = _inputs(object_info[SETTINGS])
+    for option in ("qk_quant_gran", "pv_precision", "pv_accum_dtype"):
+        offered = settings_in[option][0] if isinstance(settings_in[option][0], list) \
+            else settings_in[option][1]["options"]
+        assert set(offered) - {"auto"} <= set(choices[option]), (option, offered, choices[option])
+    for option, values in choices.items():
+        for value, (ok, why) in values.items():
+            assert isinstance(ok, bool), (option, value)
+            if not ok:  # the UI shows the part after the arrow, e.g. "fp8 → fp16 on this GPU"
+                assert "→" in why, (option, value, why)
 
 
 def test_extension_script_is_served(comfy_server):  # noqa: F811

@@ -17,13 +17,22 @@ export function choiceState(entry) {
 // The short, visible part of a reason: "sm80 has no fp8 ...; fp8 → fp16 on this GPU" -> "fp8 → fp16 on this GPU".
 export function shortReason(value, why) {
   const arrow = String(why).split(";").map((s) => s.trim()).find((s) => s.includes("→"));
-  return arrow || `${value} not supported on this GPU`;
+  return arrow || (value ? `${value} not supported on this GPU` : String(why));
 }
 
-// {option: {value: {why, short}}} for every choice this GPU cannot run.
+// The resolved defaults; the route may key them by head_dim ({"64": ..., "128": ...}): most
+// models attend with 128-wide heads.
+export function resolvedDefaults(status) {
+  const d = status?.defaults;
+  if (!d || typeof d !== "object") return null;
+  if ("qk_quant_gran" in d) return d;
+  return d["128"] ?? Object.values(d)[0] ?? null;
+}
+
+// {option: {value: {why, short}}} for every choice this GPU cannot run (`choices` or `supported_choices`).
 export function unsupportedChoices(status) {
   const out = {};
-  for (const [option, values] of Object.entries(status?.choices ?? {})) {
+  for (const [option, values] of Object.entries(status?.choices ?? status?.supported_choices ?? {})) {
     for (const [value, entry] of Object.entries(values ?? {})) {
       const { ok, why } = choiceState(entry);
       if (ok) continue;
@@ -45,14 +54,17 @@ export function archLabel(status) {
 
 // "kernel from 4096 tokens": shorter keys go to the fallback (quantization overhead wins there).
 export function seqLine(status) {
-  const n = status?.defaults?.min_seq_len ?? status?.crossover;
+  // min_seq_len -1 means the crossover measured on this GPU; the table default until measured.
+  let n = status?.crossover;
+  if (n && typeof n === "object") n = n.seq_len ?? n["128"];
+  if (typeof n !== "number") n = resolvedDefaults(status)?.min_seq_len;
   if (n === undefined || n === null) return null;
   return Number(n) <= 0 ? "kernel at any sequence length" : `kernel from ${n} tokens`;
 }
 
 // Short lines keep the nodes narrow: "defaults: QK per_warp · PV fp8 · fp32 acc".
 export function defaultsLine(status) {
-  const d = status?.defaults;
+  const d = resolvedDefaults(status);
   if (!d) return "defaults: not reported yet";
   const parts = [`QK ${d.qk_quant_gran ?? "?"}`, `PV ${d.pv_precision ?? "?"}`];
   if (d.pv_accum_dtype) parts.push(`${d.pv_accum_dtype} acc`);
@@ -62,6 +74,7 @@ export function defaultsLine(status) {
 // ["last run: 120 kernel · 8 fallback", "fallbacks: short_seq 6, mask 2"] (top `top` reasons).
 export function runLines(run, top = 3) {
   if (!run) return ["last run: none yet"];
+  const notes = (run.notes ?? []).map((n) => `⚠ ${shortReason("", n).trim()}`);
   const fb = Object.entries(run.fallback ?? {}).sort((a, b) => b[1] - a[1]);
   const nfb = fb.reduce((s, [, n]) => s + Number(n), 0);
   const lines = [`last run: ${run.kernel ?? 0} kernel · ${nfb} fallback`];
@@ -70,7 +83,7 @@ export function runLines(run, top = 3) {
     if (fb.length > top) shown.push(`+${fb.length - top} more`);
     lines.push(`fallbacks: ${shown.join(", ")}`);
   }
-  return lines;
+  return [...lines, ...notes];
 }
 
 // The lines the info panel shows on a node of `nodeType`.

@@ -155,6 +155,12 @@ function refreshSoon() {
 async function afterRun() {
   await fetchStatus();
   refreshAll();
+  // Downgraded settings ("fp8 → fp16 on this GPU") are said once, visibly.
+  for (const note of status?.last_run?.notes ?? []) {
+    if (warnedReasons.has(note)) continue;
+    warnedReasons.add(note);
+    toast("info", "SageTriton settings adjusted", note);
+  }
   // Kernel failures are worth interrupting the user for; ordinary fallbacks are shown on the node.
   for (const reason of Object.keys(status?.last_run?.fallback ?? {})) {
     if (!/error|fail|compile/i.test(reason) || warnedReasons.has(reason)) continue;
