@@ -142,6 +142,7 @@ def simulated_ampere(driver):
         "   s.arch = 'sm80'; s.family = 'ampere'; s.vendor = 'nvidia';"
         "   const key = 'choices' in s ? 'choices' : 'supported_choices';"
         "   s[key] = {...s[key], pv_precision: {...s[key].pv_precision, fp8: {ok: false, why}}};"
+        "   s.last_run = {...(s.last_run ?? {kernel: 0, fallback: {}}), notes: [why]};"
         "   return new Response(JSON.stringify(s), {headers: {'Content-Type': 'application/json'}}); });",
         AMPERE_WHY)
     _refetch_status(driver)
@@ -191,6 +192,11 @@ def test_unsupported_choices_are_marked(driver, comfy_server):  # noqa: F811
         # The input's own tooltip first, then the GPU note with the full reason.
         assert tip.startswith(own_tip) and f"fp8: {AMPERE_WHY}" in tip and "On this GPU (sm80)" in tip
         assert settings["widgets"]["qk_quant_gran"]["tooltip"] is None  # untouched: nothing to mark
+        # The run's downgrade note: on the patch node, and said once as a toast.
+        assert "⚠ fp8 → fp16 on this GPU" in driver.execute_script(READ_NODE, ids["patch"])["lines"]
+        _wait(driver, "return [...document.querySelectorAll('.p-toast-message')].some("
+                      "t => t.textContent.includes('SageTriton') && t.textContent.includes('fp8 → fp16'))",
+              10, "the downgrade toast")
         # Picking the unsupported value marks the widget's label; a supported one clears it.
         assert _pick(driver, ids["settings"], "pv_precision", "fp8").endswith("⚠ → fp16")
         _shot(driver, "sagetriton_fp8_marked.png")
@@ -280,7 +286,7 @@ def test_run_from_the_canvas_updates_the_patch_node(driver, comfy_server):  # no
         top = max(run["fallback"], key=run["fallback"].get)
         lines = driver.execute_script(
             f"return app.graph.getNodeById({ids['patch']}).widgets.find(w => w.name === 'sagetriton_info').lines")
-        assert any(line.startswith("fallbacks: ") and top in line for line in lines), lines
+        assert f"{run['fallback'][top]}× {top}" in lines, lines
     time.sleep(0.5)  # one more frame for the screenshot
     _shot(driver, "sagetriton_after_run.png")
 

@@ -71,19 +71,17 @@ export function defaultsLine(status) {
   return `defaults: ${parts.join(" · ")}`;
 }
 
-// ["last run: 120 kernel · 8 fallback", "fallbacks: short_seq 6, mask 2"] (top `top` reasons).
+// ["last run: 120 kernel · 8 fallback", "6× key length < 4096", "2× mask kind", ...]: the top
+// `top` fallback reasons one a line (they are sentences), then any downgrade notes.
 export function runLines(run, top = 3) {
   if (!run) return ["last run: none yet"];
-  const notes = (run.notes ?? []).map((n) => `⚠ ${shortReason("", n).trim()}`);
   const fb = Object.entries(run.fallback ?? {}).sort((a, b) => b[1] - a[1]);
   const nfb = fb.reduce((s, [, n]) => s + Number(n), 0);
   const lines = [`last run: ${run.kernel ?? 0} kernel · ${nfb} fallback`];
-  if (fb.length) {
-    const shown = fb.slice(0, top).map(([why, n]) => `${why} ${n}`);
-    if (fb.length > top) shown.push(`+${fb.length - top} more`);
-    lines.push(`fallbacks: ${shown.join(", ")}`);
-  }
-  return [...lines, ...notes];
+  for (const [why, n] of fb.slice(0, top)) lines.push(`${n}× ${why}`);
+  if (fb.length > top) lines.push(`+${fb.length - top} more fallback reasons`);
+  for (const note of run.notes ?? []) lines.push(`⚠ ${shortReason("", note)}`);
+  return lines;
 }
 
 // The lines the info panel shows on a node of `nodeType`.
