@@ -309,3 +309,35 @@ def test_example_workflow_opens_with_every_node_known(driver, comfy_server, name
     assert "SageTritonPatchModelAttention" in result["panels"], result
     if name == "wan21_t2v_sagetriton":
         _shot(driver, "sagetriton_example_wan21.png")
+
+
+def test_panel_text_for_each_route_shape(driver):
+    """sage_format.mjs on the shapes /sage/status may take: flat or head_dim-keyed defaults,
+    choices as [ok, why] lists or {ok, why} objects, a measured crossover, many fallback reasons."""
+    out = driver.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "import('/extensions/sagetriton/sage_format.mjs').then(m => {"
+        " const why = 'sm86 has no fp8 matrix instructions; fp8 → fp16 on this GPU';"
+        " const keyed = {arch: 'sm86', family: 'ampere_consumer', vendor: 'nvidia', crossover: {seq_len: 1536},"
+        "  defaults: {'64': {qk_quant_gran: 'per_block'}, '128': {qk_quant_gran: 'per_warp', pv_precision: 'fp16',"
+        "   pv_accum_dtype: 'fp16+fp32', min_seq_len: 1024}},"
+        "  supported_choices: {pv_precision: {fp8: {ok: false, why}}}};"
+        " const flat = {arch: 'gfx1201', family: 'rdna4', vendor: 'amd', defaults: {qk_quant_gran: 'per_thread',"
+        "  pv_precision: 'fp8', pv_accum_dtype: 'fp32', min_seq_len: 0}, choices: {pv_precision: {fp8: [true, '']},"
+        "  qk_quant_gran: {per_block: [false, 'x']}},"
+        "  last_run: {kernel: 7, fallback: {a: 1, b: 5, c: 2, d: 1}, notes: [why]}};"
+        " done({keyed: m.infoLines(m.SETTINGS_NODE, keyed), flat: m.infoLines(m.PATCH_NODE, flat),"
+        "  loading: m.infoLines(m.PATCH_NODE, undefined), missing: m.infoLines(m.PATCH_NODE, null),"
+        "  badFlat: m.unsupportedChoices(flat)});"
+        "}, e => done({error: String(e)}));")
+    assert "error" not in out, out
+    assert out["keyed"] == ["SageTriton · sm86 · ampere_consumer · NVIDIA",
+                            "defaults: QK per_warp · PV fp16 · fp16+fp32 acc",
+                            "kernel from 1536 tokens", "⚠ fp8 → fp16 on this GPU"]
+    assert out["flat"] == ["SageTriton · gfx1201 · rdna4 · AMD", "defaults: QK per_thread · PV fp8 · fp32 acc",
+                           "kernel at any sequence length", "last run: 7 kernel · 9 fallback",
+                           "5× b", "2× c", "1× a", "+1 more fallback reasons", "⚠ fp8 → fp16 on this GPU"]
+    assert out["loading"] == ["SageTriton · loading…"]
+    assert out["missing"] == ["SageTriton · status unavailable"]
+    short = "per_block not supported on this GPU"
+    assert out["badFlat"] == {"qk_quant_gran": {"per_block": {"why": "x", "short": short}}}
