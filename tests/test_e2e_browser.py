@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import random
 import shutil
 import tempfile
 import time
@@ -69,7 +70,7 @@ def _shot(drv, name: str) -> Path:
 
 # Test code only: builds a graph through LiteGraph, reads widgets back. Returns node ids by role.
 BUILD_GRAPH = """
-const [tiny] = arguments;
+const [tiny, seed] = arguments;
 app.graph.clear();
 const add = (type, pos, values = {}) => {
   const n = LiteGraph.createNode(type);
@@ -83,7 +84,7 @@ const settings = add("SageTritonSettings", [20, 200], {min_seq_len: 0});
 const patch = add("SageTritonPatchModelAttention", [430, 40]);
 const cond = add("SageTritonE2ETinyConditioning", [430, 330]);
 const latent = add("EmptyHunyuanLatentVideo", [430, 520], {width: 64, height: 64, length: 1});
-const ks = add("KSampler", [840, 40], {steps: 1, cfg: 1.0, seed: 0});
+const ks = add("KSampler", [840, 40], {steps: 1, cfg: 1.0, seed});
 const save = add("SaveLatent", [840, 560], {filename_prefix: "sagetriton_e2e_browser"});
 unet.connect(0, patch, 0); settings.connect(0, patch, 1); patch.connect(0, ks, 0);
 cond.connect(0, ks, 1); cond.connect(0, ks, 2); latent.connect(0, ks, 3); ks.connect(0, save, 0);
@@ -162,7 +163,7 @@ def _pick(driver, node_id, option: str, value: str):
 
 def test_nodes_show_gpu_and_defaults_from_the_server(driver, comfy_server):  # noqa: F811
     _, status = comfy_server.get("/sage/status")
-    ids = driver.execute_script(BUILD_GRAPH, TINY_MODEL)
+    ids = driver.execute_script(BUILD_GRAPH, TINY_MODEL, random.randrange(2**31))
     _wait_panel(driver, ids["settings"], f"SageTriton · {status['arch']}", "the info panel")
     fmt = _format(driver, status)
     settings = driver.execute_script(READ_NODE, ids["settings"])
@@ -181,7 +182,7 @@ def test_nodes_show_gpu_and_defaults_from_the_server(driver, comfy_server):  # n
 
 
 def test_unsupported_choices_are_marked(driver, comfy_server):  # noqa: F811
-    ids = driver.execute_script(BUILD_GRAPH, TINY_MODEL)
+    ids = driver.execute_script(BUILD_GRAPH, TINY_MODEL, random.randrange(2**31))
     _, info = comfy_server.get("/object_info/SageTritonSettings")
     own_tip = info["SageTritonSettings"]["input"]["required"]["pv_precision"][1]["tooltip"]
     with simulated_ampere(driver):
@@ -228,7 +229,7 @@ def test_setting_hides_the_panels(driver, comfy_server):  # noqa: F811
     listed = driver.execute_script(
         "return app.extensions.find(e => e.name === arguments[0]).settings.map(s => s.id)", EXT_NAME)
     assert setting in listed
-    ids = driver.execute_script(BUILD_GRAPH, TINY_MODEL)
+    ids = driver.execute_script(BUILD_GRAPH, TINY_MODEL, random.randrange(2**31))
     with simulated_ampere(driver):
         _wait_panel(driver, ids["settings"], "⚠ fp8 → fp16", "the fp8 mark")
         _pick(driver, ids["settings"], "pv_precision", "fp8")
@@ -265,7 +266,7 @@ def test_about_page_badge(driver):
 
 
 def test_run_from_the_canvas_updates_the_patch_node(driver, comfy_server):  # noqa: F811
-    ids = driver.execute_script(BUILD_GRAPH, TINY_MODEL)
+    ids = driver.execute_script(BUILD_GRAPH, TINY_MODEL, random.randrange(2**31))
     driver.execute_async_script(
         "const done = arguments[arguments.length - 1]; window.__sageRun = null;"
         "import('/scripts/api.js').then(({api}) => {"
@@ -325,7 +326,8 @@ def test_panel_text_for_each_route_shape(driver):
         " const flat = {arch: 'gfx1201', family: 'rdna4', vendor: 'amd', defaults: {qk_quant_gran: 'per_thread',"
         "  pv_precision: 'fp8', pv_accum_dtype: 'fp32', min_seq_len: 0}, choices: {pv_precision: {fp8: [true, '']},"
         "  qk_quant_gran: {per_block: [false, 'x']}},"
-        "  last_run: {kernel: 7, fallback: {a: 1, b: 5, c: 2, d: 1}, notes: [why]}};"
+        "  last_run: {kernel: 7, fallback: {a: 1, b: 5, c: 2, d: 1}, notes: [why]},"
+        "  setup: {phase: 'running', message: '', progress: {done: 3, total: 12}}};"
         " done({keyed: m.infoLines(m.SETTINGS_NODE, keyed), flat: m.infoLines(m.PATCH_NODE, flat),"
         "  loading: m.infoLines(m.PATCH_NODE, undefined), missing: m.infoLines(m.PATCH_NODE, null),"
         "  badFlat: m.unsupportedChoices(flat)});"
@@ -335,7 +337,8 @@ def test_panel_text_for_each_route_shape(driver):
                             "defaults: QK per_warp · PV fp16 · fp16+fp32 acc",
                             "kernel from 1536 tokens", "⚠ fp8 → fp16 on this GPU"]
     assert out["flat"] == ["SageTriton · gfx1201 · rdna4 · AMD", "defaults: QK per_thread · PV fp8 · fp32 acc",
-                           "kernel at any sequence length", "last run: 7 kernel · 9 fallback",
+                           "kernel at any sequence length", "⏳ building and testing kernels 3/12",
+                           "last run: 7 kernel · 9 fallback",
                            "5× b", "2× c", "1× a", "+1 more fallback reasons", "⚠ fp8 → fp16 on this GPU"]
     assert out["loading"] == ["SageTriton · loading…"]
     assert out["missing"] == ["SageTriton · status unavailable"]

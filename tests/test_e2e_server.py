@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -95,7 +96,7 @@ def test_extension_script_is_served(comfy_server):  # noqa: F811
         assert code == 200 and ("registerExtension" in body or "export function" in body), path
 
 
-def _prompt(settings: dict, steps: int = 1) -> dict:
+def _prompt(settings: dict, steps: int = 1, seed: int = 0) -> dict:
     return {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": TINY_MODEL, "weight_dtype": "default"}},
         "2": {"class_type": SETTINGS, "inputs": settings},
@@ -104,7 +105,7 @@ def _prompt(settings: dict, steps: int = 1) -> dict:
         "5": {"class_type": "EmptyHunyuanLatentVideo",
               "inputs": {"width": 64, "height": 64, "length": 1, "batch_size": 1}},
         "6": {"class_type": "KSampler", "inputs": {
-            "model": ["3", 0], "seed": 0, "steps": steps, "cfg": 1.0, "sampler_name": "euler",
+            "model": ["3", 0], "seed": seed, "steps": steps, "cfg": 1.0, "sampler_name": "euler",
             "scheduler": "simple", "positive": ["4", 0], "negative": ["4", 0], "latent_image": ["5", 0],
             "denoise": 1.0}},
         "7": {"class_type": "SaveLatent", "inputs": {"samples": ["6", 0], "filename_prefix": "sagetriton_e2e"}},
@@ -126,7 +127,8 @@ def test_full_prompt_patches_samples_and_reports(comfy_server, object_info):  # 
     # min_seq_len=0: the kernel may run even at this toy sequence length.
     settings = {**_settings_defaults(object_info), "min_seq_len": 0}
     _, before = comfy_server.get("/sage/status")
-    entry = comfy_server.run_prompt(_prompt(settings))
+    # A fresh seed: ComfyUI would answer an identical earlier prompt from its cache, without sampling.
+    entry = comfy_server.run_prompt(_prompt(settings, seed=random.randrange(2**31)))
     assert entry["status"]["status_str"] == "success", (entry["status"], comfy_server.log_tail())
     assert entry["outputs"]["7"]["latents"], entry["outputs"]
 

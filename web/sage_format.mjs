@@ -84,6 +84,21 @@ export function runLines(run, top = 3) {
   return lines;
 }
 
+// The one-time build + self-test that runs in the background on a first start (status.setup):
+// a line while it runs or if it failed; nothing while it waits (it may find nothing to do),
+// once it is done, or when it is skipped (no GPU).
+export function setupLine(status) {
+  const setup = status?.setup;
+  if (setup?.phase === "failed") return `⚠ self-test failed: ${setup.message || "see the server log"}`;
+  if (setup?.phase !== "running") return null;
+  const { done, total } = setup.progress ?? {};
+  return total ? `⏳ building and testing kernels ${done ?? 0}/${total}` : "⏳ building and testing kernels";
+}
+
+export function setupInProgress(status) {
+  return ["waiting", "running"].includes(status?.setup?.phase);
+}
+
 // The lines the info panel shows on a node of `nodeType`.
 export function infoLines(nodeType, status, unsupported = unsupportedChoices(status)) {
   const lines = [archLabel(status)];
@@ -91,6 +106,8 @@ export function infoLines(nodeType, status, unsupported = unsupportedChoices(sta
   lines.push(defaultsLine(status));
   const seq = seqLine(status);
   if (seq) lines.push(seq);
+  const setup = setupLine(status);
+  if (setup) lines.push(setup);
   if (nodeType === SETTINGS_NODE) {
     for (const values of Object.values(unsupported)) {
       for (const { short } of Object.values(values)) lines.push(`⚠ ${short}`);

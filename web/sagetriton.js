@@ -2,7 +2,7 @@
 // Only the extension API is used: registerExtension hooks, declared settings, api events.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
-import { PATCH_NODE, SETTINGS_NODE, infoLines, unsupportedChoices } from "./sage_format.mjs";
+import { PATCH_NODE, SETTINGS_NODE, infoLines, setupInProgress, unsupportedChoices } from "./sage_format.mjs";
 
 const EXT = "SageTriton.NodeInfo";
 const SHOW_SETTING = "SageTriton.NodeInfo.Show";
@@ -11,6 +11,7 @@ const LINE_H = 16;
 const PAD = 6;
 const MAX_GROW_W = 360; // longer lines are cut with an ellipsis rather than widening the node further
 const REPO = "https://github.com/sagetriton/ComfyUI-SageTriton";
+const SETUP_POLL_MS = 5000; // while the first-start self-test runs, its progress is polled
 
 let status; // last /sage/status answer: undefined until the first answer, null if it failed
 let showInfo = null; // the setting's value as last reported by onChange (null: ask the store)
@@ -32,6 +33,8 @@ function toast(severity, summary, detail) {
   app.extensionManager?.toast?.add?.({ severity, summary, detail, life: 8000 });
 }
 
+let pollTimer = null;
+
 async function fetchStatus() {
   try {
     const res = await api.fetchApi("/sage/status", { cache: "no-store" });
@@ -40,6 +43,9 @@ async function fetchStatus() {
     console.warn("[SageTriton] /sage/status failed:", err);
     status = null;
   }
+  // Show the first-start build's progress until it ends, then stop asking.
+  clearTimeout(pollTimer);
+  if (setupInProgress(status)) pollTimer = setTimeout(() => fetchStatus().then(refreshAll), SETUP_POLL_MS);
   return status;
 }
 
