@@ -20,4 +20,15 @@ def _comfyui_present() -> bool:
 if _comfyui_present():
     from .nodes.registry import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS  # noqa: F811
 
+    try:  # the status page and the one-time background self-test must never stop the nodes from loading
+        from .kernels.firststart import start_background_setup
+        from .nodes.status_route import comfy_device, register_routes
+
+        if register_routes():  # only inside a running ComfyUI server, not when tests import the pack
+            start_background_setup(device_fn=comfy_device)
+    except Exception as _e:  # noqa: BLE001
+        from .kernels.log import logger
+
+        logger.warning("[SageTriton] /sage/status or the background self-test unavailable: %s", _e)
+
 __all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "WEB_DIRECTORY", "attention_stats"]

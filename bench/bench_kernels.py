@@ -128,18 +128,19 @@ def sweep(arch, shapes, dtype):
         D = shape[3]
         sets = make_sets(shape, dtype)
         base = default_config(arch, D)
-        for bm, bn, w, s in [(64, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2),
-                             (128, 128, 8, 3), (64, 128, 4, 3), (128, 32, 4, 3)]:
-            for pv in ("fp16", "fp8"):
-                c = base.replace(block_m=bm, block_n=bn, num_warps=w, num_stages=s, pv_precision=pv)
-                fn = lambda q, k, v, c=c: attention_forward(q, k, v, "HND", False, None, None, False, c, True, False)[0]
+        for bm, bn, w, s in [(64, 64, 4, 3), (64, 128, 4, 2), (64, 128, 4, 3), (64, 128, 4, 4),
+                             (128, 128, 8, 3), (128, 64, 4, 3), (64, 256, 4, 2), (128, 128, 4, 2)]:
+            for pv, tma in (("fp16", False), ("fp8", False), ("fp8", True)):
+                c = base.replace(block_m=bm, block_n=bn, num_warps=w, num_stages=s, pv_precision=pv, use_tma=tma)
+                fn = lambda q, k, v, c=c: attention_forward(q, k, v, "HND", False, None, None, False, c, True,
+                                                             False)[0]
                 try:
                     ms = timed(fn, sets)
                     cos, _ = accuracy(fn, *sets[0])
-                    row = dict(shape=list(shape), pv=pv, block_m=bm, block_n=bn, warps=w, stages=s, ms=ms,
-                               tops=tops(shape, ms), cosine=cos)
+                    row = dict(shape=list(shape), pv=pv, tma=tma, block_m=bm, block_n=bn, warps=w, stages=s,
+                               ms=ms, tops=tops(shape, ms), cosine=cos)
                 except Exception as e:
-                    row = dict(shape=list(shape), pv=pv, block_m=bm, block_n=bn, warps=w, stages=s,
+                    row = dict(shape=list(shape), pv=pv, tma=tma, block_m=bm, block_n=bn, warps=w, stages=s,
                                error=str(e).splitlines()[0][:160])
                 print(row, flush=True)
                 out.append(row)

@@ -65,6 +65,17 @@ def main():
     results.append(case("large V (x3000 + 1000) fp16 accum", q, k, (v.float() * 3000 + 1000).to(v.dtype),
                         pv_precision="fp16", pv_accum_dtype="fp16+fp32"))
     results.append(case("smooth_v", q, k, v, smooth_v=True))
+    from sagetriton.kernels.api import attention_forward
+    from sagetriton.kernels.arch import default_config, detect_arch
+
+    for pv in ("fp16", "fp8"):
+        cfg = default_config(detect_arch(), 128).replace(pv_precision=pv, use_tma=True,
+                                                         pv_accum_dtype="fp16+fp32" if pv == "fp16" else "fp32")
+        q, k, v = qkv(LQ=1000, LK=1001)
+        out, _ = attention_forward(q, k, v, "HND", False, None, None, False, cfg, True, False)
+        c = cosine(out, ref.exact_attention(q, k, v)[0])
+        print(f"{'ok ' if c >= 0.999 else 'BAD'} {'tensor descriptors (TMA) ' + pv:60s} cos={c:.6f}")
+        results.append(c >= 0.999)
     print(f"gpu_check: {sum(results)} passed, {len(results) - sum(results)} failed")
     return 0 if all(results) else 1
 

@@ -73,10 +73,12 @@ def _prepare_mask(attn_mask, B, H, LQ, LK):
     return m, kind
 
 
-def _quantize_qk(x, mean, group, block, d_pad, scale_mult, mean_mode, mean_div, bias=None):
+def _quantize_qk(x, mean, group, block, d_pad, scale_mult, mean_mode, mean_div, bias=None, per_block=False):
+    """INT8 copy (B*H, L, D_PAD) and scales: one per block with ``per_block`` (group == block), else
+    one per token (the group's scale repeated)."""
     B, H, L, D = x.shape
     out = torch.empty((B * H, L, d_pad), dtype=torch.int8, device=x.device)
-    scale = torch.empty((B * H, L), dtype=torch.float32, device=x.device)
+    scale = torch.empty((B * H, triton.cdiv(L, block) if per_block else L), dtype=torch.float32, device=x.device)
     dummy = scale
     grid = (triton.cdiv(L, block), B * H)
     quant.quantize_int8_kernel[grid](
@@ -85,7 +87,7 @@ def _quantize_qk(x, mean, group, block, d_pad, scale_mult, mean_mode, mean_div, 
         *(mean.stride()[:2] if mean is not None else (0, 0)),
         out, scale, bias if bias is not None else dummy,
         H, mean_div, L, D, scale_mult,
-        BLOCK=block, GROUP=group, D_PAD=d_pad, MEAN_MODE=mean_mode,
+        BLOCK=block, GROUP=group, D_PAD=d_pad, MEAN_MODE=mean_mode, SCALE_PER_BLOCK=per_block,
         num_warps=4,
     )
     return out, scale
@@ -121,8 +123,10 @@ def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int):
     mean_flat = mean.reshape(B * H, D).contiguous() if smooth_v else None
     if fp8:
         # Stored (D_PAD, L) per head: FP8 MMAs want P·V's B operand K-major (tokens contiguous).
-        out = torch.empty((B * H, d_pad, L), dtype=out_dtype, device=v.device)
-        stride_l, stride_d = 1, L
+        # Rows padded to 16 bytes, as tensor descriptors require.
+        l_pad = triton.cdiv(L, 16) * 16
+        out = torch.empty((B * H, d_pad, l_pad), dtype=out_dtype, device=v.device)
+        stride_l, stride_d = 1, l_pad
     else:
         out = torch.empty((B * H, L, d_pad), dtype=out_dtype, device=v.device)
         stride_l, stride_d = d_pad, 1
@@ -133,7 +137,7 @@ def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int):
         BLOCK=block, D_PAD=d_pad, HAS_MEAN=smooth_v, INTERPRETER=interpreter_enabled(), num_warps=4,
     )
     # Kernel-side strides of the converted V as (B, H, L, D_PAD).
-    strides = (H * L * d_pad, L * d_pad, stride_l, stride_d)
+    strides = (H * out.stride(0), out.stride(0), stride_l, stride_d)
     if fp8:
         scale = scale / p_scale  # P was multiplied by p_scale before the fp8 cast
     return out, strides, scale, mean_flat, mode, p_scale
@@ -169,14 +173,29 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
     q_group, k_group = cfg.group_sizes()
     km = kh.mean(dim=2, dtype=torch.float32) if smooth_k else None  # (B, H_KV, D)
     qbias = torch.empty((B * H, LQ), dtype=torch.float32, device=q.device) if (smooth_k and return_lse) else None
+    # Q scales stay per token (a row vector loaded once per program); K scales are one scalar per
+    # tile whenever the granularity allows, which saves a multiply per logit in the inner loop.
     q8, qs = _quantize_qk(qh, km if qbias is not None else None, q_group, cfg.block_m, d_pad,
                           sm_scale * quant.LOG2E, quant.MEAN_DOT if qbias is not None else quant.MEAN_NONE,
                           H // H_KV, bias=qbias)
     if qbias is not None:
         qbias.mul_(sm_scale)
+    k_scalar = k_group == cfg.block_n
     k8, ks = _quantize_qk(kh, km, k_group, cfg.block_n, d_pad, 1.0,
-                          quant.MEAN_SUBTRACT if smooth_k else quant.MEAN_NONE, 1)
+                          quant.MEAN_SUBTRACT if smooth_k else quant.MEAN_NONE, 1, per_block=k_scalar)
     v_op, v_strides, v_scale, v_mean, pv_mode, p_scale = _prepare_v(vh, cfg, smooth_v, d_pad)
+
+    k_desc = v_desc = None
+    if cfg.use_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        k3 = k8.view(B * H_KV, LK, d_pad)
+        k_desc = TensorDescriptor(k3, list(k3.shape), list(k3.stride()), [1, cfg.block_n, d_pad])
+        if v_op is not vh:  # our own converted buffer: contiguous rows, 16-byte aligned
+            if pv_mode == attn.PV_FP8:
+                v_desc = TensorDescriptor(v_op, [B * H_KV, d_pad, LK], list(v_op.stride()), [1, d_pad, cfg.block_n])
+            else:
+                v_desc = TensorDescriptor(v_op, list(v_op.shape), list(v_op.stride()), [1, cfg.block_n, d_pad])
 
     mask, mask_kind = _prepare_mask(attn_mask, B, H, LQ, LK)
     mask_arg = mask if mask is not None else qs
@@ -187,13 +206,15 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
         q8, qs, k8, ks, v_op,
         v_scale if v_scale is not None else dummy, v_mean if v_mean is not None else dummy,
         qbias if qbias is not None else dummy,
-        oh, lse, mask_arg,
+        oh, lse, mask_arg, k_desc if k_desc is not None else k8, v_desc if v_desc is not None else k8,
         *v_strides, *oh.stride(), *mask_strides,
         H, H_KV, LQ, LK, D,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_PAD=d_pad,
         IS_CAUSAL=is_causal, MASK_KIND=mask_kind, PV_MODE=pv_mode, P_SCALE=p_scale,
         HAS_VSCALE=v_scale is not None, HAS_VMEAN=v_mean is not None, HAS_QBIAS=qbias is not None,
-        RETURN_LSE=return_lse, EVEN_D=(D == d_pad) or (v_op is not vh), INTERPRETER=interpreter_enabled(),
+        K_SCALAR=k_scalar, RETURN_LSE=return_lse, EVEN_D=(D == d_pad) or (v_op is not vh),
+        INTERPRETER=interpreter_enabled(), K_TMA=k_desc is not None, V_TMA=v_desc is not None,
+        V_T=pv_mode == attn.PV_FP8,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out, lse
@@ -202,15 +223,16 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
 def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str, is_causal: bool,
                     sm_scale: float, attn_mask: Optional[torch.Tensor], return_lse: bool,
                     qk_quant_gran: str, pv_precision: str, pv_accum_dtype: str, fp8_format: str,
-                    block_m: int, block_n: int, num_warps: int, num_stages: int,
+                    block_m: int, block_n: int, num_warps: int, num_stages: int, use_tma: bool,
                     smooth_k: bool, smooth_v: bool) -> tuple[torch.Tensor, torch.Tensor]:
     cfg = KernelConfig(qk_quant_gran, pv_precision, pv_accum_dtype, fp8_format or None,
-                       block_m, block_n, num_warps, num_stages)
+                       block_m, block_n, num_warps, num_stages, use_tma=use_tma)
     return attention_forward(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v)
 
 
 def _attention_fake(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, qk_quant_gran, pv_precision,
-                    pv_accum_dtype, fp8_format, block_m, block_n, num_warps, num_stages, smooth_k, smooth_v):
+                    pv_accum_dtype, fp8_format, block_m, block_n, num_warps, num_stages, use_tma, smooth_k,
+                    smooth_v):
     B = q.shape[0]
     H, LQ = (q.shape[1], q.shape[2]) if layout == "HND" else (q.shape[2], q.shape[1])
     lse_shape = (B, H, LQ) if return_lse else (0,)
@@ -262,5 +284,6 @@ def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: s
         sm_scale = 1.0 / math.sqrt(q.shape[-1])
     out, lse = attention_op(q, k, v, tensor_layout, bool(is_causal), float(sm_scale), attn_mask, bool(return_lse),
                             cfg.qk_quant_gran, cfg.pv_precision, cfg.pv_accum_dtype, cfg.fp8_format or "",
-                            cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, bool(smooth_k), bool(smooth_v))
+                            cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.use_tma,
+                            bool(smooth_k), bool(smooth_v))
     return (out, lse) if return_lse else out

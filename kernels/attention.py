@@ -24,28 +24,9 @@ MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
 
 
 @triton.jit
-def _attn_tile(
-    acc, l_i, m_i, q, qs, offs_m, start_n,
-    k_base, ks_base, v_base, mask_base,
-    stride_vn, stride_vd, stride_mm, stride_mn,
-    LQ, LK, D,
-    BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, BOUNDARY: tl.constexpr, IS_CAUSAL: tl.constexpr,
-    MASK_KIND: tl.constexpr, PV_MODE: tl.constexpr, P_SCALE: tl.constexpr, EVEN_D: tl.constexpr,
-    INTERPRETER: tl.constexpr,
-):
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D_PAD)
-    k_ptrs = k_base + offs_n[:, None].to(tl.int64) * D_PAD + offs_d[None, :]
-    if BOUNDARY:
-        n_ok = offs_n < LK
-        k = tl.load(k_ptrs, mask=n_ok[:, None], other=0)
-        ks = tl.load(ks_base + offs_n, mask=n_ok, other=0.0)
-    else:
-        k = tl.load(k_ptrs)
-        ks = tl.load(ks_base + offs_n)
-
-    x = tl.dot(q, tl.trans(k)).to(tl.float32) * qs[:, None] * ks[None, :]
-
+def _masked_softmax_tile(x, m_i, offs_m, offs_n, mask_base, stride_mm, stride_mn, LQ, LK,
+                         BOUNDARY: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr):
+    """Apply the mask, key bounds and causality to base-2 logits; return (p, new row max, shift)."""
     if MASK_KIND != 0:
         m_ptrs = mask_base + offs_m[:, None].to(tl.int64) * stride_mm + offs_n[None, :].to(tl.int64) * stride_mn
         m_ok = (offs_m[:, None] < LQ) & (offs_n[None, :] < LK)
@@ -59,17 +40,64 @@ def _attn_tile(
         x = tl.where(offs_n[None, :] < LK, x, float("-inf"))
         if IS_CAUSAL:
             x = tl.where(offs_n[None, :] <= offs_m[:, None], x, float("-inf"))
-
     m_new = tl.maximum(m_i, tl.max(x, 1))
     # A row masked so far has max -inf: shift by 0 instead, so exp2 gives 0 rather than NaN.
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    return tl.math.exp2(x - m_use[:, None]), m_new, m_use
+
+
+@triton.jit
+def _attn_tile(
+    acc, l_i, m_i, q, qs, offs_m, start_n,
+    k_base, ks_base, v_base, mask_base, k_desc, v_desc, bhk,
+    stride_vn, stride_vd, stride_mm, stride_mn,
+    LQ, LK, D,
+    BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, BOUNDARY: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    MASK_KIND: tl.constexpr, PV_MODE: tl.constexpr, P_SCALE: tl.constexpr, EVEN_D: tl.constexpr,
+    K_SCALAR: tl.constexpr, INTERPRETER: tl.constexpr, K_TMA: tl.constexpr, V_TMA: tl.constexpr,
+    V_T: tl.constexpr,
+):
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D_PAD)
+    if K_TMA:
+        # Tensor-memory-accelerator copy (Hopper+): rows past LK arrive zero-filled.
+        k = k_desc.load([bhk, start_n, 0]).reshape(BLOCK_N, D_PAD)
+    else:
+        k_ptrs = k_base + offs_n[:, None].to(tl.int64) * D_PAD + offs_d[None, :]
+        if BOUNDARY:
+            k = tl.load(k_ptrs, mask=offs_n[:, None] < LK, other=0)
+        else:
+            k = tl.load(k_ptrs)
+    s = tl.dot(q, tl.trans(k))  # int32
+
+    if K_SCALAR:
+        row_scale = qs * tl.load(ks_base + start_n // BLOCK_N)
+    if K_SCALAR and not BOUNDARY and MASK_KIND == 0:
+        # Hot path: scales are positive, so the row max can be taken on the integers, and the
+        # rescale folds into the exp2 argument (one FMA per logit).
+        m_new = tl.maximum(m_i, tl.max(s, 1).to(tl.float32) * row_scale)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s.to(tl.float32) * row_scale[:, None] - m_use[:, None])
+    else:
+        if K_SCALAR:
+            x = s.to(tl.float32) * row_scale[:, None]
+        else:
+            ks = tl.load(ks_base + offs_n, mask=offs_n < LK, other=0.0)
+            x = s.to(tl.float32) * qs[:, None] * ks[None, :]
+        p, m_new, m_use = _masked_softmax_tile(x, m_i, offs_m, offs_n, mask_base, stride_mm, stride_mn, LQ, LK,
+                                               BOUNDARY, IS_CAUSAL, MASK_KIND)
+
     alpha = tl.math.exp2(m_i - m_use)
-    p = tl.math.exp2(x - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
 
     v_ptrs = v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_d[None, :] * stride_vd
-    if BOUNDARY:
+    if V_TMA:
+        if V_T:
+            v = tl.trans(v_desc.load([bhk, 0, start_n]).reshape(D_PAD, BLOCK_N))
+        else:
+            v = v_desc.load([bhk, start_n, 0]).reshape(BLOCK_N, D_PAD)
+    elif BOUNDARY:
         if EVEN_D:
             v = tl.load(v_ptrs, mask=offs_n[:, None] < LK, other=0.0)
         else:
@@ -99,7 +127,7 @@ def _attn_tile(
 @triton.jit
 def attention_kernel(
     Q8, QS, K8, KS, V, VScale, VMean, QBias,
-    Out, Lse, Mask,
+    Out, Lse, Mask, KDesc, VDesc,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,
     stride_mb, stride_mh, stride_mm, stride_mn,
@@ -107,7 +135,8 @@ def attention_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PV_MODE: tl.constexpr, P_SCALE: tl.constexpr,
     HAS_VSCALE: tl.constexpr, HAS_VMEAN: tl.constexpr, HAS_QBIAS: tl.constexpr,
-    RETURN_LSE: tl.constexpr, EVEN_D: tl.constexpr, INTERPRETER: tl.constexpr,
+    K_SCALAR: tl.constexpr, RETURN_LSE: tl.constexpr, EVEN_D: tl.constexpr, INTERPRETER: tl.constexpr,
+    K_TMA: tl.constexpr, V_TMA: tl.constexpr, V_T: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -123,7 +152,10 @@ def attention_kernel(
     qs = tl.load(QS + bh.to(tl.int64) * LQ + offs_m, mask=m_ok, other=0.0)
 
     k_base = K8 + bhk.to(tl.int64) * LK * D_PAD
-    ks_base = KS + bhk.to(tl.int64) * LK
+    if K_SCALAR:
+        ks_base = KS + bhk.to(tl.int64) * tl.cdiv(LK, BLOCK_N)
+    else:
+        ks_base = KS + bhk.to(tl.int64) * LK
     v_base = V + b.to(tl.int64) * stride_vb + (bhk - b * H_KV).to(tl.int64) * stride_vh
     mask_base = Mask + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
 
@@ -139,14 +171,16 @@ def attention_kernel(
 
     for start_n in range(0, full_end, BLOCK_N):
         acc, l_i, m_i = _attn_tile(
-            acc, l_i, m_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, mask_base,
+            acc, l_i, m_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, mask_base, KDesc, VDesc, bhk,
             stride_vn, stride_vd, stride_mm, stride_mn, LQ, LK, D,
-            BLOCK_N, D_PAD, False, IS_CAUSAL, MASK_KIND, PV_MODE, P_SCALE, EVEN_D, INTERPRETER)
+            BLOCK_N, D_PAD, False, IS_CAUSAL, MASK_KIND, PV_MODE, P_SCALE, EVEN_D, K_SCALAR, INTERPRETER,
+            K_TMA, V_TMA, V_T)
     for start_n in range(full_end, hi, BLOCK_N):
         acc, l_i, m_i = _attn_tile(
-            acc, l_i, m_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, mask_base,
+            acc, l_i, m_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, mask_base, KDesc, VDesc, bhk,
             stride_vn, stride_vd, stride_mm, stride_mn, LQ, LK, D,
-            BLOCK_N, D_PAD, True, IS_CAUSAL, MASK_KIND, PV_MODE, P_SCALE, EVEN_D, INTERPRETER)
+            BLOCK_N, D_PAD, True, IS_CAUSAL, MASK_KIND, PV_MODE, P_SCALE, EVEN_D, K_SCALAR, INTERPRETER,
+            K_TMA, V_TMA, V_T)
 
     # A fully masked row has l_i == 0: SDPA returns 0 there, and so do we.
     live = l_i > 0

@@ -46,9 +46,10 @@ def _group_max(row_max, BLOCK: tl.constexpr, GROUP: tl.constexpr):
 def quantize_int8_kernel(
     X, stride_xb, stride_xh, stride_xl, stride_xd,
     Mean, stride_mb, stride_mh,  # fp32 (B, H_mean, D) per-channel mean of K
-    Out, Scale, Bias,  # int8 (B*H, L, D_PAD); fp32 (B*H, L); fp32 (B*H, L)
+    Out, Scale, Bias,  # int8 (B*H, L, D_PAD); fp32 (B*H, L) or (B*H, L/BLOCK); fp32 (B*H, L)
     H, H_MEAN_DIV, L, D, scale_mult,
     BLOCK: tl.constexpr, GROUP: tl.constexpr, D_PAD: tl.constexpr, MEAN_MODE: tl.constexpr,
+    SCALE_PER_BLOCK: tl.constexpr,
 ):
     pid_l = tl.program_id(0)
     bh = tl.program_id(1)
@@ -85,8 +86,15 @@ def quantize_int8_kernel(
 
     out_ptrs = Out + bh.to(tl.int64) * L * D_PAD + offs_l[:, None].to(tl.int64) * D_PAD + offs_d[None, :]
     tl.store(out_ptrs, q, mask=row_ok[:, None])
-    tok_scale = tl.where(row_bad, float("nan"), scale * scale_mult)
-    tl.store(Scale + bh.to(tl.int64) * L + offs_l, tok_scale, mask=row_ok)
+    if SCALE_PER_BLOCK:
+        # One scale per block (GROUP == BLOCK). A NaN/Inf key poisons its whole block: that changes
+        # nothing, since SDPA turns every query row that sees such a key into NaN anyway.
+        blk_bad = tl.max(tl.where(row_bad & row_ok, 1, 0), axis=0) > 0
+        blk_scale = tl.where(blk_bad, float("nan"), tl.max(scale, axis=0) * scale_mult)
+        tl.store(Scale + bh.to(tl.int64) * tl.cdiv(L, BLOCK) + pid_l, blk_scale)
+    else:
+        tok_scale = tl.where(row_bad, float("nan"), scale * scale_mult)
+        tl.store(Scale + bh.to(tl.int64) * L + offs_l, tok_scale, mask=row_ok)
 
 
 @triton.jit

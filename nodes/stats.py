@@ -11,9 +11,10 @@ from collections import Counter
 _lock = threading.Lock()
 _total_kernel = 0
 _total_fallback: Counter = Counter()
+_last_run: dict | None = None
 
 
-def record_kernel(run: "RunTally | None" = None) -> None:
+def record_kernel(run: RunTally | None = None) -> None:
     global _total_kernel
     with _lock:
         _total_kernel += 1
@@ -21,7 +22,7 @@ def record_kernel(run: "RunTally | None" = None) -> None:
         run.kernel += 1
 
 
-def record_fallback(reason: str, run: "RunTally | None" = None) -> bool:
+def record_fallback(reason: str, run: RunTally | None = None) -> bool:
     """Count a fallback. Returns True the first time ``reason`` is seen in this run (warn once)."""
     with _lock:
         _total_fallback[reason] += 1
@@ -39,10 +40,24 @@ def attention_stats() -> dict:
 
 
 def reset_stats() -> None:
-    global _total_kernel
+    global _total_kernel, _last_run
     with _lock:
         _total_kernel = 0
         _total_fallback.clear()
+        _last_run = None
+
+
+def set_last_run(summary: dict) -> None:
+    """Remember the summary of the sampling run that just ended (read by /sage/status and the UI)."""
+    global _last_run
+    with _lock:
+        _last_run = dict(summary)
+
+
+def last_run() -> dict | None:
+    """Summary of the most recent sampling run of a patched model, or None before the first one."""
+    with _lock:
+        return None if _last_run is None else dict(_last_run)
 
 
 class RunTally:
@@ -54,3 +69,7 @@ class RunTally:
 
     def summary(self) -> dict:
         return {"kernel": self.kernel, "fallback": dict(self.fallback.most_common())}
+
+    @property
+    def fallback_total(self) -> int:
+        return sum(self.fallback.values())

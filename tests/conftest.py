@@ -18,6 +18,11 @@ if COMFYUI is not None:
     prepare_comfyui_for_cpu(COMFYUI)
 
 PACK = import_pack()
+# pytest imports the checkout's own __init__.py (the root is a package) under the folder's name, or
+# as "__init__" when that name is not an identifier (ComfyUI-SageTriton, wt-nodes): without a parent
+# package its relative imports fail. Hand pytest the pack we already imported.
+_checkout = Path(PACK.__file__).parent.name
+sys.modules.setdefault(_checkout if _checkout.isidentifier() else "__init__", PACK)
 
 needs_comfyui = pytest.mark.skipif(
     COMFYUI is None, reason="ComfyUI not found (set COMFYUI_PATH, or clone it to ~/ComfyUI)")

@@ -56,10 +56,12 @@ def test_every_option_combination(seed, gran, pv, acc, smooth_k, smooth_v):
     check(out, q, k, v)
     _, exact_lse = ref.exact_attention(q, k, v)
     assert torch.allclose(lse.double(), exact_lse, atol=0.05, rtol=0.01)
-    # Tight agreement with the same quantized arithmetic in torch: only the softmax order differs.
+    # Agreement with the same quantized arithmetic in torch: only the softmax order differs. With
+    # fp8, P is rounded relative to the running row max in the kernel and the final max in the
+    # reference, so the two carry independent fp8 rounding errors of P.
     cfg = KernelConfig(gran, pv, acc, "e4m3fn" if pv == "fp8" else None, 64, 64, 4, 1)
     qref, qref_lse = ref.quantized_reference(q, k, v, cfg, smooth_k=smooth_k, smooth_v=smooth_v)
-    assert cosine(out, qref) >= (0.9999 if pv == "fp16" else 0.9995)
+    assert cosine(out, qref) >= (0.9999 if pv == "fp16" else 0.999)
     # Round-half ties differ (torch rounds to even, the kernel away from zero): a few 1e-2 nats.
     assert (lse - qref_lse).abs().max() < 3e-2, (lse - qref_lse).abs().max()
 
@@ -259,6 +261,16 @@ def test_fake_tensor_shapes():
     with FakeTensorMode():
         q = torch.empty(2, 100, 4, 64, dtype=torch.bfloat16)
         out, lse = kernels.api.attention_op(q, q, q, "NHD", False, 0.125, None, True, "per_warp", "fp16",
-                                            "fp32", "", 64, 64, 4, 1, True, False)
+                                            "fp32", "", 64, 64, 4, 1, False, True, False)
         assert out.shape == q.shape and out.dtype == q.dtype
         assert lse.shape == (2, 4, 100) and lse.dtype == torch.float32
+
+
+@pytest.mark.parametrize("pv", ["fp16", "fp8"])
+def test_tensor_descriptor_path(seed, pv):
+    """The Hopper TMA variant computes the same function (the interpreter emulates descriptors)."""
+    q, k, v = make_qkv(LQ=70, LK=90, D=48)
+    cfg = KernelConfig("per_warp", pv, "fp16+fp32", "e4m3fn" if pv == "fp8" else None, 64, 64, 4, 1,
+                       use_tma=True)
+    out, _ = kernels.attention_forward(q, k, v, "HND", False, None, None, False, cfg, True, False)
+    check(out, q, k, v)

@@ -1,0 +1,289 @@
+"""Cross-compile the default kernels for GPUs this machine does not have, and check the assembly.
+
+``triton.compile(ASTSource(...), target=GPUTarget(...))`` runs Triton's full NVIDIA or AMD
+pipeline on any machine, GPU or not. Scanning the generated PTX / AMDGCN for matrix instructions
+proves that Q·Kᵀ really runs as an int8 matmul (and P·V as fp8 where the arch table picks it) on
+each GPU family, which is how the AMD paths are proven without an AMD GPU.
+
+Triton's interpreter replaces ``@triton.jit`` functions at import time, so this cannot run in a
+process with ``TRITON_INTERPRET=1``; ``check_targets_in_child`` runs it in a clean child instead.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Optional
+
+from .arch import ArchInfo, KernelConfig, arch_from_properties, default_config
+from .progress import progress_bar
+
+DEFAULT_TARGETS = ("sm80", "sm86", "sm89", "sm90", "sm120", "gfx1100", "gfx1201", "gfx942")
+PACK_DIR = Path(__file__).resolve().parent.parent
+
+# Matrix instructions, as they are spelled in the assembly.
+_PTX_MATRIX = re.compile(r"\b(wgmma\.mma_async[\w.:]*|mma\.sync[\w.:]*|tcgen05\.mma[\w.:]*)")
+_AMDGCN_MATRIX = re.compile(r"\b(v_wmma_\w+|v_swmmac_\w+|v_mfma_\w+)")
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str  # "sm90", "gfx1201"
+    backend: str  # "cuda" | "hip"
+    arch: object  # int capability (cuda) or "gfxNNNN" (hip)
+    warp_size: int
+
+    def gpu_target(self):
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget(self.backend, self.arch, self.warp_size)
+
+    def arch_info(self) -> ArchInfo:
+        """The arch table's view of this target, through the same code path as a real device."""
+        if self.backend == "cuda":
+            major, minor = divmod(self.arch, 10)
+            props = _Props(name=f"cross-compile {self.name}", major=major, minor=minor)
+            return arch_from_properties(props, is_hip=False)
+        return arch_from_properties(_Props(name=f"cross-compile {self.name}", gcnArchName=self.arch), is_hip=True)
+
+
+@dataclass
+class _Props:
+    name: str
+    major: int = 0
+    minor: int = 0
+    gcnArchName: str = ""  # noqa: N815 - torch's spelling
+
+
+def parse_target(name: str) -> Target:
+    """``sm90`` -> CUDA capability 90; ``gfx1201`` -> HIP, wave32 on RDNA, wave64 on CDNA (gfx9xx)."""
+    name = name.strip().lower()
+    m = re.fullmatch(r"sm_?(\d{2,3})a?", name)
+    if m:
+        return Target(f"sm{m.group(1)}", "cuda", int(m.group(1)), 32)
+    m = re.fullmatch(r"gfx[0-9a-f]{3,4}", name)
+    if m:
+        return Target(name, "hip", name, 64 if name.startswith("gfx9") else 32)
+    raise ValueError(f"unknown target {name!r}: use sm80, sm90, sm120, gfx1100, gfx1201, gfx942, ...")
+
+
+def parse_targets(text: str) -> list:
+    return [parse_target(t) for t in text.split(",") if t.strip()]
+
+
+# ---------------------------------------------------------------------------------------------
+# What must be in the assembly
+
+
+def expected_instructions(target: Target, cfg: KernelConfig) -> dict:
+    """label -> regex that must match one of the matrix instructions found."""
+    want = {}
+    if target.backend == "cuda":
+        mma = r"^wgmma\." if target.arch // 10 == 9 else r"^(mma\.sync|tcgen05\.mma)"
+        # Blackwell datacenter parts (sm100) spell the operand types as tcgen05 "kind"s.
+        want["int8 Q·Kᵀ"] = mma + r".*(\.s8|kind::i8)"
+        want[f"{cfg.pv_precision} P·V"] = mma + (r".*(\.e4m3|kind::f8f6f4)" if cfg.pv_precision == "fp8"
+                                                 else r".*(\.f16|\.bf16|kind::f16)")
+    elif target.arch.startswith("gfx9"):
+        want["int8 Q·Kᵀ"] = r"^v_mfma_i32_\w+_i8$"
+        want[f"{cfg.pv_precision} P·V"] = (r"^v_mfma_f32_\w+_(fp8_fp8|f8f6f4)$" if cfg.pv_precision == "fp8"
+                                           else r"^v_mfma_f32_\w+_(f16|bf16)$")
+    else:  # RDNA: wmma
+        want["int8 Q·Kᵀ"] = r"^v_wmma_i32_16x16x16_iu8"
+        want[f"{cfg.pv_precision} P·V"] = (r"^v_wmma_f32_16x16x16_fp8_fp8" if cfg.pv_precision == "fp8"
+                                           else r"^v_wmma_f32_16x16x16_(f16|bf16)")
+    return want
+
+
+def matrix_instructions(asm: str, backend: str) -> list:
+    pattern = _PTX_MATRIX if backend == "cuda" else _AMDGCN_MATRIX
+    return sorted(set(pattern.findall(asm)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiling
+
+
+def _kernel_specs(cfg: KernelConfig, head_dim: int) -> list:
+    """What to compile for ``cfg``: ``kernels.attention.compile_specs(cfg, head_dim)`` when the kernel
+    library provides it, else the provisional description below.
+
+    Each spec: ``{"name": str, "fn": JITFunction, "signature": {arg: type}, "constexprs": {arg: value},
+    "attrs": optional, "options": {"num_warps": .., "num_stages": ..}}``.
+    """
+    from . import attention
+
+    provider: Optional[Callable] = getattr(attention, "compile_specs", None)
+    if provider is not None:
+        return list(provider(cfg, head_dim))
+    return provisional_specs(cfg, head_dim)
+
+
+_FP8_PTR = {"e4m3fn": "*fp8e4nv", "e4m3fnuz": "*fp8e4b8"}
+_FP8_MAX = {"e4m3fn": 448.0, "e4m3fnuz": 240.0}
+
+
+def _signature(fn, pointers: dict, floats: tuple, constexprs: dict) -> dict:
+    """Every argument of ``fn`` typed: constexprs, the given pointers and floats, everything else i32."""
+    sig = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in pointers:
+            sig[name] = pointers[name]
+        else:
+            sig[name] = "fp32" if name in floats else "i32"
+    return sig
+
+
+def provisional_specs(cfg: KernelConfig, head_dim: int, dtype: str = "bf16") -> list:
+    """The kernels one default ``sageattn`` call launches (no mask, no smoothing of V), as api.py launches
+    them. Stop-gap until kernels/attention.py exports ``compile_specs``: it must follow api.py's launches."""
+    import triton
+
+    from . import attention as attn
+    from . import quant
+
+    d_pad = max(32, triton.next_power_of_2(head_dim))
+    fp8 = cfg.pv_precision == "fp8"
+    fmt = cfg.fp8_format or "e4m3fn"
+    q_group, k_group = cfg.group_sizes() if hasattr(cfg, "group_sizes") else (cfg.block_m, cfg.block_n)
+    opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    specs = []
+    for name, block, group, mean_mode in (("quantize q", cfg.block_m, q_group, quant.MEAN_NONE),
+                                          ("quantize k", cfg.block_n, k_group, quant.MEAN_SUBTRACT)):
+        c = {"BLOCK": block, "GROUP": group, "D_PAD": d_pad, "MEAN_MODE": mean_mode}
+        ptrs = {"X": f"*{dtype}", "Mean": "*fp32", "Out": "*i8", "Scale": "*fp32", "Bias": "*fp32"}
+        specs.append({"name": name, "fn": quant.quantize_int8_kernel, "constexprs": c,
+                      "signature": _signature(quant.quantize_int8_kernel, ptrs, ("scale_mult",), c),
+                      "options": {"num_warps": 4, "num_stages": cfg.num_stages}})
+    if fp8:
+        c = {"BLOCK": 64, "D_PAD": d_pad, "HAS_MEAN": False, "INTERPRETER": False}
+        ptrs = {"V": f"*{dtype}", "Mean": "*fp32", "InvScale": "*fp32", "Out": _FP8_PTR[fmt]}
+        specs.append({"name": "convert v", "fn": quant.convert_v_kernel, "constexprs": c,
+                      "signature": _signature(quant.convert_v_kernel, ptrs, (), c),
+                      "options": {"num_warps": 4, "num_stages": cfg.num_stages}})
+    c = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "D_PAD": d_pad, "IS_CAUSAL": False,
+         "MASK_KIND": attn.MASK_NONE, "PV_MODE": attn.PV_FP8 if fp8 else attn.PV_16BIT,
+         "P_SCALE": _FP8_MAX[fmt] if fp8 else 1.0, "HAS_VSCALE": fp8, "HAS_VMEAN": False, "HAS_QBIAS": False,
+         "RETURN_LSE": False, "EVEN_D": fp8 or head_dim == d_pad, "INTERPRETER": False}
+    ptrs = {"Q8": "*i8", "QS": "*fp32", "K8": "*i8", "KS": "*fp32", "V": _FP8_PTR[fmt] if fp8 else f"*{dtype}",
+            "VScale": "*fp32", "VMean": "*fp32", "QBias": "*fp32", "Out": f"*{dtype}", "Lse": "*fp32",
+            "Mask": "*fp32"}
+    specs.append({"name": "attention", "fn": attn.attention_kernel, "constexprs": c,
+                  "signature": _signature(attn.attention_kernel, ptrs, (), c), "options": opts})
+    return specs
+
+
+def _compile_one(spec: dict, target: Target) -> dict:
+    import triton
+    from triton.compiler import ASTSource
+
+    src = ASTSource(spec["fn"], spec["signature"], spec.get("constexprs"), spec.get("attrs"))
+    compiled = triton.compile(src, target=target.gpu_target(), options=dict(spec.get("options") or {}))
+    asm = compiled.asm.get("ptx" if target.backend == "cuda" else "amdgcn", "")
+    return {"asm": asm if isinstance(asm, str) else asm.decode(errors="replace")}
+
+
+def compile_target(target: Target, head_dim: int = 128, specs_for: Optional[Callable] = None) -> dict:
+    """``{"ok", "instructions", "expected", "missing", "config", "seconds", "error"?}`` for one target."""
+    t0 = time.perf_counter()
+    arch = target.arch_info()
+    cfg = default_config(arch, head_dim)
+    result = {"ok": False, "instructions": [], "arch": arch.arch, "family": arch.family,
+              "config": cfg.as_dict(), "head_dim": head_dim}
+    try:
+        specs = (specs_for or _kernel_specs)(cfg, head_dim)
+        found: set = set()
+        for spec in specs:
+            try:
+                out = _compile_one(spec, target)
+            except Exception as e:  # noqa: BLE001 - report which kernel failed, keep the others' results
+                raise RuntimeError(f"{spec.get('name', spec['fn'].__name__)}: {type(e).__name__}: "
+                                   f"{str(e).strip().splitlines()[-1] if str(e).strip() else ''}") from e
+            found.update(matrix_instructions(out["asm"], target.backend))
+        result["instructions"] = sorted(found)
+        want = expected_instructions(target, cfg)
+        result["expected"] = want
+        missing = [label for label, rx in want.items() if not any(re.search(rx, i) for i in found)]
+        result["missing"] = missing
+        result["ok"] = not missing
+        if missing:
+            result["error"] = "compiled, but no " + " / ".join(missing) + " matrix instruction in the assembly"
+    except Exception as e:  # noqa: BLE001 - one target failing must not hide the others
+        result["error"] = f"{type(e).__name__}: {e}"[:2000]
+    result["seconds"] = round(time.perf_counter() - t0, 2)
+    return result
+
+
+@cache
+def _cached_compile(name: str, head_dim: int) -> str:
+    return json.dumps(compile_target(parse_target(name), head_dim))
+
+
+def check_targets(targets=DEFAULT_TARGETS, head_dim: int = 128, progress: bool = False) -> dict:
+    """Cross-compile for each target in this process (results cached per process)."""
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        raise RuntimeError("TRITON_INTERPRET=1 is set: cross-compile in a clean process (check_targets_in_child)")
+    names = [t.name if isinstance(t, Target) else parse_target(t).name for t in targets]
+    bar = progress_bar(len(names), "cross-compile", unit="target") if progress else None
+    results = {}
+    for n in names:
+        if bar:
+            bar.set_postfix_str(n)
+        results[n] = json.loads(_cached_compile(n, head_dim))
+        if bar:
+            bar.update(1)
+    if bar:
+        bar.close()
+    return results
+
+
+def check_targets_in_child(targets=DEFAULT_TARGETS, head_dim: int = 128, timeout: float = 900.0) -> dict:
+    """``check_targets`` through ``install.py --check-targets --json`` in a child without the interpreter."""
+    names = [t.name if isinstance(t, Target) else parse_target(t).name for t in targets]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    cmd = [sys.executable, str(PACK_DIR / "install.py"), "--check-targets", ",".join(names),
+           "--head-dim", str(head_dim), "--json"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, errors="replace")
+        return json.loads(proc.stdout)
+    except subprocess.TimeoutExpired:
+        err = f"cross-compile timed out after {timeout:.0f} s"
+    except ValueError:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        err = f"cross-compile child failed (exit {proc.returncode}): {tail}"
+    return {n: {"ok": False, "instructions": [], "error": err} for n in names}
+
+
+def format_table(results: dict) -> str:
+    lines = []
+    for name, r in results.items():
+        mark = "[ OK ]" if r.get("ok") else "[FAIL]"
+        pv = (r.get("config") or {}).get("pv_precision", "?")
+        short = sorted({_short(i) for i in r.get("instructions", [])})
+        text = f"{mark} {name:<8} P·V {pv:<4} {', '.join(short) or '-'}"
+        if not r.get("ok"):
+            text += f"\n         {r.get('error', '')[:300]}"
+        lines.append(text)
+    return "\n".join(lines)
+
+
+def _short(instr: str) -> str:
+    """``mma.sync.aligned.m16n8k32.row.col.satfinite.s32.s8.s8.s32`` -> ``mma.sync s8`` (for the table)."""
+    if instr.startswith("v_"):
+        return instr
+    head = "wgmma" if instr.startswith("wgmma") else instr.split(".")[0] + (".sync" if ".sync" in instr else "")
+    for t in ("e4m3", "e5m2", "s8", "bf16", "f16", "tf32"):
+        if f".{t}" in instr:
+            return f"{head} {t}"
+    if "kind::" in instr:
+        return f"{head} {instr.rsplit('kind::', 1)[1]}"
+    return head

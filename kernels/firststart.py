@@ -1,0 +1,303 @@
+"""Build + self-test once per (pack, torch, triton, GPU), from install.py or lazily on first start.
+
+The GPU work runs in a worker child process (``install.py --worker``): a driver fault or a
+GPU-side assertion in a freshly built kernel kills the worker, not install.py or ComfyUI. The
+worker writes its progress to a JSON file after every step; when it dies, the supervisor marks
+the step it was on as crashed (that variant is turned off) and starts a new worker that resumes
+after it. The compiled kernels land in Triton's disk cache, so the runtime's first call is fast.
+
+Inside ComfyUI, ``start_background_setup()`` does the same from a daemon thread, after start-up and
+off the request path; it never raises and never blocks.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Optional
+
+from .arch import CPU_ARCH, ArchInfo
+from .childproc import ChildResult
+from .log import logger
+from .progress import progress_bar
+from .report import new_report, report_dir, report_key, save_report
+
+PACK_DIR = Path(__file__).resolve().parent.parent
+MAX_RESTARTS = 3
+WORKER_TIMEOUT = 1800.0  # compiling ~36 variants on a slow GPU takes minutes, not half an hour
+ENV_NO_AUTOSETUP = "SAGETRITON_NO_AUTOSETUP"
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker (runs in the child)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def worker_main(out_path: str, mode: str, show_progress: bool = True) -> int:
+    """Build and self-test every variant, then (GPU) measure the crossover; progress goes to ``out_path``."""
+    import torch
+
+    from . import selftest
+    from .arch import detect_arch
+
+    path = Path(out_path)
+    state = _read_json(path) or {"variants": {}}
+    state.update(mode=mode, current=None, complete=False)
+    if mode == "gpu":
+        arch, device = detect_arch(), torch.device("cuda", torch.cuda.current_device())
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        head_dims, shapes = selftest.BUILD_HEAD_DIMS, selftest.GPU_ACCURACY_SHAPES
+    else:
+        arch, device, dtype = CPU_ARCH, torch.device("cpu"), torch.float16
+        head_dims, shapes = (64,), selftest.CPU_ACCURACY_SHAPES
+    variants = selftest.variants_for(arch)
+    state["total"] = len(variants) + (1 if mode == "gpu" else 0)
+    todo = [v for v in variants if selftest.name_of(v) not in state["variants"]]
+    bar = None
+    if show_progress:
+        bar = progress_bar(state["total"], "build + self-test", initial=len(state["variants"]))
+    for v in todo:
+        name = selftest.name_of(v)
+        state["current"] = name
+        if bar:
+            bar.set_postfix_str(name)
+        _write_json(path, state)  # written before the risky part: a crash here is pinned on this variant
+        builds = {d: selftest.build_variant(v, d, device, dtype) for d in head_dims}
+        failed = {d: b for d, b in builds.items() if not b["ok"]}
+        build = {"ok": not failed, "seconds": round(sum(b["seconds"] for b in builds.values()), 2),
+                 "head_dims": list(head_dims)}
+        if failed:
+            d, b = next(iter(failed.items()))
+            build["error"] = f"head_dim {d}: {b.get('error')}"
+        entry = {"build": build}
+        if build["ok"]:
+            entry["selftest"] = selftest.accuracy(v, shapes, device, dtype)
+        state["variants"][name] = entry
+        state["done"] = len(state["variants"])
+        _write_json(path, state)
+        if bar:
+            bar.update(1)
+    if mode == "gpu" and "crossover" not in state:
+        state["current"] = "crossover"
+        _write_json(path, state)
+        if bar:
+            bar.set_postfix_str("speed vs SDPA")
+        state["crossover"] = selftest.measure_crossover(arch, device, dtype, state.get("sdpa_default_safe"))
+        if bar:
+            bar.update(1)
+    if bar:
+        bar.close()
+    state.update(current=None, complete=True)
+    _write_json(path, state)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The supervisor
+
+
+def _worker_cmd(out_path: Path, mode: str, show_progress: bool) -> list:
+    cmd = [sys.executable, str(PACK_DIR / "install.py"), "--worker", str(out_path), "--mode", mode]
+    return cmd + ([] if show_progress else ["--no-progress"])
+
+
+def run_worker_stage(mode: str, out_path: Path, echo: bool = True, sdpa_default_safe: Optional[bool] = None,
+                     on_progress: Optional[Callable[[dict], None]] = None, timeout: float = WORKER_TIMEOUT,
+                     cmd_for: Optional[Callable] = None) -> dict:
+    """Run the worker until it completes, restarting after crashes; returns its final state."""
+    cmd_for = cmd_for or _worker_cmd
+    env = dict(os.environ)
+    if mode == "interpreter":
+        env["TRITON_INTERPRET"] = "1"
+    else:
+        env.pop("TRITON_INTERPRET", None)
+    state = {"variants": {}, "sdpa_default_safe": sdpa_default_safe}
+    _write_json(out_path, state)
+    crashes = []
+    for _attempt in range(MAX_RESTARTS + 1):
+        proc = subprocess.Popen(cmd_for(out_path, mode, echo), env=env, stdout=None if echo else subprocess.DEVNULL,
+                                stderr=None if echo else subprocess.PIPE, text=True, errors="replace")
+        stderr, timed_out, t0 = "", False, time.monotonic()
+        while True:
+            try:
+                _, stderr = proc.communicate(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                if on_progress:
+                    on_progress(_read_json(out_path))
+                if time.monotonic() - t0 > timeout:
+                    proc.kill()
+                    _, stderr = proc.communicate()
+                    timed_out = True
+                    break
+        state = _read_json(out_path)
+        if state.get("complete"):
+            break
+        how = ChildResult(None if timed_out else proc.returncode, "", stderr or "", timed_out=timed_out,
+                          payload={}).describe()
+        current = state.get("current")
+        crashes.append({"step": current, "how": how})
+        logger.warning("[SageTriton] self-test worker stopped at %s: %s", current or "start-up", how)
+        if current is None:  # died before any step (import error, no driver): nothing to skip, give up
+            state["error"] = how
+            break
+        if current == "crossover":
+            state["crossover"] = {"seq_len": None, "error": f"speed measurement crashed: {how}"}
+        else:
+            state.setdefault("variants", {})[current] = {"build": {"ok": False, "error": f"crashed the process: {how}"}}
+        state["current"] = None
+        _write_json(out_path, state)
+    else:
+        state["error"] = f"the worker crashed {len(crashes)} times; giving up"
+    state["crashes"] = crashes
+    return state
+
+
+def disabled_from(variants: dict) -> list:
+    return sorted(n for n, r in variants.items()
+                  if not r.get("build", {}).get("ok") or not r.get("selftest", {}).get("ok", False))
+
+
+def run_setup(arch: ArchInfo, mode: str, echo: bool = True, on_progress=None, doctor: Optional[list] = None,
+              cross_compile: Optional[dict] = None, probe_sdpa: bool = True) -> dict:
+    """The full job for ``arch``: (RDNA4) SDPA probe, worker stage, report. Returns the saved report."""
+    from .sdpa_probe import needs_probe, probe_sdpa_default
+
+    key = report_key(arch)
+    report = new_report(key)
+    report.update(mode=mode, device={"vendor": arch.vendor, "arch": arch.arch, "family": arch.family,
+                                     "name": arch.name})
+    if doctor is not None:
+        report["doctor"] = doctor
+    if cross_compile is not None:
+        report["cross_compile"] = cross_compile
+    safe = None
+    if mode == "gpu" and probe_sdpa and needs_probe(arch):
+        if echo:
+            print("Probing torch's default SDPA in a child process (RDNA4)...", flush=True)
+        probe = probe_sdpa_default("cuda")
+        report["sdpa_probe"] = probe
+        safe = probe["safe"]
+        report["sdpa_default_safe"] = safe
+    d = report_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    partial = d / f".worker-{report['key_id']}.json"
+    state = run_worker_stage(mode, partial, echo=echo, sdpa_default_safe=safe, on_progress=on_progress)
+    report["variants"] = state.get("variants", {})
+    report["disabled_variants"] = disabled_from(report["variants"])
+    report["crossover"] = state.get("crossover")
+    if state.get("crashes"):
+        report["worker_crashes"] = state["crashes"]
+    if state.get("error"):
+        report["error"] = state["error"]
+    report["complete"] = bool(state.get("complete"))
+    # A worker that never started (broken torch) must not be cached as "done": the next start retries.
+    if report["variants"] or report["complete"]:
+        report["path"] = str(save_report(report))
+    try:
+        partial.unlink()
+    except OSError:
+        pass
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# Lazy first start inside ComfyUI
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.phase = "idle"  # idle | waiting | running | done | skipped | failed
+        self.message = ""
+        self.progress: dict = {}
+        self.thread: Optional[threading.Thread] = None
+
+    def set(self, phase: str, message: str = "", **progress) -> None:
+        with self.lock:
+            self.phase, self.message = phase, message
+            if progress:
+                self.progress = progress
+
+    def snapshot(self) -> dict:
+        with self.lock:
+            return {"phase": self.phase, "message": self.message, "progress": dict(self.progress)}
+
+
+_state = _State()
+
+
+def setup_status() -> dict:
+    """What the lazy first-start is doing (for /sage/status)."""
+    return _state.snapshot()
+
+
+def _background_job(delay: float, device_fn: Optional[Callable]) -> None:
+    try:
+        time.sleep(delay)  # let ComfyUI finish starting: the worker competes for CPU while it compiles
+        from .arch import detect_arch
+        from .report import current_report
+
+        arch = detect_arch(device_fn() if device_fn else None)
+        if arch.vendor == "cpu":
+            _state.set("skipped", "no GPU: SageTriton leaves ComfyUI's attention in place")
+            return
+        if current_report(arch) is not None:
+            _state.set("done", "report found (install.py or an earlier start built and tested the kernels)")
+            return
+        _state.set("running", f"building and self-testing the kernels for {arch.name} ({arch.arch})")
+        logger.info("[SageTriton] first start on %s (%s): building and self-testing the kernels in the background; "
+                    "attention uses ComfyUI's default until this finishes", arch.name, arch.arch)
+        last = [-1]
+
+        def progress(state: dict) -> None:
+            done, total = state.get("done", 0), state.get("total", 0)
+            _state.set("running", _state.message, done=done, total=total, current=state.get("current"))
+            if done != last[0] and total:
+                last[0] = done
+                logger.info("[SageTriton] self-test %d/%d %s", done, total, state.get("current") or "")
+
+        report = run_setup(arch, "gpu", echo=False, on_progress=progress)
+        off = report.get("disabled_variants", [])
+        cross = (report.get("crossover") or {}).get("seq_len")
+        msg = f"done: {len(report.get('variants', {})) - len(off)} variants ok, {len(off)} off; crossover {cross}"
+        _state.set("done" if report.get("complete") else "failed", report.get("error") or msg)
+        logger.info("[SageTriton] %s", _state.message)
+    except Exception as e:  # noqa: BLE001 - never let the background job take ComfyUI down
+        _state.set("failed", f"{type(e).__name__}: {e}")
+        logger.warning("[SageTriton] background self-test failed: %s: %s", type(e).__name__, e)
+
+
+def start_background_setup(delay: float = 10.0, device_fn: Optional[Callable] = None) -> bool:
+    """Start the one-time build + self-test in a daemon thread if needed. Idempotent, non-blocking."""
+    if os.environ.get(ENV_NO_AUTOSETUP, "0") == "1":
+        _state.set("skipped", f"disabled by {ENV_NO_AUTOSETUP}=1")
+        return False
+    with _state.lock:
+        if _state.thread is not None:
+            return False
+        _state.phase = "waiting"
+        _state.thread = threading.Thread(target=_background_job, args=(delay, device_fn), name="SageTriton-setup",
+                                         daemon=True)
+        _state.thread.start()
+    return True
+
+
+ensure_setup_started = start_background_setup  # for the patch node: call on first use, costs nothing after

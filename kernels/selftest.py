@@ -1,0 +1,241 @@
+"""Build and self-test every kernel variant this device can select; measure the SDPA crossover.
+
+Accuracy is measured against torch SDPA in fp32 with the MATH backend (exact, and safe on every
+GPU including RDNA4, where other SDPA backends can crash). Speed is measured against the SDPA the
+runtime would fall back to. On a CPU the same accuracy test runs through the Triton interpreter
+at small sizes.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from typing import Optional
+
+from .arch import PV_ACCUM_DTYPES, QK_QUANT_GRANS, ArchInfo, default_config, supported_choices
+from .report import variant_name
+
+# A broken build (miscompile, wrong layout) lands far below these; a correct one is ~0.9993+ / ~0.03.
+MIN_COSINE = 0.99
+MAX_REL_L1 = 0.1
+
+BUILD_HEAD_DIMS = (64, 128)  # others (40, 80, 96, 160, 256, ...) are compiled on first use
+GPU_ACCURACY_SHAPES = ((1, 8, 1024, 1024, 128), (2, 4, 333, 77, 64))  # (B, H, Lq, Lk, D); odd sizes on purpose
+CPU_ACCURACY_SHAPES = ((1, 2, 64, 64, 64), (1, 2, 100, 77, 40))
+CROSSOVER_LENGTHS = (256, 512, 1024, 2048, 4096, 8192, 16384)
+CROSSOVER_HEADS = 24  # Flux / SD3-like
+
+
+def variants_for(arch: ArchInfo) -> list:
+    """Every (granularity, P·V precision, accumulation) the Sage Settings node can select on ``arch``."""
+    pv_ok = [p for p, (ok, _) in supported_choices(arch)["pv_precision"].items() if ok]
+    return [{"qk_quant_gran": g, "pv_precision": p, "pv_accum_dtype": a}
+            for g, p, a in itertools.product(QK_QUANT_GRANS, pv_ok, PV_ACCUM_DTYPES)]
+
+
+def default_variant(arch: ArchInfo, head_dim: int = 128) -> dict:
+    cfg = default_config(arch, head_dim)
+    return {"qk_quant_gran": cfg.qk_quant_gran, "pv_precision": cfg.pv_precision, "pv_accum_dtype": cfg.pv_accum_dtype}
+
+
+def name_of(variant: dict) -> str:
+    return variant_name(variant["qk_quant_gran"], variant["pv_precision"], variant["pv_accum_dtype"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics and inputs
+
+
+def cosine(out, ref) -> float:
+    a, b = out.double().flatten(), ref.double().flatten()
+    return float(a @ b / (a.norm() * b.norm()).clamp_min(1e-30))
+
+
+def rel_l1(out, ref) -> float:
+    a, b = out.double(), ref.double()
+    return float((a - b).abs().sum() / b.abs().sum().clamp_min(1e-30))
+
+
+def make_inputs(shape, device, dtype, seed: int = 0):
+    """q, k, v in HND layout; K gets per-channel offsets like real models have (what smooth_k removes)."""
+    import torch
+
+    b, h, lq, lk, d = shape
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    q = torch.randn(b, h, lq, d, generator=g)
+    k = torch.randn(b, h, lk, d, generator=g) + 4 * torch.randn(1, h, 1, d, generator=g)
+    v = torch.randn(b, h, lk, d, generator=g)
+    return tuple(t.to(device=device, dtype=dtype) for t in (q, k, v))
+
+
+def reference(q, k, v):
+    """fp32 SDPA with the MATH backend."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.MATH]):
+        return F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+
+
+def _sageattn():
+    from . import sageattn
+
+    return sageattn
+
+
+# ---------------------------------------------------------------------------------------------
+# Build and accuracy
+
+
+def build_variant(variant: dict, head_dim: int, device, dtype) -> dict:
+    """Compile (first call JIT-compiles) and run once on a small input. Never raises."""
+    import torch
+
+    t0 = time.perf_counter()
+    try:
+        q, k, v = make_inputs((1, 2, 256, 256, head_dim), device, dtype, seed=1)
+        out = _sageattn()(q, k, v, **variant)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if not torch.isfinite(out).all():
+            return {"ok": False, "seconds": round(time.perf_counter() - t0, 2), "error": "non-finite output"}
+        return {"ok": True, "seconds": round(time.perf_counter() - t0, 2)}
+    except Exception as e:  # noqa: BLE001 - a variant that does not build is turned off, not fatal
+        return {"ok": False, "seconds": round(time.perf_counter() - t0, 2), "error": _short_error(e)}
+
+
+def accuracy(variant: dict, shapes, device, dtype) -> dict:
+    """Worst cosine / relative L1 over ``shapes`` vs fp32 MATH SDPA. Never raises."""
+    worst = {"cosine": 1.0, "rel_l1": 0.0}
+    try:
+        for i, shape in enumerate(shapes):
+            q, k, v = make_inputs(shape, device, dtype, seed=10 + i)
+            out = _sageattn()(q, k, v, **variant)
+            ref = reference(q, k, v)
+            c, r = cosine(out, ref), rel_l1(out, ref)
+            if not math.isfinite(c) or not math.isfinite(r):
+                c, r = 0.0, float("inf")
+            worst = {"cosine": min(worst["cosine"], c), "rel_l1": max(worst["rel_l1"], r)}
+    except Exception as e:  # noqa: BLE001
+        return {"ok": False, "error": _short_error(e)}
+    ok = worst["cosine"] >= MIN_COSINE and worst["rel_l1"] <= MAX_REL_L1
+    out = {"ok": ok, "cosine": round(worst["cosine"], 6), "rel_l1": round(worst["rel_l1"], 5)}
+    if not ok:
+        out["error"] = f"inaccurate: cosine {worst['cosine']:.4f} (min {MIN_COSINE}), rel L1 {worst['rel_l1']:.4f}"
+    return out
+
+
+def _short_error(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[-1] if text else ''}"[:500]
+
+
+# ---------------------------------------------------------------------------------------------
+# Speed and crossover
+
+
+def time_call(fn, device, iters: int = 10, warmup: int = 3) -> float:
+    """Median milliseconds per call."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    if device.type == "cuda":
+        for _ in range(iters):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    else:
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def sdpa_fallback(arch: ArchInfo, sdpa_safe: Optional[bool]):
+    """The SDPA the runtime falls back to: MATH on RDNA4 unless the default passed the child probe."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if arch.family == "rdna4" and not sdpa_safe:
+        def math_sdpa(q, k, v):
+            with sdpa_kernel([SDPBackend.MATH]):
+                return F.scaled_dot_product_attention(q, k, v)
+        return math_sdpa, "math"
+    return F.scaled_dot_product_attention, "default"
+
+
+def crossover_from_timings(timings: list) -> dict:
+    """Smallest length from which the kernel is faster at every measured length."""
+    seq_len = None
+    for t in sorted(timings, key=lambda t: t["seq_len"], reverse=True):
+        if t["kernel_ms"] < t["sdpa_ms"]:
+            seq_len = t["seq_len"]
+        else:
+            break
+    return {"seq_len": seq_len, "kernel_never_faster": seq_len is None and bool(timings), "timings": timings}
+
+
+def measure_crossover(arch: ArchInfo, device, dtype, sdpa_safe: Optional[bool] = None, head_dim: int = 128,
+                      lengths=CROSSOVER_LENGTHS, heads: int = CROSSOVER_HEADS, on_length=None) -> dict:
+    import torch
+
+    sdpa, sdpa_name = sdpa_fallback(arch, sdpa_safe)
+    sage = _sageattn()
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 8 << 30
+    timings = []
+    for n in lengths:
+        # MATH materialises the (H, L, L) scores in fp32 (plus softmax): skip lengths that would not fit.
+        need = (3 * heads * n * n * 4) if sdpa_name == "math" else (8 * heads * n * head_dim * 2)
+        if need > 0.5 * free:
+            continue
+        try:
+            q, k, v = make_inputs((1, heads, n, n, head_dim), device, dtype, seed=n)
+            iters = 10 if n <= 4096 else 5
+            t_sage = time_call(lambda q=q, k=k, v=v: sage(q, k, v), device, iters)
+            t_sdpa = time_call(lambda q=q, k=k, v=v: sdpa(q, k, v), device, iters)
+        except Exception as e:  # noqa: BLE001 - e.g. out of memory at the longest length: stop there
+            timings.append({"seq_len": n, "error": _short_error(e)})
+            break
+        finally:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        flops = 4 * heads * n * n * head_dim
+        timings.append({"seq_len": n, "kernel_ms": round(t_sage, 4), "sdpa_ms": round(t_sdpa, 4),
+                        "kernel_tops": round(flops / t_sage / 1e9, 1), "sdpa_tops": round(flops / t_sdpa / 1e9, 1)})
+        if on_length:
+            on_length(timings[-1])
+    result = crossover_from_timings([t for t in timings if "kernel_ms" in t])
+    result.update({"sdpa": sdpa_name, "heads": heads, "head_dim": head_dim, "dtype": str(dtype).replace("torch.", "")})
+    return result
+
+
+def format_variant_table(variants: dict) -> str:
+    lines = [f"{'variant':<28} {'build':<6} {'cosine':>8} {'rel L1':>8}  note"]
+    for name, r in variants.items():
+        b, acc = r.get("build", {}), r.get("selftest", {})
+        note = b.get("error") or acc.get("error") or ""
+        cos = f"{acc['cosine']:.5f}" if "cosine" in acc else "-"
+        rl1 = f"{acc['rel_l1']:.4f}" if "rel_l1" in acc else "-"
+        lines.append(f"{name:<28} {'ok' if b.get('ok') else 'FAIL':<6} {cos:>8} {rl1:>8}  {note[:80]}")
+    return "\n".join(lines)
+
+
+def format_crossover(cross: Optional[dict]) -> str:
+    if not cross:
+        return "crossover: not measured"
+    lines = [f"{'tokens':>7} {'kernel ms':>10} {'SDPA ms':>10} {'kernel TOPS':>12} {'SDPA TOPS':>10}"]
+    for t in cross.get("timings", []):
+        lines.append(f"{t['seq_len']:>7} {t['kernel_ms']:>10.3f} {t['sdpa_ms']:>10.3f} {t['kernel_tops']:>12.1f} "
+                     f"{t['sdpa_tops']:>10.1f}")
+    if cross.get("seq_len"):
+        lines.append(f"crossover: the kernel beats SDPA ({cross.get('sdpa')}) from {cross['seq_len']} tokens")
+    elif cross.get("kernel_never_faster"):
+        lines.append(f"crossover: the kernel did not beat SDPA ({cross.get('sdpa')}) at any measured length")
+    return "\n".join(lines)

@@ -1,0 +1,57 @@
+"""Attach the override and the run-summary wrapper to a clone of a ComfyUI MODEL.
+
+Never touches ComfyUI globals: the patch lives in the clone's ``model_options``, so bypassing or
+removing the node gives back the unpatched model, and other MODELs in the graph are untouched.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from ..kernels.arch import ArchInfo
+from .dispatch import PatchState, make_attention_override
+from .install_report import InstallReport
+from .run_summary import WRAPPER_KEY, make_outer_sample_wrapper
+from .settings import DEFAULT_SETTINGS, SageSettings
+
+OVERRIDE_KEY = "optimized_attention_override"
+MIN_COMFYUI = "0.3.60"
+
+
+def require_attention_override_support() -> None:
+    """ComfyUI >= 0.3.60 routes every attention call through ``wrap_attn``; older versions cannot be patched."""
+    import comfy.ldm.modules.attention as attention
+
+    if not hasattr(attention, "wrap_attn"):
+        raise RuntimeError(f"SageTriton needs ComfyUI {MIN_COMFYUI} or newer (per-model attention override); "
+                           "please update ComfyUI.")
+
+
+def previous_override_of(model) -> Optional[callable]:
+    """The override already on ``model`` (another pack's), unwrapping an earlier SageTriton patch."""
+    existing = model.model_options.get("transformer_options", {}).get(OVERRIDE_KEY)
+    state = getattr(existing, "sagetriton_state", None)
+    if state is not None:  # a second patch node replaces the first instead of stacking on it
+        return state.previous_override
+    return existing
+
+
+def patch_model(model, settings: Optional[SageSettings] = None, node_id: Optional[str] = None,
+                arch: Optional[ArchInfo] = None, **state_options):
+    """A patched clone of ``model`` (a ComfyUI ModelPatcher); ``model`` itself is left as it was."""
+    import comfy.patcher_extension
+
+    require_attention_override_support()
+    state = PatchState(settings or DEFAULT_SETTINGS, previous_override_of(model), arch=arch, node_id=node_id,
+                       **{"report": InstallReport(), **state_options})
+    patched = model.clone()
+    patched.model_options.setdefault("transformer_options", {})[OVERRIDE_KEY] = make_attention_override(state)
+    outer = comfy.patcher_extension.WrappersMP.OUTER_SAMPLE
+    patched.remove_wrappers_with_key(outer, WRAPPER_KEY)  # re-patching: one summary per run, not two
+    patched.add_wrapper_with_key(outer, WRAPPER_KEY, make_outer_sample_wrapper(state))
+    return patched
+
+
+def patch_state_of(model) -> Optional[PatchState]:
+    """The PatchState behind a patched MODEL (for tests and the status route)."""
+    override = model.model_options.get("transformer_options", {}).get(OVERRIDE_KEY)
+    return getattr(override, "sagetriton_state", None)

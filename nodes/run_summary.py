@@ -1,0 +1,94 @@
+"""Per-run summary: reset the tally when sampling starts, report it when sampling ends.
+
+The report is one log line, ``stats.last_run()`` (read by the /sage/status route and the UI) and a
+progress text on the patch node when a ComfyUI server is running.
+"""
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Optional
+
+from ..kernels.arch import ArchInfo, KernelConfig
+from ..kernels.log import logger
+from .dispatch import PatchState
+from .stats import RunTally, set_last_run
+
+WRAPPER_KEY = "sagetriton_run_summary"
+
+
+def describe_config(cfg: Optional[KernelConfig], arch: Optional[ArchInfo], min_seq_len: Optional[int]) -> str:
+    if cfg is None:
+        return "kernel config not resolved (no call reached the kernel checks)"
+    pv = f"{cfg.pv_precision}" + (f"({cfg.fp8_format})" if cfg.pv_precision == "fp8" else "")
+    where = f" on {arch.arch}" if arch is not None else ""
+    return f"{cfg.qk_quant_gran} QK, {pv} PV, {cfg.pv_accum_dtype} accum, min_seq_len {min_seq_len}{where}"
+
+
+def build_summary(state: PatchState, run: RunTally) -> dict:
+    cfg, arch = state.last_config, state.last_arch
+    return {
+        "kernel": run.kernel,
+        "fallback": dict(run.fallback.most_common()),
+        "fallback_total": run.fallback_total,
+        "arch": arch.arch if arch is not None else None,
+        "config": cfg.as_dict() if cfg is not None else None,
+        "config_text": describe_config(cfg, arch, state.last_min_seq_len),
+        "settings": state.settings.as_dict(),
+        "notes": list(state.notes),
+        "node_id": state.node_id,
+    }
+
+
+def format_summary(summary: dict) -> str:
+    """One human line: kernel vs fallback calls, reasons by count, the resolved configuration."""
+    total = summary["kernel"] + summary["fallback_total"]
+    reasons = ", ".join(f"{r}: {n}" for r, n in summary["fallback"].items())
+    text = (f"attention: {summary['kernel']}/{total} calls on the SageTriton kernel, "
+            f"{summary['fallback_total']} fallback")
+    if reasons:
+        text += f" ({reasons})"
+    text += f"; {summary['config_text']}"
+    if summary["notes"]:
+        text += "; " + "; ".join(summary["notes"])
+    return text
+
+
+def send_progress_text(text: str, node_id: Optional[str]) -> bool:
+    """Show ``text`` on node ``node_id`` in the browser, if a ComfyUI server runs in this process."""
+    server = sys.modules.get("server")  # never import it ourselves: no server means nothing to tell
+    instance = getattr(getattr(server, "PromptServer", None), "instance", None)
+    if instance is None or node_id is None or not hasattr(instance, "send_progress_text"):
+        return False
+    try:
+        instance.send_progress_text(text, node_id)
+    except Exception as e:  # a UI message must never fail a run
+        logger.debug("[SageTriton] progress text not sent: %s", e)
+        return False
+    return True
+
+
+def finish_run(state: PatchState) -> Optional[dict]:
+    run = state.end_run()
+    if run is None:
+        return None
+    summary = build_summary(state, run)
+    text = format_summary(summary)
+    summary["text"] = text
+    set_last_run(summary)
+    logger.info("[SageTriton] %s", text)
+    send_progress_text(text, state.node_id)
+    return summary
+
+
+def make_outer_sample_wrapper(state: PatchState) -> Callable:
+    """A WrappersMP.OUTER_SAMPLE wrapper: one sampling run between its start and its end."""
+
+    def sagetriton_outer_sample(executor, *args, **kwargs):
+        state.begin_run()
+        try:
+            return executor(*args, **kwargs)
+        finally:
+            finish_run(state)
+
+    return sagetriton_outer_sample

@@ -1,0 +1,60 @@
+"""What the user picked on the Sage Settings node, as plain data (no ComfyUI import).
+
+"auto" means: let the architecture table decide. The resolved kernel configuration for one GPU
+comes from ``kernels.arch.resolve_config``; this module only translates the node's choices.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+from ..kernels.arch import PV_ACCUM_DTYPES, PV_PRECISIONS, QK_QUANT_GRANS
+
+AUTO = "auto"
+QK_QUANT_GRAN_CHOICES = (AUTO, *QK_QUANT_GRANS)
+PV_PRECISION_CHOICES = (AUTO, *PV_PRECISIONS)
+PV_ACCUM_DTYPE_CHOICES = (AUTO, *PV_ACCUM_DTYPES)
+# auto: math-only SDPA on RDNA4, ComfyUI's own attention (or an earlier override) elsewhere.
+FALLBACK_CHOICES = (AUTO, "sdpa", "math")
+
+MIN_SEQ_LEN_MEASURED = -1  # use the per-arch crossover (measured by install.py, else the table)
+
+
+@dataclass(frozen=True)
+class SageSettings:
+    qk_quant_gran: str = AUTO
+    pv_precision: str = AUTO
+    pv_accum_dtype: str = AUTO
+    smooth_k: bool = True
+    smooth_v: bool = False
+    min_seq_len: int = MIN_SEQ_LEN_MEASURED
+    fallback: str = AUTO
+    full_precision_first_steps: int = 0
+    full_precision_last_steps: int = 0
+
+    def __post_init__(self):
+        for name, allowed in (("qk_quant_gran", QK_QUANT_GRAN_CHOICES), ("pv_precision", PV_PRECISION_CHOICES),
+                              ("pv_accum_dtype", PV_ACCUM_DTYPE_CHOICES), ("fallback", FALLBACK_CHOICES)):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"Sage Settings: {name}={value!r} is not one of {', '.join(allowed)}")
+        if self.min_seq_len < MIN_SEQ_LEN_MEASURED:
+            raise ValueError(f"Sage Settings: min_seq_len must be -1, 0 or a positive length, got {self.min_seq_len}")
+        for name in ("full_precision_first_steps", "full_precision_last_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"Sage Settings: {name} must be >= 0, got {getattr(self, name)}")
+
+    def explicit_kernel_choices(self) -> dict[str, Optional[str]]:
+        """The kernel options for ``resolve_config``: None where the user left "auto"."""
+        return {name: (None if getattr(self, name) == AUTO else getattr(self, name))
+                for name in ("qk_quant_gran", "pv_precision", "pv_accum_dtype")}
+
+    def replace(self, **kw) -> SageSettings:
+        return dataclasses.replace(self, **kw)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+DEFAULT_SETTINGS = SageSettings()

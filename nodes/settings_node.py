@@ -1,0 +1,68 @@
+"""Sage Settings node: the user's kernel choices as a SAGE_SETTINGS value."""
+from __future__ import annotations
+
+from .settings import (
+    FALLBACK_CHOICES,
+    PV_ACCUM_DTYPE_CHOICES,
+    PV_PRECISION_CHOICES,
+    QK_QUANT_GRAN_CHOICES,
+    SageSettings,
+)
+
+SETTINGS_TYPE = "SAGE_SETTINGS"
+
+
+class SageTritonSettings:
+    DESCRIPTION = ("Quantized-attention options for Patch Model Attention. 'auto' uses the defaults for this GPU; "
+                   "choices the GPU cannot run are downgraded to the nearest supported one, with a log line.")
+    CATEGORY = "sampling/attention"
+    FUNCTION = "build"
+    RETURN_TYPES = (SETTINGS_TYPE,)
+    RETURN_NAMES = ("settings",)
+    OUTPUT_TOOLTIPS = ("Settings for the Patch Model Attention node.",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "qk_quant_gran": (list(QK_QUANT_GRAN_CHOICES), {
+                "default": "auto",
+                "tooltip": "How many Q/K tokens share one INT8 scale. per_block is fastest, per_thread most accurate. "
+                           "auto = this GPU's default."}),
+            "pv_precision": (list(PV_PRECISION_CHOICES), {
+                "default": "auto",
+                "tooltip": "Precision of the P·V product. fp8 is faster on GPUs with fp8 matrix units (Ada, Hopper, "
+                           "Blackwell, MI300, RDNA4); elsewhere it falls back to fp16. auto = this GPU's default."}),
+            "pv_accum_dtype": (list(PV_ACCUM_DTYPE_CHOICES), {
+                "default": "auto",
+                "tooltip": "Accumulator of P·V. fp32 is safest; fp16+fp32 accumulates each tile in fp16 and sums "
+                           "in fp32; fp16 is fastest but can overflow on models with large V. "
+                           "auto = this GPU's default."}),
+            "smooth_k": ("BOOLEAN", {
+                "default": True,
+                "tooltip": "Subtract K's per-channel mean before INT8 quantization: exact for softmax and removes "
+                           "the outliers that hurt INT8 accuracy. Keep on."}),
+            "smooth_v": ("BOOLEAN", {
+                "default": False,
+                "tooltip": "Subtract V's mean before P·V and add it back after: keeps fp16 accumulation in range. "
+                           "Try it if outputs go black or noisy with fp16 accumulation."}),
+            "min_seq_len": ("INT", {
+                "default": -1, "min": -1, "max": 1 << 20, "step": 1,
+                "tooltip": "Use the kernel only when the key length is at least this. -1 = the crossover measured "
+                           "for this GPU (below it PyTorch attention is faster), 0 = always use the kernel."}),
+            "fallback": (list(FALLBACK_CHOICES), {
+                "default": "auto",
+                "tooltip": "Attention for calls the kernel does not take. auto = ComfyUI's own attention (math-only "
+                           "SDPA on RDNA4, where SDPA's flash path can crash); sdpa = PyTorch SDPA; math = "
+                           "math-only SDPA in query chunks (slow, safe)."}),
+            "full_precision_first_steps": ("INT", {
+                "default": 0, "min": 0, "max": 10000, "step": 1,
+                "tooltip": "This many first sampling steps use the fallback instead of the quantized kernel "
+                           "(a known fix for INT8 artefacts in composition)."}),
+            "full_precision_last_steps": ("INT", {
+                "default": 0, "min": 0, "max": 10000, "step": 1,
+                "tooltip": "This many last sampling steps use the fallback instead of the quantized kernel "
+                           "(a known fix for INT8 artefacts in fine detail)."}),
+        }}
+
+    def build(self, **choices):
+        return (SageSettings(**choices),)

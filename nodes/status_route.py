@@ -1,0 +1,104 @@
+"""``GET /sage/status`` (ComfyUI mirrors it as ``/api/sage/status``): what SageTriton does on this machine.
+
+``status_payload()`` is a plain function (tested without a server); ``register_routes()`` attaches
+it to ComfyUI's ``PromptServer`` and is a no-op when there is none (tests importing the pack).
+"""
+from __future__ import annotations
+
+from ..kernels.log import logger
+
+
+def comfy_device():
+    """The device ComfyUI computes on (``--cpu`` makes it the CPU even when a GPU exists)."""
+    try:
+        import comfy.model_management as mm
+
+        return mm.get_torch_device()
+    except Exception:  # noqa: BLE001 - outside ComfyUI: let detect_arch pick
+        return None
+
+
+def _versions() -> dict:
+    from ..kernels.report import pack_version
+
+    out = {"pack": pack_version()}
+    try:
+        import torch
+
+        out["torch"] = torch.__version__
+        out["hip"] = getattr(torch.version, "hip", None)
+        out["cuda"] = getattr(torch.version, "cuda", None)
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        import triton
+
+        out["triton"] = triton.__version__
+    except Exception:  # noqa: BLE001
+        out["triton"] = None
+    return out
+
+
+def status_payload(device=None) -> dict:
+    from ..kernels import report as rep
+    from ..kernels.arch import default_config, detect_arch, interpreter_enabled, supported_choices
+    from ..kernels.firststart import setup_status
+    from . import stats
+
+    if device is None:
+        device = comfy_device()
+    arch = detect_arch(device)
+    r = rep.current_report(arch)
+    kernel_active = arch.vendor != "cpu" or interpreter_enabled()
+    last_run = getattr(stats, "last_run", None)
+    return {
+        "device": str(device) if device is not None else ("cuda" if arch.vendor != "cpu" else "cpu"),
+        "gpu": arch.name,
+        "arch": arch.arch,
+        "family": arch.family,
+        "vendor": arch.vendor,
+        "known_arch": arch.known,
+        "kernel_active": kernel_active,
+        "note": "" if kernel_active else "no GPU: SageTriton leaves ComfyUI's attention in place",
+        "defaults": {str(d): default_config(arch, d).as_dict() for d in (64, 128, 256)},
+        "supported_choices": {k: {c: {"ok": ok, "why": why} for c, (ok, why) in v.items()}
+                              for k, v in supported_choices(arch).items()},
+        "variants": (r or {}).get("variants", {}),
+        "disabled_variants": (r or {}).get("disabled_variants", []),
+        "crossover": (r or {}).get("crossover"),
+        "sdpa_default_safe": (r or {}).get("sdpa_default_safe"),
+        "report": {"found": r is not None, "created": (r or {}).get("created"), "path": (r or {}).get("path"),
+                   "mode": (r or {}).get("mode"), "key": rep.report_key(arch)},
+        "setup": setup_status(),
+        "versions": _versions(),
+        "stats": stats.attention_stats(),
+        "last_run": last_run() if callable(last_run) else None,
+    }
+
+
+def register_routes() -> bool:
+    """Attach ``/sage/status`` to ComfyUI's server. Returns False when there is no server to attach to."""
+    try:
+        from server import PromptServer
+    except ImportError:
+        return False
+    instance = getattr(PromptServer, "instance", None)
+    if instance is None:
+        return False
+    from aiohttp import web
+
+    @instance.routes.get("/sage/status")
+    async def sage_status(request):
+        try:
+            return web.json_response(status_payload(), dumps=_dumps)
+        except Exception as e:  # noqa: BLE001 - a status page must answer, even about its own failure
+            logger.warning("[SageTriton] /sage/status failed: %s: %s", type(e).__name__, e)
+            return web.json_response({"error": f"{type(e).__name__}: {e}"}, status=500)
+
+    return True
+
+
+def _dumps(obj) -> str:
+    import json
+
+    return json.dumps(obj, default=str)

@@ -1,0 +1,117 @@
+"""`install.py --check-targets --json` on a CPU-only machine: the real kernels cross-compiled with
+Triton's NVIDIA and AMD back-ends, and the matrix instructions each GPU family must use."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from pack_loader import PACK_DIR
+
+TARGETS = ("sm80", "sm86", "sm89", "sm90", "sm120", "gfx1100", "gfx1201", "gfx942")
+
+# target -> (int8 Q·Kᵀ instruction, P·V instruction) the default config must produce.
+EXPECTED = {
+    "sm80": (r"^mma\.sync.*\.s8\.s8", r"^mma\.sync.*\.(bf16|f16)"),
+    "sm86": (r"^mma\.sync.*\.s8\.s8", r"^mma\.sync.*\.(bf16|f16)"),
+    "sm89": (r"^mma\.sync.*\.s8\.s8", r"^mma\.sync.*\.e4m3\.e4m3"),
+    "sm90": (r"^wgmma\.mma_async.*\.s8\.s8", r"^wgmma\.mma_async.*\.e4m3\.e4m3"),
+    "sm120": (r"^mma\.sync.*\.s8\.s8", r"^mma\.sync.*\.e4m3\.e4m3"),
+    "gfx1100": (r"^v_wmma_i32_16x16x16_iu8$", r"^v_wmma_f32_16x16x16_(bf16|f16)$"),  # RDNA3: no fp8 MMA
+    "gfx1201": (r"^v_wmma_i32_16x16x16_iu8$", r"^v_wmma_f32_16x16x16_fp8_fp8$"),
+    "gfx942": (r"^v_mfma_i32_\d+x\d+x\d+_i8$", r"^v_mfma_f32_\d+x\d+x\d+_fp8_fp8$"),  # e4m3fnuz
+}
+
+
+@pytest.fixture(scope="module")
+def check_targets_json():
+    """One run for the module (cold: about a minute on 2 cores; Triton's cache makes later runs fast)."""
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(PACK_DIR / "install.py"), "--check-targets", ",".join(TARGETS),
+                           "--json"], capture_output=True, text=True, cwd=str(PACK_DIR), timeout=900,
+                          env=dict(os.environ))  # TRITON_INTERPRET=1 here: install.py must step around it
+    print(f"--check-targets took {time.perf_counter() - t0:.1f} s")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)  # stdout is exactly one JSON object (progress goes to stderr)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_target_compiles_with_the_intended_matrix_instructions(check_targets_json, target):
+    import re
+
+    r = check_targets_json[target]
+    assert r["ok"] is True, r.get("error")
+    assert "error" not in r
+    qk, pv = EXPECTED[target]
+    assert any(re.search(qk, i) for i in r["instructions"]), (target, r["instructions"])
+    assert any(re.search(pv, i) for i in r["instructions"]), (target, r["instructions"])
+    # Instructions of the wrong vendor or family never show up.
+    wrong = "v_" if target.startswith("sm") else "mma."
+    assert not any(i.startswith(wrong) for i in r["instructions"])
+
+
+def test_json_is_keyed_by_requested_targets(check_targets_json):
+    assert set(check_targets_json) == set(TARGETS)
+    assert check_targets_json["gfx942"]["config"]["fp8_format"] == "e4m3fnuz"
+    assert check_targets_json["gfx1100"]["config"]["pv_precision"] == "fp16"
+    assert check_targets_json["gfx1201"]["config"]["num_stages"] == 1
+
+
+# ---- the scanning and target parsing, without compiling
+
+
+@pytest.fixture
+def cc(pack):
+    from sagetriton.kernels import crosscompile
+
+    return crosscompile
+
+
+def test_parse_target(cc):
+    assert cc.parse_target("sm90") == cc.Target("sm90", "cuda", 90, 32)
+    assert cc.parse_target("sm_120") == cc.Target("sm120", "cuda", 120, 32)
+    assert cc.parse_target("gfx942").warp_size == 64  # CDNA: wave64
+    assert cc.parse_target("GFX1201") == cc.Target("gfx1201", "hip", "gfx1201", 32)  # RDNA: wave32
+    assert cc.parse_target("gfx90a").warp_size == 64
+    with pytest.raises(ValueError):
+        cc.parse_target("rtx4090")
+    assert cc.parse_target("gfx1201").arch_info().family == "rdna4"
+    assert cc.parse_target("sm89").arch_info().fp8 == "e4m3fn"
+
+
+def test_missing_instruction_fails_the_target(cc):
+    t = cc.parse_target("gfx1201")
+    asm = "v_wmma_i32_16x16x16_iu8 v[0:7], v[8:9], v[10:11], v[0:7]\n v_wmma_f32_16x16x16_f16 v[0:7]"
+
+    def fake_specs(cfg, head_dim):
+        return [{"name": "fake", "fn": None, "signature": {}}]
+
+    cc_compile = cc._compile_one
+    try:
+        cc._compile_one = lambda spec, target: {"asm": asm}  # compiled, but fp16 P·V where fp8 is the default
+        r = cc.compile_target(t, 128, fake_specs)
+    finally:
+        cc._compile_one = cc_compile
+    assert r["ok"] is False and r["missing"] == ["fp8 P·V"] and "no fp8 P·V" in r["error"]
+    assert r["instructions"] == ["v_wmma_f32_16x16x16_f16", "v_wmma_i32_16x16x16_iu8"]
+
+
+def test_compile_error_is_reported_per_target(cc):
+    def broken_specs(cfg, head_dim):
+        raise RuntimeError("PassManager::run failed")
+
+    r = cc.compile_target(cc.parse_target("sm89"), 128, broken_specs)
+    assert r["ok"] is False and "PassManager::run failed" in r["error"]
+
+
+def test_refuses_to_run_under_the_interpreter(cc, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(RuntimeError, match="clean process"):
+        cc.check_targets(["sm90"])
+
+
+def test_bad_target_name_is_a_usage_error():
+    proc = subprocess.run([sys.executable, str(PACK_DIR / "install.py"), "--check-targets", "sm90,rtx4090"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "rtx4090" in proc.stderr

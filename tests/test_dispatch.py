@@ -1,0 +1,352 @@
+"""Dispatcher rules without ComfyUI: argument binding, layouts, kernel vs fallback, fallbacks, RDNA4.
+
+The kernel really runs (Triton interpreter on CPU tensors); ``reference_backend`` plays the part of
+the ComfyUI backend (``func``) the override receives.
+"""
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+from attention_cases import comfy_args, cosine, exact_attention, normalized_mask, random_qkv, reference_backend
+from sagetriton.kernels.arch import arch_from_properties
+from sagetriton.nodes import dispatch, fallback, stats
+from sagetriton.nodes.dispatch import PatchState, bind_call, kernel_inputs
+from sagetriton.nodes.install_report import NoReport
+from sagetriton.nodes.settings import SageSettings
+
+ALWAYS_KERNEL = SageSettings(min_seq_len=0)
+RDNA4 = arch_from_properties(SimpleNamespace(name="AMD Radeon RX 9070 XT", gcnArchName="gfx1201:sramecc-:xnack-"),
+                             is_hip=True)
+AMPERE = arch_from_properties(SimpleNamespace(name="NVIDIA A100", major=8, minor=0), is_hip=False)
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    reference_backend.calls = 0
+    dispatch._disabled_variants.clear()
+    yield
+    dispatch._disabled_variants.clear()
+
+
+def run_state(settings=ALWAYS_KERNEL, **kw) -> PatchState:
+    state = PatchState(settings, **kw)
+    state.begin_run()
+    return state
+
+
+def call_override(state, q, k, v, skip_reshape=True, skip_output_reshape=False, mask=None, heads=None, **extra):
+    heads = heads or q.shape[1]
+    args = comfy_args(q, k, v, skip_reshape)
+    kwargs = dict(skip_reshape=skip_reshape, skip_output_reshape=skip_output_reshape, transformer_options={},
+                  _inside_attn_wrapper=True, **extra)
+    if mask is not None:
+        kwargs["mask"] = mask
+    return state.dispatch(reference_backend, (*args, heads), kwargs)
+
+
+def as_bhld(out, skip_output_reshape, heads):
+    if skip_output_reshape:
+        return out
+    b, lq, width = out.shape
+    return out.view(b, lq, heads, width // heads).transpose(1, 2)
+
+
+# --- binding -----------------------------------------------------------------------------------------
+def test_binding_accepts_heads_and_mask_positionally_or_by_keyword():
+    q, k, v = random_qkv(lq=8, lk=8, d=16)
+    mask = torch.zeros(8, 8)
+    positional = bind_call((q, k, v, 2, mask), {"skip_reshape": True})
+    keywords = bind_call((q, k, v), {"heads": 2, "mask": mask, "skip_reshape": True, "attn_precision": None})
+    for call in (positional, keywords):
+        assert (call.heads, call.batch, call.q_len, call.k_len, call.head_dim, call.kv_heads) == (2, 2, 8, 8, 16, 2)
+        assert call.mask is mask and call.skip_reshape and not call.skip_output_reshape
+    with pytest.raises(TypeError):
+        bind_call((q, k), {})
+
+
+def test_kernel_gets_strided_views_not_copies():
+    q, k, v = random_qkv(lq=8, lk=8, d=16)
+    qf, kf, vf = comfy_args(q, k, v, skip_reshape=False)
+    call = bind_call((qf, kf, vf, 2), {})
+    kq, kk, kv, layout = kernel_inputs(call)
+    assert layout == "NHD" and kq.shape == (2, 8, 2, 16)
+    for view, source in ((kq, qf), (kk, kf), (kv, vf)):
+        assert view.untyped_storage().data_ptr() == source.untyped_storage().data_ptr()
+        assert not view.is_contiguous()  # really a view into the fused buffer
+
+
+# --- kernel path -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("skip_reshape,skip_output_reshape", [(True, False), (True, True), (False, False),
+                                                               (False, True)])
+def test_kernel_output_matches_exact_attention_in_every_layout(seed, skip_reshape, skip_output_reshape):
+    q, k, v = random_qkv(lq=24, lk=20, d=64)
+    state = run_state()
+    out = call_override(state, q, k, v, skip_reshape, skip_output_reshape)
+    assert reference_backend.calls == 0 and state.run.kernel == 1
+    expected_shape = (2, 2, 24, 64) if skip_output_reshape else (2, 24, 128)
+    assert out.shape == expected_shape and out.dtype == q.dtype
+    assert cosine(as_bhld(out, skip_output_reshape, 2), exact_attention(q, k, v)) >= 0.999
+
+
+@pytest.mark.parametrize("kind", ["2d_float", "3d_float", "4d_float", "4d_bool", "key_padding"])
+def test_masks_run_in_the_kernel_with_sdpa_semantics(seed, kind):
+    q, k, v = random_qkv(b=2, lq=16, lk=16, d=32, dtype=torch.bfloat16)
+    masks = {
+        "2d_float": torch.randn(16, 16),
+        "3d_float": torch.randn(2, 16, 16),
+        "4d_float": torch.randn(2, 2, 16, 16),
+        "4d_bool": torch.rand(2, 1, 16, 16) > 0.3,
+        "key_padding": torch.cat([torch.zeros(2, 1, 1, 11), torch.full((2, 1, 1, 5), -torch.inf)], -1),
+    }
+    mask = masks[kind]
+    if mask.dtype != torch.bool:
+        mask = mask.to(torch.bfloat16)
+    else:
+        mask[..., 0] = True  # no fully masked rows in this test
+    state = run_state()
+    out = call_override(state, q, k, v, mask=mask)
+    assert state.run.kernel == 1 and reference_backend.calls == 0
+    assert cosine(as_bhld(out, False, 2), exact_attention(q, k, v, normalized_mask(mask))) >= 0.999
+
+
+def test_gqa_and_scale_keywords_reach_the_kernel(seed):
+    q, k, v = random_qkv(h=4, kv_heads=2, lq=16, lk=16, d=32)
+    state = run_state()
+    out = call_override(state, q, k, v, skip_output_reshape=True, enable_gqa=True, scale=0.1)
+    assert state.run.kernel == 1
+    assert cosine(out, exact_attention(q, k, v, scale=0.1)) >= 0.999
+
+
+# --- fallbacks ---------------------------------------------------------------------------------------
+FALLBACK_CASES = {
+    "low_precision_attention": (dict(low_precision_attention=False),
+                                "accuracy-critical call (low_precision_attention=False)"),
+    "unknown_kwarg": (dict(window_size=4), "unsupported argument 'window_size'"),
+    "fp32_inputs": (dict(dtype=torch.float32), "dtype float32"),
+    "fp32_attn_precision": (dict(attn_precision=torch.float32), "fp32 attn_precision requested"),
+    "int_mask": (dict(mask=torch.zeros(16, 16, dtype=torch.int32)), "mask dtype int32"),
+    "mask_per_batch_and_head": (dict(mask=torch.zeros(4, 16, 16, dtype=torch.float16)),
+                               "mask shape not broadcastable to (B, H, Lq, Lk)"),
+    "short_keys": (dict(settings=SageSettings(min_seq_len=17)), "key length < 17"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FALLBACK_CASES))
+def test_fallback_reasons_route_to_comfyui_backend(case):
+    extra, reason = FALLBACK_CASES[case]
+    extra = dict(extra)
+    dtype = extra.pop("dtype", torch.float16)
+    state = run_state(extra.pop("settings", ALWAYS_KERNEL))
+    q, k, v = random_qkv(lq=16, lk=16, d=32, dtype=dtype)
+    mask = extra.pop("mask", None)
+    out = call_override(state, q, k, v, mask=mask, **extra)
+    assert reference_backend.calls == 1 and state.run.kernel == 0
+    assert dict(state.run.fallback) == {reason: 1}
+    assert out.shape == (2, 16, 64)
+
+
+def test_non_gpu_device_falls_back_outside_interpreter_mode(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # read at call time: CPU tensors are now "not a GPU"
+    state = run_state()
+    q, k, v = random_qkv(lq=8, lk=8, d=16)
+    call_override(state, q, k, v)
+    assert dict(state.run.fallback) == {"cpu device is not a CUDA/ROCm GPU": 1}
+
+
+def test_one_warning_per_reason_per_run(caplog):
+    state = run_state()
+    q, k, v = random_qkv(lq=8, lk=8, d=16, dtype=torch.float32)
+    with caplog.at_level(logging.INFO, logger="SageTriton"):
+        for _ in range(3):
+            call_override(state, q, k, v)
+        state.begin_run()
+        call_override(state, q, k, v)
+    warnings = [r for r in caplog.records if "falls back (dtype float32)" in r.getMessage()]
+    assert len(warnings) == 2 and all(r.levelno == logging.WARNING for r in warnings)
+
+
+def test_policy_fallbacks_log_at_info(caplog):
+    state = run_state(SageSettings(min_seq_len=1000))
+    q, k, v = random_qkv(lq=8, lk=8, d=16)
+    with caplog.at_level(logging.INFO, logger="SageTriton"):
+        call_override(state, q, k, v)
+    [record] = [r for r in caplog.records if "key length < 1000" in r.getMessage()]
+    assert record.levelno == logging.INFO
+
+
+def test_kernel_failure_falls_back_and_disables_the_variant(monkeypatch, caplog, pack):
+    real = pack.kernels.sageattn
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated compile failure")
+
+    monkeypatch.setattr(pack.kernels, "sageattn", broken)
+    state = run_state()
+    q, k, v = random_qkv(lq=16, lk=16, d=32)
+    with caplog.at_level(logging.WARNING, logger="SageTriton"):
+        out = call_override(state, q, k, v)
+    assert reference_backend.calls == 1 and out.shape == (2, 16, 64)
+    assert any("simulated compile failure" in r.getMessage() and "disabled" in r.getMessage() for r in caplog.records)
+    assert len(dispatch.disabled_variants()) == 1
+
+    monkeypatch.setattr(pack.kernels, "sageattn", real)
+    call_override(state, q, k, v)  # same variant: stays disabled until restart
+    assert state.run.kernel == 0
+    assert dict(state.run.fallback) == {"kernel failed (variant disabled until restart)": 2}
+    call_override(state, *random_qkv(lq=16, lk=16, d=32, dtype=torch.bfloat16))  # another variant still works
+    assert state.run.kernel == 1
+
+
+def test_unsupported_choice_is_downgraded_once_visibly(caplog):
+    state = run_state(SageSettings(min_seq_len=0, pv_precision="fp8"), arch=AMPERE)
+    q, k, v = random_qkv(lq=16, lk=16, d=32)
+    with caplog.at_level(logging.WARNING, logger="SageTriton"):
+        call_override(state, q, k, v)
+        call_override(state, q, k, v)
+    assert state.run.kernel == 2 and state.last_config.pv_precision == "fp16"
+    assert len(state.notes) == 1 and "fp8" in state.notes[0]
+    assert len([r for r in caplog.records if "fp8" in r.getMessage()]) == 1
+
+
+# --- fallback kinds and RDNA4 ----------------------------------------------------------------------
+class SdpaSpy:
+    """Wraps torch SDPA to record which backends were allowed and the query rows of each call."""
+
+    def __init__(self, monkeypatch):
+        self.calls = []
+        self._real = torch.nn.functional.scaled_dot_product_attention
+        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", self)
+
+    def __call__(self, q, *args, **kwargs):
+        b = torch.backends.cuda
+        self.calls.append({"rows": q.shape[-2], "math": b.math_sdp_enabled(), "flash": b.flash_sdp_enabled(),
+                           "efficient": b.mem_efficient_sdp_enabled(), "cudnn": b.cudnn_sdp_enabled()})
+        return self._real(q, *args, **kwargs)
+
+    @property
+    def math_only(self) -> bool:
+        return all(c["math"] and not (c["flash"] or c["efficient"] or c["cudnn"]) for c in self.calls)
+
+
+def test_rdna4_fallback_is_math_only_sdpa_in_query_chunks(monkeypatch, seed):
+    assert RDNA4.family == "rdna4" and RDNA4.arch == "gfx1201"
+    q, k, v = random_qkv(lq=40, lk=24, d=32)
+    rows = 8
+    budget = 2 * 2 * 24 * 4 * 2 * rows  # exactly `rows` query rows of fp32 scores + probabilities per chunk
+    state = run_state(SageSettings(), arch=RDNA4, score_budget_bytes=budget)  # table crossover (1024) > 24 keys
+    spy = SdpaSpy(monkeypatch)
+    mask = torch.randn(40, 24).to(torch.float16)
+    flash_before = torch.backends.cuda.flash_sdp_enabled()
+    out = call_override(state, q, k, v, mask=mask)
+    assert reference_backend.calls == 0  # ComfyUI's own backend (possibly SDPA flash) is never used on RDNA4
+    assert [c["rows"] for c in spy.calls] == [8] * 5 and spy.math_only
+    assert torch.backends.cuda.flash_sdp_enabled() == flash_before  # the math-only context ended with the call
+    assert dict(state.run.fallback) == {"key length < 1024": 1}
+    assert cosine(as_bhld(out, False, 2), exact_attention(q, k, v, normalized_mask(mask))) >= 0.9999
+
+
+def test_rdna4_keeps_an_earlier_override_but_only_with_math_sdpa(monkeypatch):
+    seen = []
+
+    def other_pack_override(func, *args, **kwargs):
+        seen.append(torch.backends.cuda.flash_sdp_enabled())
+        return func(*args, **kwargs)
+
+    state = run_state(SageSettings(), arch=RDNA4, previous_override=other_pack_override)
+    call_override(state, *random_qkv(lq=8, lk=8, d=16))
+    assert seen == [False] and reference_backend.calls == 1
+
+
+@pytest.mark.parametrize("choice", ["sdpa", "math"])
+def test_fallback_choice_replaces_comfyui_backend(monkeypatch, choice, seed):
+    spy = SdpaSpy(monkeypatch)
+    state = run_state(SageSettings(min_seq_len=100, fallback=choice))
+    q, k, v = random_qkv(lq=16, lk=16, d=32)
+    out = call_override(state, q, k, v, skip_output_reshape=True)
+    assert reference_backend.calls == 0 and len(spy.calls) == 1
+    assert spy.math_only == (choice == "math")
+    assert cosine(out, exact_attention(q, k, v)) >= 0.9999
+
+
+def test_fp32_attn_precision_is_honoured_by_our_fallbacks():
+    q, k, v = random_qkv(lq=16, lk=16, d=32)
+    q = q * 30  # large logits: fp16 scores would lose precision
+    out = fallback.math_sdpa_chunked(q, k, v, upcast=True)
+    assert out.dtype == torch.float16
+    assert cosine(out, exact_attention(q, k, v)) >= 0.99999
+
+
+def test_query_chunk_rows_respects_budget():
+    assert fallback.query_chunk_rows(1, 24, 100_000, 100_000, 512 * 2**20) == 27
+    assert fallback.query_chunk_rows(1, 1, 10, 10, 1 << 40) == 10
+    assert fallback.query_chunk_rows(8, 64, 10, 10**7, 1) == 1
+
+
+def test_resolve_fallback_kind():
+    assert fallback.resolve_fallback_kind("auto", AMPERE) == "comfy"
+    assert fallback.resolve_fallback_kind("sdpa", AMPERE) == "sdpa"
+    assert {fallback.resolve_fallback_kind(c, RDNA4) for c in ("auto", "sdpa", "math")} == {"math"}
+
+
+# --- stats -------------------------------------------------------------------------------------------
+def test_process_totals_count_every_call():
+    before = stats.attention_stats()
+    state = run_state(SageSettings(min_seq_len=100))
+    call_override(state, *random_qkv(lq=8, lk=8, d=16))
+    after = stats.attention_stats()
+    assert after["fallback"]["key length < 100"] == before["fallback"].get("key length < 100", 0) + 1
+    assert after["kernel"] == before["kernel"]
+
+
+# --- install.py's self-test report -----------------------------------------------------------------
+class MeasuredReport(NoReport):
+    """Answers shaped like kernels.report's for a GPU where install.py measured things."""
+
+    def __init__(self, crossover=None, failed=(), sdpa_safe=None):
+        self._crossover, self._failed, self._sdpa_safe = crossover, set(failed), sdpa_safe
+
+    def crossover(self, arch, cfg):
+        return self._crossover
+
+    def variant_failed(self, arch, cfg):
+        return f"{cfg.qk_quant_gran}/{cfg.pv_precision}/{cfg.pv_accum_dtype}" in self._failed
+
+    def sdpa_default_safe(self, arch):
+        return self._sdpa_safe
+
+
+def test_measured_crossover_replaces_the_table_value():
+    state = run_state(SageSettings(), report=MeasuredReport(crossover=20))
+    q, k, v = random_qkv(lq=8, lk=16, d=16)
+    call_override(state, q, k, v)
+    call_override(state, *random_qkv(lq=8, lk=24, d=16))
+    assert state.run.kernel == 1 and dict(state.run.fallback) == {"key length < 20": 1}
+    assert state.last_min_seq_len == 20
+
+
+def test_variant_that_failed_the_self_test_is_replaced_by_a_working_one(caplog):
+    report = MeasuredReport(failed={"per_thread/fp16/fp32", "per_warp/fp16/fp32"})
+    state = run_state(SageSettings(min_seq_len=0, qk_quant_gran="per_thread"), report=report)
+    with caplog.at_level(logging.WARNING, logger="SageTriton"):
+        call_override(state, *random_qkv(lq=16, lk=16, d=32))
+    assert state.run.kernel == 1
+    assert (state.last_config.qk_quant_gran, state.last_config.pv_precision) == ("per_block", "fp16")
+    assert any("per_thread/fp16/fp32 failed the install self-test" in r.getMessage() for r in caplog.records)
+
+
+def test_no_working_variant_means_fallback():
+    grans, accs = ("per_block", "per_warp", "per_thread"), ("fp32", "fp16+fp32", "fp16")
+    report = MeasuredReport(failed={f"{g}/{p}/{a}" for g in grans for p in ("fp16", "fp8") for a in accs})
+    state = run_state(SageSettings(min_seq_len=0), report=report)
+    call_override(state, *random_qkv(lq=8, lk=8, d=16))
+    assert reference_backend.calls == 1
+    assert dict(state.run.fallback) == {"no kernel variant passed the install self-test": 1}
+
+
+def test_rdna4_honours_explicit_sdpa_only_where_the_probe_found_it_safe():
+    assert fallback.resolve_fallback_kind("sdpa", RDNA4, sdpa_default_safe=True) == "sdpa"
+    assert fallback.resolve_fallback_kind("sdpa", RDNA4, sdpa_default_safe=None) == "math"
+    assert fallback.resolve_fallback_kind("auto", RDNA4, sdpa_default_safe=True) == "math"

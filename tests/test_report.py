@@ -1,0 +1,107 @@
+"""The install report: keyed by pack, kernel sources, torch, triton and GPU; cached; invalidated."""
+import json
+
+import pytest
+
+
+@pytest.fixture
+def rep(pack, tmp_path, monkeypatch):
+    monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path))
+    from sagetriton.kernels import report
+
+    report.invalidate_cache()
+    yield report
+    report.invalidate_cache()
+
+
+@pytest.fixture
+def rdna4(pack):
+    from sagetriton.kernels.arch import ArchInfo
+
+    return ArchInfo("amd", "gfx1201", "rdna4", "AMD Radeon RX 9070 XT", 32, "e4m3fn")
+
+
+def _report(rep, arch, **fields):
+    r = rep.new_report(rep.report_key(arch, "2.9.0+rocm6.4", "3.5.0"))
+    r.update(fields)
+    return r
+
+
+def test_roundtrip_and_runtime_api(rep, rdna4, tmp_path, monkeypatch):
+    r = _report(rep, rdna4, crossover={"seq_len": 1024}, sdpa_default_safe=False,
+                disabled_variants=["per_thread/fp8/fp16"])
+    path = rep.save_report(r)
+    assert path.parent == tmp_path and path.name.startswith("report-gfx1201-")
+    assert rep.load_report(r["key"]) == json.loads(path.read_text())
+    # The runtime asks with the versions it runs; make them the ones the report was made with.
+    monkeypatch.setattr(rep, "report_key", lambda arch, *a: r["key"])
+    assert rep.measured_crossover(rdna4) == 1024
+    assert rep.sdpa_default_safe(rdna4) is False
+    assert rep.disabled_variants(rdna4) == frozenset({"per_thread/fp8/fp16"})
+    from sagetriton.kernels.arch import KernelConfig
+
+    assert rep.is_variant_disabled(KernelConfig("per_thread", "fp8", "fp16"), rdna4)
+    assert not rep.is_variant_disabled(KernelConfig("per_warp", "fp8", "fp32"), rdna4)
+    assert rep.crossover_for(rdna4, KernelConfig()) == 1024
+
+
+@pytest.mark.parametrize("change", ["pack", "kernels", "torch", "triton", "arch", "gpu"])
+def test_any_key_change_invalidates(rep, rdna4, change):
+    r = _report(rep, rdna4)
+    rep.save_report(r)
+    assert rep.load_report(r["key"]) is not None
+    other = dict(r["key"], **{change: "something else"})
+    assert rep.load_report(other) is None  # a different pack/kernel/torch/triton/GPU: redo the self-test
+
+
+def test_real_key_tracks_versions_and_sources(rep, rdna4):
+    import torch
+    import triton
+
+    key = rep.report_key(rdna4)
+    assert key["torch"] == torch.__version__ and key["triton"] == triton.__version__
+    assert key["pack"] == rep.pack_version() != "unknown"
+    assert key["arch"] == "gfx1201" and len(key["kernels"]) == 12
+    assert rep.key_id(key) == rep.key_id(dict(key)) != rep.key_id(dict(key, kernels="0" * 12))
+
+
+def test_corrupt_wrong_schema_and_stale_reports(rep, rdna4, tmp_path):
+    r = _report(rep, rdna4)
+    path = rep.save_report(r)
+    path.write_text("{ not json")
+    assert rep.load_report(r["key"]) is None
+    path.write_text(json.dumps(dict(r, schema=rep.SCHEMA + 1)))
+    assert rep.load_report(r["key"]) is None
+    # Saving a report for a new key removes the stale one of the same GPU, not other GPUs' reports.
+    from sagetriton.kernels.arch import ArchInfo
+
+    ada = ArchInfo("nvidia", "sm89", "ada", "RTX 4090", 32, "e4m3fn")
+    rep.save_report(rep.new_report(rep.report_key(ada, "2.9.0", "3.5.0")))
+    new = _report(rep, rdna4)
+    new["key"] = dict(new["key"], torch="2.10.0")
+    new["key_id"] = rep.key_id(new["key"])
+    rep.save_report(new)
+    names = sorted(p.name for p in tmp_path.glob("report-*.json"))
+    assert len(names) == 2 and any(n.startswith("report-sm89-") for n in names)
+    assert rep.load_report(new["key"]) is not None
+
+
+def test_cache_is_refreshed_by_save(rep, rdna4, monkeypatch):
+    key = rep.report_key(rdna4, "2.9.0", "3.5.0")
+    monkeypatch.setattr(rep, "report_key", lambda arch, *a: key)
+    assert rep.current_report(rdna4) is None
+    assert rep.measured_crossover(rdna4) is None and rep.sdpa_default_safe(rdna4) is None
+    r = rep.new_report(key)
+    r["crossover"] = {"seq_len": 4096}
+    rep.save_report(r)  # e.g. the background first-start finishing while ComfyUI runs
+    assert rep.measured_crossover(rdna4) == 4096
+
+
+def test_report_dir_default_is_writable_and_overridable(pack, monkeypatch, tmp_path):
+    from sagetriton.kernels import report
+
+    monkeypatch.delenv("SAGETRITON_REPORT_DIR", raising=False)
+    d = report.report_dir()
+    assert d.name in (".sagetriton", "sagetriton")  # the pack folder, or the user cache when read-only
+    monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path / "x"))
+    assert report.report_dir() == tmp_path / "x"

@@ -1,0 +1,45 @@
+"""GET /sage/status: the payload as a plain function, and the route through a real ComfyUI server."""
+from comfy_server import comfy_server
+
+EXPECTED_KEYS = {"device", "arch", "vendor", "defaults", "variants", "crossover", "sdpa_default_safe", "stats",
+                 "last_run", "setup", "report", "disabled_variants"}
+
+
+def test_payload_without_server(pack, tmp_path, monkeypatch):
+    monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path))
+    from sagetriton.kernels import report as rep
+    from sagetriton.kernels.arch import CPU_ARCH
+    from sagetriton.nodes import stats
+    from sagetriton.nodes.status_route import status_payload
+
+    rep.invalidate_cache()
+    p = status_payload("cpu")
+    assert EXPECTED_KEYS <= set(p)
+    assert p["vendor"] == "cpu" and p["arch"] == "cpu" and p["report"]["found"] is False
+    assert p["defaults"]["128"]["num_stages"] >= 1 and p["stats"] == stats.attention_stats()
+    # A saved report shows up (variants, crossover, sdpa_default_safe) once the cache is refreshed.
+    r = rep.new_report(rep.report_key(CPU_ARCH))
+    r.update(variants={"per_warp/fp16/fp32": {"build": {"ok": True}, "selftest": {"ok": True, "cosine": 0.9999}}},
+             crossover={"seq_len": 2048}, sdpa_default_safe=True, disabled_variants=["per_block/fp8/fp16"])
+    rep.save_report(r)
+    p = status_payload("cpu")
+    assert p["report"]["found"] and p["crossover"]["seq_len"] == 2048 and p["sdpa_default_safe"] is True
+    assert p["disabled_variants"] == ["per_block/fp8/fp16"] and "per_warp/fp16/fp32" in p["variants"]
+    rep.invalidate_cache()
+
+
+def test_status_route_in_real_comfyui(comfyui_path, tmp_path):
+    with comfy_server(comfyui_path, env={"SAGETRITON_REPORT_DIR": str(tmp_path)}) as srv:
+        direct = srv.get_json("/sage/status")
+        mirrored = srv.get_json("/api/sage/status")
+        log = srv.log()
+    for p in (direct, mirrored):
+        assert EXPECTED_KEYS <= set(p), sorted(p)
+        assert p["vendor"] == "cpu" and p["device"] == "cpu"  # ComfyUI runs with --cpu
+        assert p["stats"] == {"kernel": 0, "fallback": {}}
+        assert p["last_run"] is None
+        assert p["setup"]["phase"] in ("waiting", "skipped")  # no GPU: nothing is built in the background
+    ours = [ln for ln in log.splitlines() if "ComfyUI-SageTriton" in ln]
+    assert any("seconds:" in ln for ln in ours), log  # listed among loaded custom nodes ...
+    assert not any("IMPORT FAILED" in ln or "Cannot import" in ln for ln in ours), log  # ... and not as failed
+    assert "[SageTriton] /sage/status or the background self-test unavailable" not in log, log
