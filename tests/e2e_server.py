@@ -1,38 +1,29 @@
-"""One real ComfyUI server per test session, with SageTriton linked into its custom_nodes.
+"""The end-to-end tests' shared ComfyUI server: one per test session, reused by every e2e module.
 
-``comfy_server`` (session-scoped) starts ``main.py --cpu`` from the ComfyUI the conftest found,
-with temporary base/output/user directories, a free port, the pack and the test-only pack
-(``tests/e2e_pack``) symlinked in, and a tiny random-weight Wan 2.1 model saved as safetensors in
-``models/diffusion_models`` for ComfyUI's own UNETLoader. Test modules import the fixture; the
-server itself is a process-wide singleton so several modules share it.
+Built on ``comfy_server.comfy_server`` (the pack linked into a temp ComfyUI base directory, a free
+port, ``main.py --cpu``) plus what the e2e tests need before start-up, passed through an extra
+model-paths config: the test-only node pack ``tests/e2e_pack`` and a tiny random-weight Wan 2.1
+model saved as safetensors in a ``diffusion_models`` folder for ComfyUI's own UNETLoader.
 """
 from __future__ import annotations
 
+import contextlib
 import json
-import os
-import shutil
-import socket
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
+from comfy_server import PACK_FOLDER_NAME, comfy_server
 
-PACK_DIR = Path(__file__).resolve().parent.parent
-PACK_LINK = "sagetriton"  # served as /extensions/sagetriton/
+TESTS_DIR = Path(__file__).resolve().parent
+PACK_LINK = PACK_FOLDER_NAME  # served as /extensions/<PACK_LINK>/, templates under the same name
 TEST_PACK_LINK = "sagetriton_e2e_testpack"
 TINY_MODEL = "sagetriton_tiny_wan21.safetensors"
-START_TIMEOUT_S = 180
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# A first visit opens the template browser over the canvas, loading a workflow warns about missing
+# models: the browser tests want the canvas.
+UI_SETTINGS = {"Comfy.TutorialCompleted": True, "Comfy.Workflow.ShowMissingModelsWarning": False,
+               "Comfy.Workflow.ShowMissingNodesWarning": False}
 
 
 def save_tiny_wan21(path: Path) -> None:
@@ -54,86 +45,35 @@ def save_tiny_wan21(path: Path) -> None:
     comfy.utils.save_torch_file(sd, str(path))
 
 
-class ComfyServer:
-    def __init__(self, comfyui: Path):
-        self.comfyui = comfyui
-        self.base = Path(tempfile.mkdtemp(prefix="sagetriton-e2e-"))
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = self.base / "server.log"
-        self.proc: subprocess.Popen | None = None
+class E2EServer:
+    """``comfy_server.ComfyServer`` with JSON-or-text answers and a prompt runner."""
 
-    def start(self) -> None:
-        for d in ("out", "user/default"):
-            (self.base / d).mkdir(parents=True)
-        # A first visit opens the template browser over the canvas; the tests want the canvas.
-        (self.base / "user/default/comfy.settings.json").write_text(json.dumps({
-            "Comfy.TutorialCompleted": True, "Comfy.Workflow.ShowMissingModelsWarning": False,
-            "Comfy.Workflow.ShowMissingNodesWarning": False}))
-        nodes = self.base / "custom_nodes"
-        nodes.mkdir()
-        (nodes / PACK_LINK).symlink_to(PACK_DIR, target_is_directory=True)
-        (nodes / TEST_PACK_LINK).symlink_to(PACK_DIR / "tests" / "e2e_pack", target_is_directory=True)
-        models = self.base / "models" / "diffusion_models"
-        models.mkdir(parents=True)
-        save_tiny_wan21(models / TINY_MODEL)
-        cmd = [sys.executable, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
-               "--base-directory", str(self.base), "--output-directory", str(self.base / "out"),
-               "--user-directory", str(self.base / "user"), "--disable-auto-launch", "--disable-api-nodes"]
-        # The pack's per-GPU report goes to the temp dir, not the user's cache.
-        env = dict(os.environ, PYTHONUNBUFFERED="1", SAGETRITON_REPORT_DIR=str(self.base / "sagetriton-report"))
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
-        self.proc = subprocess.Popen(cmd, cwd=self.comfyui, env=env, stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"ComfyUI exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                if self.get("/system_stats", timeout=2)[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"ComfyUI did not answer within {START_TIMEOUT_S} s:\n{self.log_tail()}")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if getattr(self, "_log", None):
-            self._log.close()
-        if os.environ.get("SAGE_E2E_KEEP"):
-            print(f"e2e server directory kept: {self.base}")
-        else:
-            shutil.rmtree(self.base, ignore_errors=True)
-
-    def log_tail(self, n: int = 8000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
+    def __init__(self, srv):
+        self.srv = srv
+        self.url = srv.url
 
     def request(self, method: str, path: str, body=None, timeout: float = 30):
-        """(status, body): JSON decoded when it is JSON; HTTP errors are returned, not raised."""
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"} if data else {})
+        """(status, body): JSON decoded when it parses, else text; HTTP errors are returned, not raised."""
+        if method == "POST":
+            code, answer = self.srv.post_json(path, body, timeout)
+            return code, (answer.decode(errors="replace") if isinstance(answer, bytes) else answer)
+        code, raw = self.srv.get(path, timeout)
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                code, raw, ctype = r.status, r.read(), r.headers.get("Content-Type", "")
-        except urllib.error.HTTPError as e:
-            code, raw, ctype = e.code, e.read(), e.headers.get("Content-Type", "")
-        return code, (json.loads(raw) if "json" in ctype else raw.decode(errors="replace"))
+            return code, json.loads(raw)
+        except ValueError:
+            return code, raw.decode(errors="replace")
 
     def get(self, path: str, timeout: float = 30):
         return self.request("GET", path, timeout=timeout)
 
     def post(self, path: str, body, timeout: float = 30):
         return self.request("POST", path, body, timeout=timeout)
+
+    def log_tail(self, n: int = 8000) -> str:
+        return self.srv.log(n)
+
+    def alive(self) -> bool:
+        return self.srv.process.poll() is None
 
     def run_prompt(self, prompt: dict, timeout: float = 120) -> dict:
         """Queue an API-format prompt and wait for its history entry."""
@@ -143,11 +83,28 @@ class ComfyServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             _, hist = self.get(f"/history/{pid}")
-            if isinstance(hist, dict) and pid in hist and hist[pid].get("status", {}).get("completed") is not None:
-                if hist[pid]["status"].get("status_str") in ("success", "error"):
-                    return hist[pid]
+            if isinstance(hist, dict) and pid in hist:
+                return hist[pid]
             time.sleep(0.25)
         raise TimeoutError(f"prompt {pid} did not finish in {timeout} s:\n{self.log_tail()}")
+
+
+@contextlib.contextmanager
+def e2e_server(comfyui_path):
+    with tempfile.TemporaryDirectory(prefix="sagetriton-e2e-") as tmp:
+        extra = Path(tmp)
+        (extra / "custom_nodes").mkdir()
+        (extra / "custom_nodes" / TEST_PACK_LINK).symlink_to(TESTS_DIR / "e2e_pack", target_is_directory=True)
+        (extra / "diffusion_models").mkdir()
+        save_tiny_wan21(extra / "diffusion_models" / TINY_MODEL)
+        paths = extra / "extra_model_paths.yaml"  # JSON is YAML
+        paths.write_text(json.dumps({"sagetriton_e2e": {
+            "base_path": str(extra), "custom_nodes": "custom_nodes", "diffusion_models": "diffusion_models"}}))
+        args = ["--extra-model-paths-config", str(paths), "--disable-api-nodes"]
+        with comfy_server(comfyui_path, extra_args=args) as srv:
+            (srv.user / "default").mkdir(parents=True, exist_ok=True)
+            (srv.user / "default" / "comfy.settings.json").write_text(json.dumps(UI_SETTINGS))
+            yield E2EServer(srv)
 
 
 def flat_defaults(status: dict) -> dict:
@@ -164,21 +121,17 @@ def choices_of(status: dict) -> dict:
     return {opt: {v: norm(e) for v, e in vals.items()} for opt, vals in raw.items()}
 
 
-_SERVER: ComfyServer | None = None
+_SERVER: E2EServer | None = None
 
 
 @pytest.fixture(scope="session")
-def comfy_server(comfyui_path, request):
+def sage_server(comfyui_path, request):
+    """The session's server (started by whichever e2e module asks first, stopped at session end)."""
     global _SERVER
     if _SERVER is None:
-        server = ComfyServer(comfyui_path)
-        try:
-            server.start()
-        except Exception:
-            server.stop()
-            raise
-        _SERVER = server
-        request.addfinalizer(server.stop)
-    if _SERVER.proc.poll() is not None:
+        stack = contextlib.ExitStack()
+        _SERVER = stack.enter_context(e2e_server(comfyui_path))
+        request.addfinalizer(stack.close)
+    if not _SERVER.alive():
         pytest.fail(f"the e2e ComfyUI server died:\n{_SERVER.log_tail()}")
     return _SERVER

@@ -14,18 +14,20 @@ import time
 from pathlib import Path
 
 import pytest
+from e2e_server import PACK_LINK, TINY_MODEL, flat_defaults, sage_server  # noqa: F401 (fixture)
+
 from conftest import needs_comfyui
-from e2e_server import TINY_MODEL, comfy_server, flat_defaults  # noqa: F401 (fixture)
 
 pytestmark = needs_comfyui
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 EXT_NAME = "SageTriton.NodeInfo"
+FORMAT_URL = f"/extensions/{PACK_LINK}/sage_format.mjs"
 
 
 @pytest.fixture(scope="module")
-def driver(comfy_server):  # noqa: F811
+def driver(sage_server):  # noqa: F811
     webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.chrome.service import Service
 
@@ -40,7 +42,7 @@ def driver(comfy_server):  # noqa: F811
     drv = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
     drv.set_script_timeout(120)
     try:
-        drv.get(comfy_server.url)
+        drv.get(sage_server.url)
         _wait(drv, "return !!(window.app && app.graph && app.canvas && app.extensions && "
                    f"app.extensions.some(e => e.name === '{EXT_NAME}'))", 90, "frontend with the extension")
         yield drv
@@ -112,7 +114,7 @@ def _format(driver, status: dict) -> dict:
     """The panel lines sage_format.mjs computes for ``status`` (the page's own module)."""
     fmt = driver.execute_async_script(
         "const done = arguments[arguments.length - 1];"
-        "import('/extensions/sagetriton/sage_format.mjs').then(m => done({"
+        f"import({json.dumps(FORMAT_URL)})" ".then(m => done({"
         " defaults: m.defaultsLine(arguments[0]), seq: m.seqLine(arguments[0]),"
         " run: m.runLines(arguments[0].last_run),"
         " bad: m.unsupportedChoices(arguments[0])}), e => done({error: String(e)}));", status)
@@ -161,8 +163,8 @@ def _pick(driver, node_id, option: str, value: str):
         " w.value = arguments[1]; w.callback?.(w.value, app.canvas, n); return w.label ?? null;", option, value)
 
 
-def test_nodes_show_gpu_and_defaults_from_the_server(driver, comfy_server):  # noqa: F811
-    _, status = comfy_server.get("/sage/status")
+def test_nodes_show_gpu_and_defaults_from_the_server(driver, sage_server):  # noqa: F811
+    _, status = sage_server.get("/sage/status")
     ids = driver.execute_script(BUILD_GRAPH, TINY_MODEL, random.randrange(2**31))
     _wait_panel(driver, ids["settings"], f"SageTriton · {status['arch']}", "the info panel")
     fmt = _format(driver, status)
@@ -181,9 +183,9 @@ def test_nodes_show_gpu_and_defaults_from_the_server(driver, comfy_server):  # n
     _shot(driver, "sagetriton_nodes.png")
 
 
-def test_unsupported_choices_are_marked(driver, comfy_server):  # noqa: F811
+def test_unsupported_choices_are_marked(driver, sage_server):  # noqa: F811
     ids = driver.execute_script(BUILD_GRAPH, TINY_MODEL, random.randrange(2**31))
-    _, info = comfy_server.get("/object_info/SageTritonSettings")
+    _, info = sage_server.get("/object_info/SageTritonSettings")
     own_tip = info["SageTritonSettings"]["input"]["required"]["pv_precision"][1]["tooltip"]
     with simulated_ampere(driver):
         _wait_panel(driver, ids["settings"], "⚠ fp8 → fp16 on this GPU", "the fp8 mark")
@@ -204,7 +206,7 @@ def test_unsupported_choices_are_marked(driver, comfy_server):  # noqa: F811
         assert "⚠" not in (_pick(driver, ids["settings"], "pv_precision", "auto") or "")
         _pick(driver, ids["settings"], "pv_precision", "fp8")
     # Back to the real server (CPU): fp8 runs there, so the mark goes away.
-    _, status = comfy_server.get("/sage/status")
+    _, status = sage_server.get("/sage/status")
     _wait_panel(driver, ids["settings"], f"SageTriton · {status['arch']}", "the real status again")
     settings = driver.execute_script(READ_NODE, ids["settings"])
     if "fp8" not in _format(driver, status)["bad"].get("pv_precision", {}):
@@ -224,7 +226,7 @@ def _set_setting(driver, setting: str, value) -> None:
         "app.extensionManager.setting.set(arguments[0], arguments[1]).then(() => done(true));", setting, value)
 
 
-def test_setting_hides_the_panels(driver, comfy_server):  # noqa: F811
+def test_setting_hides_the_panels(driver, sage_server):  # noqa: F811
     setting = "SageTriton.NodeInfo.Show"
     listed = driver.execute_script(
         "return app.extensions.find(e => e.name === arguments[0]).settings.map(s => s.id)", EXT_NAME)
@@ -265,7 +267,7 @@ def test_about_page_badge(driver):
     driver.find_element("tag name", "body").send_keys("\ue00c")  # Escape closes the dialog
 
 
-def test_run_from_the_canvas_updates_the_patch_node(driver, comfy_server):  # noqa: F811
+def test_run_from_the_canvas_updates_the_patch_node(driver, sage_server):  # noqa: F811
     ids = driver.execute_script(BUILD_GRAPH, TINY_MODEL, random.randrange(2**31))
     driver.execute_async_script(
         "const done = arguments[arguments.length - 1]; window.__sageRun = null;"
@@ -276,8 +278,8 @@ def test_run_from_the_canvas_updates_the_patch_node(driver, comfy_server):  # no
     driver.execute_async_script(
         "const done = arguments[arguments.length - 1]; app.queuePrompt(0, 1).then(() => done(true));")
     outcome = _wait(driver, "return window.__sageRun", 120, "the prompt to finish")
-    assert outcome == "success", (outcome, comfy_server.log_tail())
-    _, status = comfy_server.get("/sage/status")
+    assert outcome == "success", (outcome, sage_server.log_tail())
+    _, status = sage_server.get("/sage/status")
     run = status["last_run"]
     assert run and run["kernel"] + sum(run["fallback"].values()) > 0, run
     expected = f"last run: {run['kernel']} kernel · {sum(run['fallback'].values())} fallback"
@@ -293,7 +295,7 @@ def test_run_from_the_canvas_updates_the_patch_node(driver, comfy_server):  # no
 
 
 @pytest.mark.parametrize("name", ["flux_txt2img_sagetriton", "wan21_t2v_sagetriton", "sdxl_txt2img_sagetriton"])
-def test_example_workflow_opens_with_every_node_known(driver, comfy_server, name):  # noqa: F811
+def test_example_workflow_opens_with_every_node_known(driver, sage_server, name):  # noqa: F811
     # Loaded the way the template browser does: fetched from the server, then app.loadGraphData.
     result = driver.execute_async_script(
         "const [url, done] = [arguments[0], arguments[arguments.length - 1]];"
@@ -304,7 +306,7 @@ def test_example_workflow_opens_with_every_node_known(driver, comfy_server, name
         "  unknown: nodes.filter(n => !LiteGraph.registered_node_types[n.type]).map(n => n.type),"
         "  panels: nodes.filter(n => n.widgets?.some(w => w.name === 'sagetriton_info')).map(n => n.type)});"
         "}).catch(e => done({error: String(e)}));",
-        f"/api/workflow_templates/sagetriton/{name}.json")
+        f"/api/workflow_templates/{PACK_LINK}/{name}.json")
     assert "error" not in result, result
     assert result["loaded"] == result["expected"] and not result["unknown"], result
     assert "SageTritonPatchModelAttention" in result["panels"], result
@@ -317,7 +319,7 @@ def test_panel_text_for_each_route_shape(driver):
     choices as [ok, why] lists or {ok, why} objects, a measured crossover, many fallback reasons."""
     out = driver.execute_async_script(
         "const done = arguments[arguments.length - 1];"
-        "import('/extensions/sagetriton/sage_format.mjs').then(m => {"
+        f"import({json.dumps(FORMAT_URL)})" ".then(m => {"
         " const why = 'sm86 has no fp8 matrix instructions; fp8 → fp16 on this GPU';"
         " const keyed = {arch: 'sm86', family: 'ampere_consumer', vendor: 'nvidia', crossover: {seq_len: 1536},"
         "  defaults: {'64': {qk_quant_gran: 'per_block'}, '128': {qk_quant_gran: 'per_warp', pv_precision: 'fp16',"

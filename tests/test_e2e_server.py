@@ -6,8 +6,9 @@ import random
 from pathlib import Path
 
 import pytest
+from e2e_server import PACK_LINK, TINY_MODEL, choices_of, flat_defaults, sage_server  # noqa: F401
+
 from conftest import needs_comfyui
-from e2e_server import PACK_LINK, TINY_MODEL, choices_of, comfy_server, flat_defaults  # noqa: F401
 
 pytestmark = needs_comfyui
 
@@ -16,8 +17,8 @@ PATCH = "SageTritonPatchModelAttention"
 
 
 @pytest.fixture(scope="module")
-def object_info(comfy_server):  # noqa: F811
-    code, info = comfy_server.get("/object_info")
+def object_info(sage_server):  # noqa: F811
+    code, info = sage_server.get("/object_info")
     assert code == 200
     return info
 
@@ -58,9 +59,9 @@ def test_object_info_lists_both_nodes_with_tooltips(object_info):
             assert opts.get("tooltip"), f"{node}.{name} has no tooltip"
 
 
-def test_status_route_answers(comfy_server):  # noqa: F811
+def test_status_route_answers(sage_server):  # noqa: F811
     for path in ("/sage/status", "/api/sage/status"):
-        code, status = comfy_server.get(path)
+        code, status = sage_server.get(path)
         assert code == 200, (path, status)
         assert isinstance(status, dict)
         for key in ("device", "arch", "vendor", "defaults", "stats"):
@@ -69,9 +70,9 @@ def test_status_route_answers(comfy_server):  # noqa: F811
         assert {"kernel", "fallback"} <= set(status["stats"])
 
 
-def test_status_reports_choices_for_every_settings_option(comfy_server, object_info):  # noqa: F811
+def test_status_reports_choices_for_every_settings_option(sage_server, object_info):  # noqa: F811
     # The web extension marks unsupported choices from this; fp8 P·V never runs on the CPU "arch".
-    _, status = comfy_server.get("/sage/status")
+    _, status = sage_server.get("/sage/status")
     choices = choices_of(status)
     settings_in = _inputs(object_info[SETTINGS])
     for option in ("qk_quant_gran", "pv_precision", "pv_accum_dtype"):
@@ -85,14 +86,14 @@ def test_status_reports_choices_for_every_settings_option(comfy_server, object_i
                 assert "→" in why, (option, value, why)
 
 
-def test_extension_script_is_served(comfy_server):  # noqa: F811
-    code, listing = comfy_server.get("/extensions")
+def test_extension_script_is_served(sage_server):  # noqa: F811
+    code, listing = sage_server.get("/extensions")
     assert code == 200
     ours = [p for p in listing if p.startswith(f"/extensions/{PACK_LINK}/")]
     assert f"/extensions/{PACK_LINK}/sagetriton.js" in ours
     assert not [p for p in ours if p.endswith(".mjs")], "helpers must not be auto-loaded"
     for path in ours + [f"/extensions/{PACK_LINK}/sage_format.mjs"]:
-        code, body = comfy_server.get(path)
+        code, body = sage_server.get(path)
         assert code == 200 and ("registerExtension" in body or "export function" in body), path
 
 
@@ -112,27 +113,27 @@ def _prompt(settings: dict, steps: int = 1, seed: int = 0) -> dict:
     }
 
 
-def test_invalid_settings_value_is_rejected_and_server_keeps_serving(comfy_server, object_info):  # noqa: F811
+def test_invalid_settings_value_is_rejected_and_server_keeps_serving(sage_server, object_info):  # noqa: F811
     settings = {**_settings_defaults(object_info), "pv_precision": "fp9"}
-    code, answer = comfy_server.post("/prompt", {"prompt": _prompt(settings)})
+    code, answer = sage_server.post("/prompt", {"prompt": _prompt(settings)})
     assert code == 400, answer
     errors = answer["node_errors"]["2"]["errors"]
     assert any("pv_precision" in (e.get("details", "") + e.get("message", "") + str(e.get("extra_info", "")))
                for e in errors), errors
-    assert comfy_server.get("/sage/status")[0] == 200
-    assert comfy_server.get("/object_info/" + SETTINGS)[0] == 200
+    assert sage_server.get("/sage/status")[0] == 200
+    assert sage_server.get("/object_info/" + SETTINGS)[0] == 200
 
 
-def test_full_prompt_patches_samples_and_reports(comfy_server, object_info):  # noqa: F811
+def test_full_prompt_patches_samples_and_reports(sage_server, object_info):  # noqa: F811
     # min_seq_len=0: the kernel may run even at this toy sequence length.
     settings = {**_settings_defaults(object_info), "min_seq_len": 0}
-    _, before = comfy_server.get("/sage/status")
+    _, before = sage_server.get("/sage/status")
     # A fresh seed: ComfyUI would answer an identical earlier prompt from its cache, without sampling.
-    entry = comfy_server.run_prompt(_prompt(settings, seed=random.randrange(2**31)))
-    assert entry["status"]["status_str"] == "success", (entry["status"], comfy_server.log_tail())
+    entry = sage_server.run_prompt(_prompt(settings, seed=random.randrange(2**31)))
+    assert entry["status"]["status_str"] == "success", (entry["status"], sage_server.log_tail())
     assert entry["outputs"]["7"]["latents"], entry["outputs"]
 
-    _, status = comfy_server.get("/sage/status")
+    _, status = sage_server.get("/sage/status")
     run = status.get("last_run")
     assert run, f"/sage/status has no last_run after a sampled prompt: {sorted(status)}"
     calls = run["kernel"] + sum(run["fallback"].values())
@@ -146,13 +147,13 @@ WORKFLOWS = sorted((Path(__file__).resolve().parent.parent / "workflows").glob("
 MODEL_FILE = (".safetensors", ".sft", ".ckpt", ".pt", ".pth", ".gguf")
 
 
-def test_example_workflows_are_served_as_templates(comfy_server):  # noqa: F811
+def test_example_workflows_are_served_as_templates(sage_server):  # noqa: F811
     names = {p.stem for p in WORKFLOWS}
     assert {"flux_txt2img_sagetriton", "wan21_t2v_sagetriton", "sdxl_txt2img_sagetriton"} <= names
-    code, templates = comfy_server.get("/workflow_templates")
+    code, templates = sage_server.get("/workflow_templates")
     assert code == 200 and set(templates.get(PACK_LINK, [])) == names, templates
     for name in names:
-        code, body = comfy_server.get(f"/api/workflow_templates/{PACK_LINK}/{name}.json")
+        code, body = sage_server.get(f"/api/workflow_templates/{PACK_LINK}/{name}.json")
         assert code == 200 and body["nodes"], name
 
 
