@@ -30,6 +30,54 @@ def _warn_once(msg: str) -> None:
         logger.warning("[SageTriton] %s", msg)
 
 
+_TRITON_DTYPE = {torch.int8: "i8", torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
+                 torch.bool: "i1", torch.float8_e4m3fn: "fp8e4nv", torch.float8_e4m3fnuz: "fp8e4b8"}
+_recorded: Optional[list] = None
+
+
+def _arg_type(a) -> str:
+    if isinstance(a, torch.Tensor):
+        return "*" + _TRITON_DTYPE[a.dtype]
+    if isinstance(a, bool):
+        return "i1"
+    if isinstance(a, int):
+        return "i32" if -(2**31) <= a < 2**31 else "i64"
+    if isinstance(a, float):
+        return "fp32"
+    if type(a).__name__ == "TensorDescriptor":
+        return f"tensordesc<{_TRITON_DTYPE[a.base.dtype]}[{','.join(map(str, a.block_shape))}]>"
+    raise TypeError(f"no Triton type for {type(a).__name__}")
+
+
+def _launch(kernel, grid, args: tuple, constexprs: dict, num_warps: int, num_stages: int = 1) -> None:
+    """Launch, or under ``record_launches`` describe the launch for ``triton.compile``, so the
+    cross-compile check builds exactly what a real call runs."""
+    if _recorded is None:
+        kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+        return
+    names = [n for n in kernel.arg_names if n not in constexprs]
+    signature = dict(zip(names, map(_arg_type, args), strict=True))
+    signature.update({n: "constexpr" for n in constexprs})
+    _recorded.append({"name": kernel.fn.__name__, "fn": kernel, "signature": signature,
+                      "constexprs": dict(constexprs), "options": {"num_warps": num_warps, "num_stages": num_stages}})
+
+
+def compile_specs(cfg: KernelConfig, head_dim: int = 128, dtype=torch.bfloat16, seq_len: int = 1024) -> list:
+    """The launches of one ``sageattn`` call with ``cfg`` (no mask), recorded on meta tensors.
+
+    Each spec: ``{"name", "fn", "signature", "constexprs", "options"}`` for
+    ``triton.compile(ASTSource(fn, signature, constexprs), target=...)`` on any machine.
+    """
+    global _recorded
+    q = torch.empty((1, 2, seq_len, head_dim), dtype=dtype, device="meta")
+    _recorded = []
+    try:
+        attention_forward(q, q, q, "HND", False, None, None, False, cfg, True, False)
+        return _recorded
+    finally:
+        _recorded = None
+
+
 def head_dim_padded(d: int) -> int:
     # tl.dot needs a reduction dim of at least 32 for int8 and power-of-two tile shapes.
     return max(32, triton.next_power_of_2(d))
@@ -46,7 +94,7 @@ def _check_inputs(q, k, v, layout: str, attn_mask, is_causal: bool) -> None:
         raise TypeError(f"sageattn supports float16, bfloat16 and float32 inputs, got {q.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError("q, k and v must be on one device")
-    if q.device.type == "cpu" and not interpreter_enabled():
+    if q.device.type == "cpu" and not interpreter_enabled() and _recorded is None:
         raise RuntimeError("sageattn runs on CUDA/ROCm GPUs; CPU tensors need TRITON_INTERPRET=1 (tests only)")
     if is_causal and attn_mask is not None:
         raise ValueError("attn_mask and is_causal cannot both be set (same rule as torch SDPA)")
@@ -81,15 +129,13 @@ def _quantize_qk(x, mean, group, block, d_pad, scale_mult, mean_mode, mean_div, 
     scale = torch.empty((B * H, triton.cdiv(L, block) if per_block else L), dtype=torch.float32, device=x.device)
     dummy = scale
     grid = (triton.cdiv(L, block), B * H)
-    quant.quantize_int8_kernel[grid](
+    _launch(quant.quantize_int8_kernel, grid, (
         x, *x.stride(),
         mean if mean is not None else dummy,
         *(mean.stride()[:2] if mean is not None else (0, 0)),
         out, scale, bias if bias is not None else dummy,
         H, mean_div, L, D, scale_mult,
-        BLOCK=block, GROUP=group, D_PAD=d_pad, MEAN_MODE=mean_mode, SCALE_PER_BLOCK=per_block,
-        num_warps=4,
-    )
+    ), dict(BLOCK=block, GROUP=group, D_PAD=d_pad, MEAN_MODE=mean_mode, SCALE_PER_BLOCK=per_block), num_warps=4)
     return out, scale
 
 
@@ -131,11 +177,10 @@ def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int):
         out = torch.empty((B * H, L, d_pad), dtype=out_dtype, device=v.device)
         stride_l, stride_d = d_pad, 1
     block = 64
-    quant.convert_v_kernel[(triton.cdiv(L, block), B * H)](
+    _launch(quant.convert_v_kernel, (triton.cdiv(L, block), B * H), (
         v, *v.stride(), mean_flat if smooth_v else inv, inv,
         out, out.stride(0), stride_l, stride_d, H, L, D,
-        BLOCK=block, D_PAD=d_pad, HAS_MEAN=smooth_v, INTERPRETER=interpreter_enabled(), num_warps=4,
-    )
+    ), dict(BLOCK=block, D_PAD=d_pad, HAS_MEAN=smooth_v, INTERPRETER=interpreter_enabled()), num_warps=4)
     # Kernel-side strides of the converted V as (B, H, L, D_PAD).
     strides = (H * out.stride(0), out.stride(0), stride_l, stride_d)
     if fp8:
@@ -202,21 +247,21 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
     mask_strides = mask.stride() if mask is not None else (0, 0, 0, 0)
     dummy = qs
     grid = (triton.cdiv(LQ, cfg.block_m), B * H)
-    attn.attention_kernel[grid](
+    _launch(attn.attention_kernel, grid, (
         q8, qs, k8, ks, v_op,
         v_scale if v_scale is not None else dummy, v_mean if v_mean is not None else dummy,
         qbias if qbias is not None else dummy,
         oh, lse, mask_arg, k_desc if k_desc is not None else k8, v_desc if v_desc is not None else k8,
         *v_strides, *oh.stride(), *mask_strides,
         H, H_KV, LQ, LK, D,
+    ), dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_PAD=d_pad,
         IS_CAUSAL=is_causal, MASK_KIND=mask_kind, PV_MODE=pv_mode, P_SCALE=p_scale,
         HAS_VSCALE=v_scale is not None, HAS_VMEAN=v_mean is not None, HAS_QBIAS=qbias is not None,
         K_SCALAR=k_scalar, RETURN_LSE=return_lse, EVEN_D=(D == d_pad) or (v_op is not vh),
         INTERPRETER=interpreter_enabled(), K_TMA=k_desc is not None, V_TMA=v_desc is not None,
         V_T=pv_mode == attn.PV_FP8,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    ), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out, lse
 
 

@@ -112,74 +112,11 @@ def matrix_instructions(asm: str, backend: str) -> list:
 
 
 def _kernel_specs(cfg: KernelConfig, head_dim: int) -> list:
-    """What to compile for ``cfg``: ``kernels.attention.compile_specs(cfg, head_dim)`` when the kernel
-    library provides it, else the provisional description below.
+    """What to compile for ``cfg``: the launches of a real ``sageattn`` call, recorded by the kernel
+    library on meta tensors (``kernels.api.compile_specs``), so this check builds what users run."""
+    from .api import compile_specs
 
-    Each spec: ``{"name": str, "fn": JITFunction, "signature": {arg: type}, "constexprs": {arg: value},
-    "attrs": optional, "options": {"num_warps": .., "num_stages": ..}}``.
-    """
-    from . import attention
-
-    provider: Optional[Callable] = getattr(attention, "compile_specs", None)
-    if provider is not None:
-        return list(provider(cfg, head_dim))
-    return provisional_specs(cfg, head_dim)
-
-
-_FP8_PTR = {"e4m3fn": "*fp8e4nv", "e4m3fnuz": "*fp8e4b8"}
-_FP8_MAX = {"e4m3fn": 448.0, "e4m3fnuz": 240.0}
-
-
-def _signature(fn, pointers: dict, floats: tuple, constexprs: dict) -> dict:
-    """Every argument of ``fn`` typed: constexprs, the given pointers and floats, everything else i32."""
-    sig = {}
-    for name in fn.arg_names:
-        if name in constexprs:
-            sig[name] = "constexpr"
-        elif name in pointers:
-            sig[name] = pointers[name]
-        else:
-            sig[name] = "fp32" if name in floats else "i32"
-    return sig
-
-
-def provisional_specs(cfg: KernelConfig, head_dim: int, dtype: str = "bf16") -> list:
-    """The kernels one default ``sageattn`` call launches (no mask, no smoothing of V), as api.py launches
-    them. Stop-gap until kernels/attention.py exports ``compile_specs``: it must follow api.py's launches."""
-    import triton
-
-    from . import attention as attn
-    from . import quant
-
-    d_pad = max(32, triton.next_power_of_2(head_dim))
-    fp8 = cfg.pv_precision == "fp8"
-    fmt = cfg.fp8_format or "e4m3fn"
-    q_group, k_group = cfg.group_sizes() if hasattr(cfg, "group_sizes") else (cfg.block_m, cfg.block_n)
-    opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    specs = []
-    for name, block, group, mean_mode in (("quantize q", cfg.block_m, q_group, quant.MEAN_NONE),
-                                          ("quantize k", cfg.block_n, k_group, quant.MEAN_SUBTRACT)):
-        c = {"BLOCK": block, "GROUP": group, "D_PAD": d_pad, "MEAN_MODE": mean_mode}
-        ptrs = {"X": f"*{dtype}", "Mean": "*fp32", "Out": "*i8", "Scale": "*fp32", "Bias": "*fp32"}
-        specs.append({"name": name, "fn": quant.quantize_int8_kernel, "constexprs": c,
-                      "signature": _signature(quant.quantize_int8_kernel, ptrs, ("scale_mult",), c),
-                      "options": {"num_warps": 4, "num_stages": cfg.num_stages}})
-    if fp8:
-        c = {"BLOCK": 64, "D_PAD": d_pad, "HAS_MEAN": False, "INTERPRETER": False}
-        ptrs = {"V": f"*{dtype}", "Mean": "*fp32", "InvScale": "*fp32", "Out": _FP8_PTR[fmt]}
-        specs.append({"name": "convert v", "fn": quant.convert_v_kernel, "constexprs": c,
-                      "signature": _signature(quant.convert_v_kernel, ptrs, (), c),
-                      "options": {"num_warps": 4, "num_stages": cfg.num_stages}})
-    c = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "D_PAD": d_pad, "IS_CAUSAL": False,
-         "MASK_KIND": attn.MASK_NONE, "PV_MODE": attn.PV_FP8 if fp8 else attn.PV_16BIT,
-         "P_SCALE": _FP8_MAX[fmt] if fp8 else 1.0, "HAS_VSCALE": fp8, "HAS_VMEAN": False, "HAS_QBIAS": False,
-         "RETURN_LSE": False, "EVEN_D": fp8 or head_dim == d_pad, "INTERPRETER": False}
-    ptrs = {"Q8": "*i8", "QS": "*fp32", "K8": "*i8", "KS": "*fp32", "V": _FP8_PTR[fmt] if fp8 else f"*{dtype}",
-            "VScale": "*fp32", "VMean": "*fp32", "QBias": "*fp32", "Out": f"*{dtype}", "Lse": "*fp32",
-            "Mask": "*fp32"}
-    specs.append({"name": "attention", "fn": attn.attention_kernel, "constexprs": c,
-                  "signature": _signature(attn.attention_kernel, ptrs, (), c), "options": opts})
-    return specs
+    return compile_specs(cfg, head_dim)
 
 
 def _compile_one(spec: dict, target: Target) -> dict:
