@@ -270,8 +270,9 @@ def test_about_page_badge(driver):
 def test_run_from_the_canvas_updates_the_patch_node(driver, sage_server):  # noqa: F811
     ids = driver.execute_script(BUILD_GRAPH, TINY_MODEL, random.randrange(2**31))
     driver.execute_async_script(
-        "const done = arguments[arguments.length - 1]; window.__sageRun = null;"
+        "const done = arguments[arguments.length - 1]; window.__sageRun = null; window.__sageTexts = [];"
         "import('/scripts/api.js').then(({api}) => {"
+        " api.addEventListener('progress_text', e => { window.__sageTexts.push(e.detail); });"
         " api.addEventListener('execution_success', () => { window.__sageRun = 'success'; });"
         " api.addEventListener('execution_error', e => { window.__sageRun = 'error: ' + JSON.stringify(e.detail); });"
         " done(true); });")
@@ -290,6 +291,10 @@ def test_run_from_the_canvas_updates_the_patch_node(driver, sage_server):  # noq
         lines = driver.execute_script(
             f"return app.graph.getNodeById({ids['patch']}).widgets.find(w => w.name === 'sagetriton_info').lines")
         assert f"{run['fallback'][top]}× {top}" in lines, lines
+    # The run summary also reached the browser as progress text on the patch node itself.
+    texts = _wait(driver, f"return window.__sageTexts.filter(t => String(t.nodeId) === '{ids['patch']}')"
+                          ".map(t => t.text)", 10, "the patch node's progress text")
+    assert any(str(run["kernel"]) in t and "fallback" in t for t in texts), texts
     time.sleep(0.5)  # one more frame for the screenshot
     _shot(driver, "sagetriton_after_run.png")
 
