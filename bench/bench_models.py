@@ -1,0 +1,211 @@
+"""End-to-end speed at real model sizes: ComfyUI's own model classes, random weights, one GPU.
+
+    COMFYUI_PATH=... python bench/bench_models.py [--models wan21,flux,sdxl] [--out ...]
+
+For each model: one full forward of the cond+uncond batch (as the sampler sends it), unpatched
+(ComfyUI's default attention) vs through Patch Model Attention with default settings, and with
+the kernel forced on every call (min_seq_len=0) to show where the crossover matters. Medians of
+several runs after warm-up, peak GPU memory, fallback share by reason, cosine of the patched
+output to the unpatched one, and the same after 4 sampling steps through ``comfy.sample.sample``.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import statistics
+import sys
+import time
+
+from common import RESULTS, cosine, environment, find_comfyui, import_pack, write_json
+
+COMFY = find_comfyui()
+if COMFY is None:
+    sys.exit("bench_models.py needs ComfyUI (set COMFYUI_PATH)")
+sys.path.insert(0, str(COMFY))
+
+import torch  # noqa: E402
+
+import_pack()
+import comfy.model_management  # noqa: E402
+import comfy.model_patcher  # noqa: E402
+import comfy.sample  # noqa: E402
+import comfy.supported_models  # noqa: E402
+from sagetriton.nodes.patching import patch_model  # noqa: E402
+from sagetriton.nodes.settings import SageSettings  # noqa: E402
+from sagetriton.nodes.stats import attention_stats  # noqa: E402
+
+WAN_1_3B = dict(image_model="wan2.1", model_type="t2v", patch_size=(1, 2, 2), text_len=512, in_dim=16, dim=1536,
+                ffn_dim=8960, freq_dim=256, text_dim=4096, out_dim=16, num_heads=12, num_layers=30,
+                window_size=(-1, -1), qk_norm=True, cross_attn_norm=True, eps=1e-6)
+FLUX_DEV = dict(image_model="flux", in_channels=16, out_channels=16, vec_in_dim=768, context_in_dim=4096,
+                hidden_size=3072, mlp_ratio=4.0, num_heads=24, depth=19, depth_single_blocks=38,
+                axes_dim=[16, 56, 56], theta=10000, patch_size=2, qkv_bias=True, guidance_embed=True)
+SDXL_UNET = dict(use_checkpoint=False, image_size=32, out_channels=4, use_spatial_transformer=True, legacy=False,
+                 num_classes="sequential", adm_in_channels=2816, in_channels=4, model_channels=320,
+                 num_res_blocks=[2, 2, 2], transformer_depth=[0, 0, 2, 2, 10, 10], channel_mult=[1, 2, 4],
+                 transformer_depth_middle=10, use_linear_in_transformer=True, context_dim=2048,
+                 num_head_channels=64, transformer_depth_output=[0, 0, 0, 2, 2, 2, 10, 10, 10],
+                 use_temporal_attention=False, use_temporal_resblock=False)
+
+DEVICE = "cuda"
+# Smoke test of this script on a CPU (Triton interpreter): python bench_models.py --tiny
+TINY = {"wan21": dict(dim=256, ffn_dim=512, num_heads=2, num_layers=1, text_dim=64),
+        "flux": dict(hidden_size=256, num_heads=2, depth=1, depth_single_blocks=1, context_in_dim=64, vec_in_dim=768),
+        "sdxl": dict(model_channels=64, transformer_depth=[0, 0, 1, 1, 1, 1], transformer_depth_middle=1,
+                     transformer_depth_output=[0, 0, 0, 1, 1, 1, 1, 1, 1], context_dim=64)}
+
+# name -> (supported_models class, unet config, latent shape, text tokens, text dim, conditioning extras)
+MODELS = {
+    "wan21": ("WAN21_T2V", WAN_1_3B, (1, 16, 21, 60, 104), 512, 4096, lambda g: {}),  # 480x832, 81 frames
+    "flux": ("Flux", FLUX_DEV, (1, 16, 128, 128), 512, 4096,  # 1024x1024
+             lambda g: {"pooled_output": torch.randn(1, 768, generator=g), "guidance": 3.5}),
+    "sdxl": ("SDXL", SDXL_UNET, (1, 4, 128, 128), 77, 2048,  # 1024x1024
+             lambda g: {"pooled_output": torch.randn(1, 1280, generator=g), "width": 1024, "height": 1024}),
+}
+
+
+def fill_random_(module: torch.nn.Module, seed: int) -> None:
+    """Weights of a trained net's scale (std 1/sqrt(fan_in)), norms at 1, biases 0: activations stay sane
+    through 30-57 blocks, so the attention inputs look like real ones."""
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if p.ndim >= 2:
+                fan_in = math.prod(p.shape[1:])
+                p.copy_(torch.randn(p.shape, generator=g, device=DEVICE, dtype=torch.float32).div_(math.sqrt(fan_in)))
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.fill_(1.0)
+
+
+def build(name: str, dtype=torch.bfloat16):
+    cls, unet, *_ = MODELS[name]
+    config = getattr(comfy.supported_models, cls)(dict(unet))
+    config.set_inference_dtype(dtype, None)
+    model = config.get_model({}, device=torch.device(DEVICE))
+    fill_random_(model.diffusion_model, seed=0)
+    model.eval()
+    dev = torch.device(DEVICE)
+    return comfy.model_patcher.ModelPatcher(model, load_device=dev, offload_device=dev)
+
+
+def conditioning(name: str):
+    _, _, latent, tokens, dim, extras = MODELS[name]
+    g = torch.Generator().manual_seed(1)
+    pos = [[torch.randn(1, tokens, dim, generator=g), extras(g)]]
+    neg = [[torch.randn(1, tokens, dim, generator=g), extras(g)]]
+    return torch.zeros(latent), pos, neg
+
+
+def forward_inputs(patcher, name: str):
+    """The cond+uncond batch one sampling step sends through ``apply_model``."""
+    latent, pos, neg = conditioning(name)
+    model = patcher.model
+    x = torch.randn((2, *latent.shape[1:]), device=DEVICE, dtype=torch.float32, generator=None)
+    sigma = torch.full((2,), 0.7, device=DEVICE)
+    conds = []
+    for c in (pos, neg):
+        extra = model.extra_conds(**c[0][1], cross_attn=c[0][0].to(DEVICE), noise=x[:1], device=DEVICE)
+        conds.append(extra)
+    kwargs = {}
+    for key in conds[0]:
+        cond = conds[0][key].concat([conds[1][key]]) if hasattr(conds[0][key], "concat") else None
+        kwargs[key] = cond.to(DEVICE) if cond is not None else conds[0][key].process_cond(2, DEVICE).cond
+    return x, sigma, kwargs
+
+
+def time_forward(patcher, x, sigma, kwargs, runs: int, warmup: int = 2):
+    topts = patcher.model_options.get("transformer_options", {})
+    call = lambda: patcher.model.apply_model(x, sigma, transformer_options=dict(topts), **kwargs)  # noqa: E731
+    cuda = DEVICE == "cuda"
+    with torch.no_grad():
+        for _ in range(warmup):
+            out = call()
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        times = []
+        before = attention_stats()
+        for _ in range(runs):
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = call()
+            if cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        after = attention_stats()
+    calls = {"kernel": (after["kernel"] - before["kernel"]) // runs,
+             "fallback": {r: (n - before["fallback"].get(r, 0)) // runs for r, n in after["fallback"].items()
+                          if n - before["fallback"].get(r, 0)}}
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    return out.float(), statistics.median(times), peak, calls
+
+
+def sample4(patcher, name: str):
+    latent, pos, neg = conditioning(name)
+    noise = comfy.sample.prepare_noise(latent, 0)
+    return comfy.sample.sample(patcher, noise, 4, 3.5 if name != "flux" else 1.0, "euler", "simple", pos, neg, latent,
+                               seed=0, disable_pbar=True).float()
+
+
+def bench_model(name: str, runs: int) -> list:
+    base = build(name)
+    variants = {"unpatched": base, "patched (defaults)": patch_model(base, SageSettings()),
+                "patched (kernel on every call)": patch_model(base, SageSettings(min_seq_len=0))}
+    x, sigma, kwargs = forward_inputs(base, name)
+    rows, ref_out, ref_sample = [], None, None
+    for label, patcher in variants.items():
+        out, seconds, peak, calls = time_forward(patcher, x, sigma, kwargs, runs)
+        sampled = sample4(patcher, name)
+        if ref_out is None:
+            ref_out, ref_sample = out, sampled
+        rows.append(dict(model=name, variant=label, seconds=seconds, peak_gib=peak, calls=calls,
+                         cosine_forward=cosine(out, ref_out), cosine_4_steps=cosine(sampled, ref_sample),
+                         finite=bool(torch.isfinite(out).all())))
+        rows[-1]["speedup"] = rows[0]["seconds"] / seconds
+        print(rows[-1], flush=True)
+    del base, variants
+    gc.collect()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def shrink_for_cpu_smoke_test() -> None:
+    global DEVICE
+    DEVICE = "cpu"
+    for name, (cls, unet, latent, _tokens, _dim, extras) in list(MODELS.items()):
+        small = {**unet, **TINY[name]}
+        small_dim = small.get("text_dim", small.get("context_in_dim", small.get("context_dim")))
+        MODELS[name] = (cls, small, (1, latent[1], *([2] if len(latent) == 5 else []), 8, 8), 16, small_dim, extras)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--models", default="wan21,flux,sdxl")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--tiny", action="store_true", help="tiny configs on the CPU: checks this script, times nothing")
+    args = ap.parse_args(argv)
+    if args.tiny:
+        shrink_for_cpu_smoke_test()
+    elif not torch.cuda.is_available():
+        sys.exit("bench_models.py needs a GPU")
+    payload = {"env": environment(), "rows": []}
+    for name in args.models.split(","):
+        payload["rows"] += bench_model(name, args.runs)
+    print(f"{'model':>6} {'variant':>32} {'s/forward':>10} {'speedup':>8} {'peak GiB':>9} {'cos fwd':>8} "
+          f"{'cos 4 steps':>11}  calls")
+    for r in payload["rows"]:
+        print(f"{r['model']:>6} {r['variant']:>32} {r['seconds']:10.4f} {r['speedup']:8.3f} {r['peak_gib']:9.2f} "
+              f"{r['cosine_forward']:8.5f} {r['cosine_4_steps']:11.5f}  {r['calls']}")
+    from pathlib import Path
+
+    write_json(Path(args.out) if args.out else RESULTS / "models.json", payload)
+
+
+if __name__ == "__main__":
+    main()
