@@ -1,0 +1,353 @@
+"""End-to-end in a real headless browser: ComfyUI's frontend with the SageTriton extension loaded.
+
+Debian's chromium + chromedriver (installed by .ci/run), driven by selenium. Screenshots go to
+tests/artifacts/ (git-ignored).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from e2e_server import PACK_LINK, TINY_MODEL, flat_defaults, sage_server  # noqa: F401 (fixture)
+
+from conftest import needs_comfyui
+
+pytestmark = needs_comfyui
+
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+EXT_NAME = "SageTriton.NodeInfo"
+FORMAT_URL = f"/extensions/{PACK_LINK}/sage_format.mjs"
+
+
+@pytest.fixture(scope="module")
+def driver(sage_server):  # noqa: F811
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+
+    if not Path(CHROMEDRIVER).exists():
+        pytest.skip("chromium-driver not installed (apt-get install chromium chromium-driver)")
+    profile = tempfile.mkdtemp(prefix="sagetriton-chromium-")
+    opts = webdriver.ChromeOptions()
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--window-size=1600,1000", f"--user-data-dir={profile}"):
+        opts.add_argument(flag)
+    drv = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    drv.set_script_timeout(120)
+    try:
+        drv.get(sage_server.url)
+        _wait(drv, "return !!(window.app && app.graph && app.canvas && app.extensions && "
+                   f"app.extensions.some(e => e.name === '{EXT_NAME}'))", 90, "frontend with the extension")
+        yield drv
+    finally:
+        drv.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def _wait(drv, script: str, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = drv.execute_script(script)
+        if last:
+            return last
+        time.sleep(0.25)
+    logs = drv.get_log("browser") if hasattr(drv, "get_log") else []
+    raise AssertionError(f"timed out waiting for {what} (last={last!r}); browser log: {logs[-20:]}")
+
+
+def _shot(drv, name: str) -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / name
+    drv.save_screenshot(str(path))
+    return path
+
+
+# Test code only: builds a graph through LiteGraph, reads widgets back. Returns node ids by role.
+BUILD_GRAPH = """
+const [tiny, seed] = arguments;
+app.graph.clear();
+const add = (type, pos, values = {}) => {
+  const n = LiteGraph.createNode(type);
+  n.pos = pos;
+  app.graph.add(n);
+  for (const [k, v] of Object.entries(values)) n.widgets.find(w => w.name === k).value = v;
+  return n;
+};
+const unet = add("UNETLoader", [20, 40], {unet_name: tiny});
+const settings = add("SageTritonSettings", [20, 200], {min_seq_len: 0});
+const patch = add("SageTritonPatchModelAttention", [430, 40]);
+const cond = add("SageTritonE2ETinyConditioning", [430, 330]);
+const latent = add("EmptyHunyuanLatentVideo", [430, 520], {width: 64, height: 64, length: 1});
+const ks = add("KSampler", [840, 40], {steps: 1, cfg: 1.0, seed});
+const save = add("SaveLatent", [840, 560], {filename_prefix: "sagetriton_e2e_browser"});
+unet.connect(0, patch, 0); settings.connect(0, patch, 1); patch.connect(0, ks, 0);
+cond.connect(0, ks, 1); cond.connect(0, ks, 2); latent.connect(0, ks, 3); ks.connect(0, save, 0);
+app.canvas.ds.scale = 1; app.canvas.ds.offset = [20, 20];
+app.graph.setDirtyCanvas(true, true);
+return {settings: settings.id, patch: patch.id};
+"""
+
+READ_NODE = """
+const n = app.graph.getNodeById(arguments[0]);
+const info = n.widgets.find(w => w.name === "sagetriton_info");
+const widgets = Object.fromEntries(n.widgets.map(w => [w.name, {value: w.value, label: w.label ?? null,
+                                                                 tooltip: w.tooltip ?? null}]));
+return {lines: info ? info.lines : null, hidden: info ? !!info.hidden : null, widgets, size: Array.from(n.size)};
+"""
+
+
+def _wait_panel(driver, node_id, text: str, what: str):
+    _wait(driver, f"const n = app.graph.getNodeById({node_id});"
+                  "const w = n.widgets.find(w => w.name === 'sagetriton_info');"
+                  f"return !!w && w.lines.some(l => l.includes({json.dumps(text)}))", 30, what)
+
+
+def _format(driver, status: dict) -> dict:
+    """The panel lines sage_format.mjs computes for ``status`` (the page's own module)."""
+    fmt = driver.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        f"import({json.dumps(FORMAT_URL)})" ".then(m => done({"
+        " defaults: m.defaultsLine(arguments[0]), seq: m.seqLine(arguments[0]),"
+        " run: m.runLines(arguments[0].last_run),"
+        " bad: m.unsupportedChoices(arguments[0])}), e => done({error: String(e)}));", status)
+    assert "error" not in fmt, fmt
+    return fmt
+
+
+def _refetch_status(driver):
+    # The extension refetches /sage/status after each prompt: fake the end of one.
+    driver.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "import('/scripts/api.js').then(({api}) => {"
+        " api.dispatchEvent(new CustomEvent('execution_success', {detail: {}})); done(true); });")
+
+
+# An sm80 (Ampere: no fp8 matrix units) as the route would describe it. The CPU test "arch" runs
+# every choice through the interpreter, so marking is checked against this simulated GPU.
+AMPERE_WHY = "sm80 has no fp8 matrix instructions; fp8 → fp16 on this GPU"
+
+
+@contextlib.contextmanager
+def simulated_ampere(driver):
+    """Test-only: the page sees /sage/status answers rewritten to an sm80 with no fp8."""
+    driver.execute_script(
+        "const why = arguments[0]; window.__sageRealFetch = window.fetch;"
+        "window.fetch = (url, opts) => !String(url).includes('/sage/status') ? window.__sageRealFetch(url, opts)"
+        " : window.__sageRealFetch(url, opts).then(r => r.json()).then(s => {"
+        "   s.arch = 'sm80'; s.family = 'ampere'; s.vendor = 'nvidia';"
+        "   const key = 'choices' in s ? 'choices' : 'supported_choices';"
+        "   s[key] = {...s[key], pv_precision: {...s[key].pv_precision, fp8: {ok: false, why}}};"
+        "   s.last_run = {...(s.last_run ?? {kernel: 0, fallback: {}}), notes: [why]};"
+        "   return new Response(JSON.stringify(s), {headers: {'Content-Type': 'application/json'}}); });",
+        AMPERE_WHY)
+    _refetch_status(driver)
+    try:
+        yield
+    finally:
+        driver.execute_script("window.fetch = window.__sageRealFetch;")
+        _refetch_status(driver)
+
+
+def _pick(driver, node_id, option: str, value: str):
+    """Select ``value`` as the user would (value + callback); returns the widget's label."""
+    return driver.execute_script(
+        f"const n = app.graph.getNodeById({node_id}); const w = n.widgets.find(w => w.name === arguments[0]);"
+        " w.value = arguments[1]; w.callback?.(w.value, app.canvas, n); return w.label ?? null;", option, value)
+
+
+def test_nodes_show_gpu_and_defaults_from_the_server(driver, sage_server):  # noqa: F811
+    _, status = sage_server.get("/sage/status")
+    ids = driver.execute_script(BUILD_GRAPH, TINY_MODEL, random.randrange(2**31))
+    _wait_panel(driver, ids["settings"], f"SageTriton · {status['arch']}", "the info panel")
+    fmt = _format(driver, status)
+    settings = driver.execute_script(READ_NODE, ids["settings"])
+    patch = driver.execute_script(READ_NODE, ids["patch"])
+    for node in (settings, patch):
+        assert node["lines"][0].startswith(f"SageTriton · {status['arch']}")
+        assert node["lines"][1] == fmt["defaults"]
+        assert f"PV {flat_defaults(status)['pv_precision']}" in node["lines"][1]
+        assert node["lines"][2] == fmt["seq"]
+        assert node["hidden"] is False
+    assert patch["lines"][3:] == fmt["run"] and patch["lines"][3].startswith("last run: ")
+    # Whatever the server says this GPU cannot run is marked (on the CPU "arch": nothing).
+    marks = [line for line in settings["lines"] if line.startswith("⚠")]
+    assert marks == [f"⚠ {r['short']}" for values in fmt["bad"].values() for r in values.values()]
+    _shot(driver, "sagetriton_nodes.png")
+
+
+def test_unsupported_choices_are_marked(driver, sage_server):  # noqa: F811
+    ids = driver.execute_script(BUILD_GRAPH, TINY_MODEL, random.randrange(2**31))
+    _, info = sage_server.get("/object_info/SageTritonSettings")
+    own_tip = info["SageTritonSettings"]["input"]["required"]["pv_precision"][1]["tooltip"]
+    with simulated_ampere(driver):
+        _wait_panel(driver, ids["settings"], "⚠ fp8 → fp16 on this GPU", "the fp8 mark")
+        settings = driver.execute_script(READ_NODE, ids["settings"])
+        assert settings["lines"][0].startswith("SageTriton · sm80")
+        tip = settings["widgets"]["pv_precision"]["tooltip"]
+        # The input's own tooltip first, then the GPU note with the full reason.
+        assert tip.startswith(own_tip) and f"fp8: {AMPERE_WHY}" in tip and "On this GPU (sm80)" in tip
+        assert settings["widgets"]["qk_quant_gran"]["tooltip"] is None  # untouched: nothing to mark
+        # The run's downgrade note: on the patch node, and said once as a toast.
+        assert "⚠ fp8 → fp16 on this GPU" in driver.execute_script(READ_NODE, ids["patch"])["lines"]
+        _wait(driver, "return [...document.querySelectorAll('.p-toast-message')].some("
+                      "t => t.textContent.includes('SageTriton') && t.textContent.includes('fp8 → fp16'))",
+              10, "the downgrade toast")
+        # Picking the unsupported value marks the widget's label; a supported one clears it.
+        assert _pick(driver, ids["settings"], "pv_precision", "fp8").endswith("⚠ → fp16")
+        _shot(driver, "sagetriton_fp8_marked.png")
+        assert "⚠" not in (_pick(driver, ids["settings"], "pv_precision", "auto") or "")
+        _pick(driver, ids["settings"], "pv_precision", "fp8")
+    # Back to the real server (CPU): fp8 runs there, so the mark goes away.
+    _, status = sage_server.get("/sage/status")
+    _wait_panel(driver, ids["settings"], f"SageTriton · {status['arch']}", "the real status again")
+    settings = driver.execute_script(READ_NODE, ids["settings"])
+    if "fp8" not in _format(driver, status)["bad"].get("pv_precision", {}):
+        assert "⚠" not in (settings["widgets"]["pv_precision"]["label"] or "")
+        assert settings["widgets"]["pv_precision"]["tooltip"] is None
+
+
+MARKED_LABELS = ("return app.graph.nodes.flatMap(n => n.widgets ?? [])"
+                 ".filter(w => (w.label ?? '').includes('⚠')).map(w => w.label)")
+PANELS = ("return app.graph.nodes.filter(n => n.widgets?.some(w => w.name === 'sagetriton_info'))"
+          ".map(n => n.widgets.find(w => w.name === 'sagetriton_info')).map(w => [!!w.hidden, w.lines.length])")
+
+
+def _set_setting(driver, setting: str, value) -> None:
+    driver.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "app.extensionManager.setting.set(arguments[0], arguments[1]).then(() => done(true));", setting, value)
+
+
+def test_setting_hides_the_panels(driver, sage_server):  # noqa: F811
+    setting = "SageTriton.NodeInfo.Show"
+    listed = driver.execute_script(
+        "return app.extensions.find(e => e.name === arguments[0]).settings.map(s => s.id)", EXT_NAME)
+    assert setting in listed
+    ids = driver.execute_script(BUILD_GRAPH, TINY_MODEL, random.randrange(2**31))
+    with simulated_ampere(driver):
+        _wait_panel(driver, ids["settings"], "⚠ fp8 → fp16", "the fp8 mark")
+        _pick(driver, ids["settings"], "pv_precision", "fp8")
+        assert driver.execute_script(MARKED_LABELS)
+        try:
+            _set_setting(driver, setting, False)
+            panels = driver.execute_script(PANELS)
+            assert len(panels) == 2 and all(h and n == 0 for h, n in panels), panels
+            assert not driver.execute_script(MARKED_LABELS)
+        finally:
+            _set_setting(driver, setting, True)
+        panels = driver.execute_script(PANELS)
+        assert len(panels) == 2 and all(not h and n >= 3 for h, n in panels), panels
+        assert driver.execute_script(MARKED_LABELS)
+
+
+def test_about_page_badge(driver):
+    badges = driver.execute_script(
+        "return app.extensions.find(e => e.name === arguments[0]).aboutPageBadges", EXT_NAME)
+    assert badges and badges[0]["label"] == "SageTriton" and badges[0]["url"].startswith("https://")
+    # The About panel renders it (Settings dialog → About).
+    driver.execute_script("app.extensionManager.command.execute('Comfy.ShowSettingsDialog')")
+    _wait(driver, "return !!document.querySelector('.settings-container, .p-dialog')", 15, "settings dialog")
+    driver.execute_script(
+        "const about = [...document.querySelectorAll('.p-listbox-option, li, span')]"
+        ".find(e => e.textContent.trim() === 'About'); about && about.click();")
+    found = _wait(driver, "return [...document.querySelectorAll('a')].some("
+                          f"a => a.textContent.includes('SageTriton') && a.href === {json.dumps(badges[0]['url'])})",
+                  15, "the about-page badge")
+    assert found
+    _shot(driver, "sagetriton_about.png")
+    driver.execute_script("document.dispatchEvent(new KeyboardEvent('keydown', {key: 'Escape'}))")
+    driver.find_element("tag name", "body").send_keys("\ue00c")  # Escape closes the dialog
+
+
+def test_run_from_the_canvas_updates_the_patch_node(driver, sage_server):  # noqa: F811
+    ids = driver.execute_script(BUILD_GRAPH, TINY_MODEL, random.randrange(2**31))
+    driver.execute_async_script(
+        "const done = arguments[arguments.length - 1]; window.__sageRun = null; window.__sageTexts = [];"
+        "import('/scripts/api.js').then(({api}) => {"
+        " api.addEventListener('progress_text', e => { window.__sageTexts.push(e.detail); });"
+        " api.addEventListener('execution_success', () => { window.__sageRun = 'success'; });"
+        " api.addEventListener('execution_error', e => { window.__sageRun = 'error: ' + JSON.stringify(e.detail); });"
+        " done(true); });")
+    driver.execute_async_script(
+        "const done = arguments[arguments.length - 1]; app.queuePrompt(0, 1).then(() => done(true));")
+    outcome = _wait(driver, "return window.__sageRun", 120, "the prompt to finish")
+    assert outcome == "success", (outcome, sage_server.log_tail())
+    _, status = sage_server.get("/sage/status")
+    run = status["last_run"]
+    assert run and run["kernel"] + sum(run["fallback"].values()) > 0, run
+    expected = f"last run: {run['kernel']} kernel · {sum(run['fallback'].values())} fallback"
+    _wait(driver, f"const w = app.graph.getNodeById({ids['patch']}).widgets.find(w => w.name === 'sagetriton_info');"
+                  f"return w.lines.some(l => l.startsWith({json.dumps(expected)}))", 20, "the last-run line")
+    if run["fallback"]:
+        top = max(run["fallback"], key=run["fallback"].get)
+        lines = driver.execute_script(
+            f"return app.graph.getNodeById({ids['patch']}).widgets.find(w => w.name === 'sagetriton_info').lines")
+        assert f"{run['fallback'][top]}× {top}" in lines, lines
+    # The run summary also reached the browser as progress text on the patch node itself.
+    texts = _wait(driver, f"return window.__sageTexts.filter(t => String(t.nodeId) === '{ids['patch']}')"
+                          ".map(t => t.text)", 10, "the patch node's progress text")
+    assert any(str(run["kernel"]) in t and "fallback" in t for t in texts), texts
+    time.sleep(0.5)  # one more frame for the screenshot
+    _shot(driver, "sagetriton_after_run.png")
+
+
+@pytest.mark.parametrize("name", ["flux_txt2img_sagetriton", "wan21_t2v_sagetriton", "sdxl_txt2img_sagetriton"])
+def test_example_workflow_opens_with_every_node_known(driver, sage_server, name):  # noqa: F811
+    # Loaded the way the template browser does: fetched from the server, then app.loadGraphData.
+    result = driver.execute_async_script(
+        "const [url, done] = [arguments[0], arguments[arguments.length - 1]];"
+        "fetch(url).then(r => r.json()).then(async wf => {"
+        " await app.loadGraphData(wf, true, true, 'sagetriton-example');"
+        " const nodes = app.graph.nodes;"
+        " done({expected: wf.nodes.length, loaded: nodes.length,"
+        "  unknown: nodes.filter(n => !LiteGraph.registered_node_types[n.type]).map(n => n.type),"
+        "  panels: nodes.filter(n => n.widgets?.some(w => w.name === 'sagetriton_info')).map(n => n.type)});"
+        "}).catch(e => done({error: String(e)}));",
+        f"/api/workflow_templates/{PACK_LINK}/{name}.json")
+    assert "error" not in result, result
+    assert result["loaded"] == result["expected"] and not result["unknown"], result
+    assert "SageTritonPatchModelAttention" in result["panels"], result
+    if name == "wan21_t2v_sagetriton":
+        _shot(driver, "sagetriton_example_wan21.png")
+
+
+def test_panel_text_for_each_route_shape(driver):
+    """sage_format.mjs on the shapes /sage/status may take: flat or head_dim-keyed defaults,
+    choices as [ok, why] lists or {ok, why} objects, a measured crossover, many fallback reasons."""
+    out = driver.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        f"import({json.dumps(FORMAT_URL)})" ".then(m => {"
+        " const why = 'sm86 has no fp8 matrix instructions; fp8 → fp16 on this GPU';"
+        " const keyed = {arch: 'sm86', family: 'ampere_consumer', vendor: 'nvidia', crossover: {seq_len: 1536},"
+        "  defaults: {'64': {qk_quant_gran: 'per_block'}, '128': {qk_quant_gran: 'per_warp', pv_precision: 'fp16',"
+        "   pv_accum_dtype: 'fp16+fp32', min_seq_len: 1024}},"
+        "  supported_choices: {pv_precision: {fp8: {ok: false, why}}}};"
+        " const flat = {arch: 'gfx1201', family: 'rdna4', vendor: 'amd', defaults: {qk_quant_gran: 'per_thread',"
+        "  pv_precision: 'fp8', pv_accum_dtype: 'fp32', min_seq_len: 0}, choices: {pv_precision: {fp8: [true, '']},"
+        "  qk_quant_gran: {per_block: [false, 'x']}},"
+        "  last_run: {kernel: 7, fallback: {a: 1, b: 5, c: 2, d: 1}, notes: [why]},"
+        "  setup: {phase: 'running', message: '', progress: {done: 3, total: 12}}};"
+        " done({keyed: m.infoLines(m.SETTINGS_NODE, keyed), flat: m.infoLines(m.PATCH_NODE, flat),"
+        "  loading: m.infoLines(m.PATCH_NODE, undefined), missing: m.infoLines(m.PATCH_NODE, null),"
+        "  badFlat: m.unsupportedChoices(flat)});"
+        "}, e => done({error: String(e)}));")
+    assert "error" not in out, out
+    assert out["keyed"] == ["SageTriton · sm86 · ampere_consumer · NVIDIA",
+                            "defaults: QK per_warp · PV fp16 · fp16+fp32 acc",
+                            "kernel from 1536 tokens", "⚠ fp8 → fp16 on this GPU"]
+    assert out["flat"] == ["SageTriton · gfx1201 · rdna4 · AMD", "defaults: QK per_thread · PV fp8 · fp32 acc",
+                           "kernel at any sequence length", "⏳ building and testing kernels 3/12",
+                           "last run: 7 kernel · 9 fallback",
+                           "5× b", "2× c", "1× a", "+1 more fallback reasons", "⚠ fp8 → fp16 on this GPU"]
+    assert out["loading"] == ["SageTriton · loading…"]
+    assert out["missing"] == ["SageTriton · status unavailable"]
+    short = "per_block not supported on this GPU"
+    assert out["badFlat"] == {"qk_quant_gran": {"per_block": {"why": "x", "short": short}}}

@@ -1,0 +1,119 @@
+// Pure text helpers for the SageTriton extension: no DOM, no app; the browser test imports them.
+
+export const SETTINGS_NODE = "SageTritonSettings";
+export const PATCH_NODE = "SageTritonPatchModelAttention";
+
+// One choice of /sage/status `choices` -> {ok, why}. The server serialises kernels/arch.py's
+// supported_choices(), whose entries are (ok, reason) tuples; {ok, reason} objects are accepted too.
+export function choiceState(entry) {
+  if (Array.isArray(entry)) return { ok: entry[0] !== false, why: String(entry[1] ?? "") };
+  if (entry && typeof entry === "object") {
+    const ok = entry.ok ?? entry.supported ?? true;
+    return { ok: ok !== false, why: String(entry.reason ?? entry.why ?? "") };
+  }
+  return { ok: entry !== false, why: "" };
+}
+
+// The short, visible part of a reason: "sm80 has no fp8 ...; fp8 → fp16 on this GPU" -> "fp8 → fp16 on this GPU".
+export function shortReason(value, why) {
+  const arrow = String(why).split(";").map((s) => s.trim()).find((s) => s.includes("→"));
+  return arrow || (value ? `${value} not supported on this GPU` : String(why));
+}
+
+// The resolved defaults; the route may key them by head_dim ({"64": ..., "128": ...}): most
+// models attend with 128-wide heads.
+export function resolvedDefaults(status) {
+  const d = status?.defaults;
+  if (!d || typeof d !== "object") return null;
+  if ("qk_quant_gran" in d) return d;
+  return d["128"] ?? Object.values(d)[0] ?? null;
+}
+
+// {option: {value: {why, short}}} for every choice this GPU cannot run (`choices` or `supported_choices`).
+export function unsupportedChoices(status) {
+  const out = {};
+  for (const [option, values] of Object.entries(status?.choices ?? status?.supported_choices ?? {})) {
+    for (const [value, entry] of Object.entries(values ?? {})) {
+      const { ok, why } = choiceState(entry);
+      if (ok) continue;
+      (out[option] ??= {})[value] = { why, short: shortReason(value, why) };
+    }
+  }
+  return out;
+}
+
+export function archLabel(status) {
+  if (status === undefined) return "SageTriton · loading…";
+  if (!status) return "SageTriton · status unavailable";
+  const parts = ["SageTriton", status.arch ?? "?"];
+  const family = status.family ?? status.defaults?.family;
+  if (family && family !== status.arch) parts.push(family);
+  if (status.vendor && status.vendor !== "cpu") parts.push(status.vendor.toUpperCase());
+  return parts.join(" · ");
+}
+
+// "kernel from 4096 tokens": shorter keys go to the fallback (quantization overhead wins there).
+export function seqLine(status) {
+  // min_seq_len -1 means the crossover measured on this GPU; the table default until measured.
+  let n = status?.crossover;
+  if (n && typeof n === "object") n = n.seq_len ?? n["128"];
+  if (typeof n !== "number") n = resolvedDefaults(status)?.min_seq_len;
+  if (n === undefined || n === null) return null;
+  return Number(n) <= 0 ? "kernel at any sequence length" : `kernel from ${n} tokens`;
+}
+
+// Short lines keep the nodes narrow: "defaults: QK per_warp · PV fp8 · fp32 acc".
+export function defaultsLine(status) {
+  const d = resolvedDefaults(status);
+  if (!d) return "defaults: not reported yet";
+  const parts = [`QK ${d.qk_quant_gran ?? "?"}`, `PV ${d.pv_precision ?? "?"}`];
+  if (d.pv_accum_dtype) parts.push(`${d.pv_accum_dtype} acc`);
+  return `defaults: ${parts.join(" · ")}`;
+}
+
+// ["last run: 120 kernel · 8 fallback", "6× key length < 4096", "2× mask kind", ...]: the top
+// `top` fallback reasons one a line (they are sentences), then any downgrade notes.
+export function runLines(run, top = 3) {
+  if (!run) return ["last run: none yet"];
+  const fb = Object.entries(run.fallback ?? {}).sort((a, b) => b[1] - a[1]);
+  const nfb = fb.reduce((s, [, n]) => s + Number(n), 0);
+  const lines = [`last run: ${run.kernel ?? 0} kernel · ${nfb} fallback`];
+  for (const [why, n] of fb.slice(0, top)) lines.push(`${n}× ${why}`);
+  if (fb.length > top) lines.push(`+${fb.length - top} more fallback reasons`);
+  for (const note of run.notes ?? []) lines.push(`⚠ ${shortReason("", note)}`);
+  return lines;
+}
+
+// The one-time build + self-test that runs in the background on a first start (status.setup):
+// a line while it runs or if it failed; nothing while it waits (it may find nothing to do),
+// once it is done, or when it is skipped (no GPU).
+export function setupLine(status) {
+  const setup = status?.setup;
+  if (setup?.phase === "failed") return `⚠ self-test failed: ${setup.message || "see the server log"}`;
+  if (setup?.phase !== "running") return null;
+  const { done, total } = setup.progress ?? {};
+  return total ? `⏳ building and testing kernels ${done ?? 0}/${total}` : "⏳ building and testing kernels";
+}
+
+export function setupInProgress(status) {
+  return ["waiting", "running"].includes(status?.setup?.phase);
+}
+
+// The lines the info panel shows on a node of `nodeType`.
+export function infoLines(nodeType, status, unsupported = unsupportedChoices(status)) {
+  const lines = [archLabel(status)];
+  if (!status) return lines;
+  lines.push(defaultsLine(status));
+  const seq = seqLine(status);
+  if (seq) lines.push(seq);
+  const setup = setupLine(status);
+  if (setup) lines.push(setup);
+  if (nodeType === SETTINGS_NODE) {
+    for (const values of Object.values(unsupported)) {
+      for (const { short } of Object.values(values)) lines.push(`⚠ ${short}`);
+    }
+  } else if (nodeType === PATCH_NODE) {
+    lines.push(...runLines(status.last_run));
+  }
+  return lines;
+}
