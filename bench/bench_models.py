@@ -162,11 +162,29 @@ def sample4(patcher, name: str):
                                seed=0, disable_pbar=True).float()
 
 
-def bench_model(name: str, runs: int) -> list:
+def host_profile(patcher, x, sigma, kwargs, top: int = 15) -> None:
+    """Where the host (Python) time of one forward goes: the attention override versus the rest."""
+    import cProfile
+    import pstats
+
+    topts = patcher.model_options.get("transformer_options", {})
+    with torch.no_grad():
+        prof = cProfile.Profile()
+        prof.enable()
+        patcher.model.apply_model(x, sigma, transformer_options=dict(topts), **kwargs)
+        prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+
+
+def bench_model(name: str, runs: int, profile_host: bool = False) -> list:
     base = build(name)
     variants = {"unpatched": base, "patched (defaults)": patch_model(base, SageSettings()),
                 "patched (kernel on every call)": patch_model(base, SageSettings(min_seq_len=0))}
     x, sigma, kwargs = forward_inputs(base, name)
+    if profile_host:
+        for label in ("unpatched", "patched (defaults)"):
+            print(f"--- host profile, {name}, {label}")
+            host_profile(variants[label], x, sigma, kwargs)
     timed = time_variants(variants, x, sigma, kwargs, runs)
     ref = timed["unpatched"]
     ref_sample = sample4(base, name)
@@ -199,6 +217,7 @@ def main(argv=None):
     ap.add_argument("--models", default="wan21,flux,sdxl")
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--profile-host", action="store_true", help="cProfile one forward, unpatched and patched")
     ap.add_argument("--tiny", action="store_true", help="tiny configs on the CPU: checks this script, times nothing")
     args = ap.parse_args(argv)
     if args.tiny:
@@ -207,7 +226,7 @@ def main(argv=None):
         sys.exit("bench_models.py needs a GPU")
     payload = {"env": environment(), "rows": []}
     for name in args.models.split(","):
-        payload["rows"] += bench_model(name, args.runs)
+        payload["rows"] += bench_model(name, args.runs, args.profile_host)
     print(f"{'model':>6} {'variant':>32} {'s/forward':>10} {'speedup':>8} {'peak GiB':>9} {'cos fwd':>8} "
           f"{'cos 4 steps':>11}  calls")
     for r in payload["rows"]:
