@@ -184,6 +184,9 @@ class PatchState:
         self._configs: dict[tuple, tuple[Optional[KernelConfig], int]] = {}
         self._archs: dict[str, ArchInfo] = {}
         self._step_cache: Optional[tuple[tuple, bool]] = None
+        # head_dim -> (min key length, reason): calls known to go to ComfyUI's own attention by length
+        # alone skip argument binding (short self- and cross-attention is most calls in a UNet).
+        self._short_calls: dict[int, tuple[int, str]] = {}
 
     # --- configuration -------------------------------------------------------------------------
     def arch_for(self, device: torch.device) -> ArchInfo:
@@ -299,7 +302,10 @@ class PatchState:
         if cfg is None:
             return "no kernel variant passed the install self-test", None
         if call.k_len < min_len:
-            return f"key length < {min_len}", None
+            reason = f"key length < {min_len}"
+            if fb.resolve_fallback_kind(self.settings.fallback, arch) == "comfy":
+                self._short_calls[call.head_dim] = (min_len, reason)
+            return reason, None
         key = _variant_key(arch, cfg, self.settings, call, mask)
         if key in _disabled_variants:
             return "kernel failed (variant disabled until restart)", None
@@ -345,7 +351,27 @@ class PatchState:
                 return run()
         return run()
 
+    def short_call_reason(self, args: tuple, kwargs: dict) -> Optional[str]:
+        """The fallback reason for a call that is too short for the kernel, from shapes alone, once a
+        call of the same head size has been fully checked; None when the full check must run."""
+        if not self._short_calls or len(args) < 2 or "low_precision_attention" in kwargs:
+            return None
+        q, k = args[0], args[1]
+        heads = args[3] if len(args) > 3 else kwargs.get("heads")
+        if not isinstance(heads, int) or not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
+            return None
+        if kwargs.get("skip_reshape", False):
+            head_dim, k_len = q.shape[-1], k.shape[2]
+        else:
+            head_dim, k_len = q.shape[-1] // heads, k.shape[1]
+        entry = self._short_calls.get(head_dim)
+        return entry[1] if entry is not None and k_len < entry[0] else None
+
     def dispatch(self, func: Callable, args: tuple, kwargs: dict) -> torch.Tensor:
+        reason = self.short_call_reason(args, kwargs)
+        if reason is not None:
+            self.count_fallback(reason)
+            return self._call_comfy_side(func, args, kwargs, math_only=False)
         try:
             call = bind_call(args, kwargs)
         except (TypeError, ValueError, AttributeError) as e:

@@ -304,6 +304,23 @@ def test_process_totals_count_every_call():
     assert after["kernel"] == before["kernel"]
 
 
+def test_short_calls_take_the_shape_only_shortcut_with_the_same_result(seed):
+    """Once a head size is known to fall back by length, later short calls skip argument binding,
+    land in ComfyUI's own backend with the same output, and are counted under the same reason."""
+    state = run_state(SageSettings(min_seq_len=100))
+    for skip_reshape in (True, False):
+        q, k, v = random_qkv(lq=8, lk=8, d=16)
+        first = call_override(state, q, k, v, skip_reshape=skip_reshape)
+        assert state._short_calls == {16: (100, "key length < 100")}
+        calls = reference_backend.calls
+        second = call_override(state, q, k, v, skip_reshape=skip_reshape)
+        assert reference_backend.calls == calls + 1 and torch.equal(first, second)
+    assert dict(state.run.fallback) == {"key length < 100": 4}
+    # Long enough for the kernel: the shortcut does not apply.
+    call_override(state, *random_qkv(lq=8, lk=120, d=16))
+    assert state.run.kernel == 1
+
+
 # --- install.py's self-test report -----------------------------------------------------------------
 class MeasuredReport(NoReport):
     """Answers shaped like kernels.report's for a GPU where install.py measured things."""
