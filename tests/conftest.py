@@ -8,6 +8,11 @@ import sys
 from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"
+# A developer's own install.py report must not steer the tests: each session gets an empty folder.
+if "SAGETRITON_REPORT_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["SAGETRITON_REPORT_DIR"] = tempfile.mkdtemp(prefix="sagetriton-report-")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytest  # noqa: E402
