@@ -1,0 +1,47 @@
+"""The pack as ComfyUI loads it, and as a plain library without ComfyUI."""
+import asyncio
+import subprocess
+import sys
+import textwrap
+
+from pack_loader import PACK_DIR
+
+from conftest import needs_comfyui
+
+
+def test_imports_without_comfyui_as_a_kernel_library():
+    """No ComfyUI on the path: no nodes, but the kernels and the counters are there, and importing
+    does no heavy work (no Triton compilation, no CUDA initialisation)."""
+    code = textwrap.dedent(f"""
+        import importlib.util, sys
+        spec = importlib.util.spec_from_file_location(
+            "pack", {str(PACK_DIR / "__init__.py")!r}, submodule_search_locations=[{str(PACK_DIR)!r}])
+        pack = importlib.util.module_from_spec(spec)
+        sys.modules["pack"] = pack
+        spec.loader.exec_module(pack)
+        assert "comfy" not in sys.modules
+        assert pack.NODE_CLASS_MAPPINGS == {{}} and pack.WEB_DIRECTORY == "./web"
+        stats = pack.attention_stats()
+        assert stats == {{"kernel": 0, "fallback": {{}}}}, stats
+        from pack.kernels import sageattn
+        import torch
+        assert not torch.cuda.is_initialized()
+        print("ok")
+    """)
+    env_path = [p for p in sys.path if "ComfyUI" not in p]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={"PYTHONPATH": ":".join(env_path), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+@needs_comfyui
+def test_comfyui_loads_the_pack_with_its_own_loader(comfyui_path):
+    import nodes  # ComfyUI's nodes.py
+
+    assert asyncio.run(nodes.load_custom_node(str(PACK_DIR))) is True
+    for node_id, name in (("SageTritonPatchModelAttention", "Patch Model Attention"),
+                          ("SageTritonSettings", "Sage Settings")):
+        assert node_id in nodes.NODE_CLASS_MAPPINGS
+        assert nodes.NODE_DISPLAY_NAME_MAPPINGS[node_id] == name
+    web_dirs = [v for v in nodes.EXTENSION_WEB_DIRS.values() if (PACK_DIR / "web").samefile(v)]
+    assert web_dirs, f"WEB_DIRECTORY not registered: {nodes.EXTENSION_WEB_DIRS}"
