@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Optional
 
 from .arch import ArchInfo, KernelConfig, arch_from_properties, default_config
+from .doctor import GpuInfo
 from .progress import progress_bar
 
 DEFAULT_TARGETS = ("sm80", "sm86", "sm89", "sm90", "sm120", "gfx1100", "gfx1201", "gfx942")
@@ -49,17 +50,10 @@ class Target:
         """The arch table's view of this target, through the same code path as a real device."""
         if self.backend == "cuda":
             major, minor = divmod(self.arch, 10)
-            props = _Props(name=f"cross-compile {self.name}", major=major, minor=minor)
+            props = GpuInfo(name=f"cross-compile {self.name}", major=major, minor=minor)
             return arch_from_properties(props, is_hip=False)
-        return arch_from_properties(_Props(name=f"cross-compile {self.name}", gcnArchName=self.arch), is_hip=True)
+        return arch_from_properties(GpuInfo(name=f"cross-compile {self.name}", gcnArchName=self.arch), is_hip=True)
 
-
-@dataclass
-class _Props:
-    name: str
-    major: int = 0
-    minor: int = 0
-    gcnArchName: str = ""  # noqa: N815 - torch's spelling
 
 
 def parse_target(name: str) -> Target:

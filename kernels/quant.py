@@ -43,6 +43,23 @@ def _group_max(row_max, BLOCK: tl.constexpr, GROUP: tl.constexpr):
 
 
 @triton.jit
+def _row_tile(X, stride_b, stride_h, stride_l, stride_d, H, L, D, BLOCK: tl.constexpr, D_PAD: tl.constexpr):
+    """This program's BLOCK rows of one (batch, head) of a strided (B, H, L, D) tensor, in fp32,
+    zero-padded to D_PAD columns. Returns (bh, rows, row_ok, cols, tile)."""
+    pid_l = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    offs_l = pid_l * BLOCK + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, D_PAD)
+    row_ok = offs_l < L
+    x = tl.load(X + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
+                + offs_l[:, None].to(tl.int64) * stride_l + offs_d[None, :] * stride_d,
+                mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0).to(tl.float32)
+    return bh, offs_l, row_ok, offs_d, x
+
+
+@triton.jit
 def quantize_int8_kernel(
     X, stride_xb, stride_xh, stride_xl, stride_xd,
     Mean, stride_mb, stride_mh,  # fp32 (B, H_mean, D) per-channel mean of K
@@ -51,17 +68,10 @@ def quantize_int8_kernel(
     BLOCK: tl.constexpr, GROUP: tl.constexpr, D_PAD: tl.constexpr, MEAN_MODE: tl.constexpr,
     SCALE_PER_BLOCK: tl.constexpr,
 ):
-    pid_l = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh, offs_l, row_ok, offs_d, x = _row_tile(X, stride_xb, stride_xh, stride_xl, stride_xd, H, L, D, BLOCK, D_PAD)
     b = bh // H
     h = bh % H
-    offs_l = pid_l * BLOCK + tl.arange(0, BLOCK)
-    offs_d = tl.arange(0, D_PAD)
-    row_ok = offs_l < L
     ld_mask = row_ok[:, None] & (offs_d[None, :] < D)
-    x_ptrs = (X + b.to(tl.int64) * stride_xb + h.to(tl.int64) * stride_xh
-              + offs_l[:, None].to(tl.int64) * stride_xl + offs_d[None, :] * stride_xd)
-    x = tl.load(x_ptrs, mask=ld_mask, other=0.0).to(tl.float32)
 
     # x - x is 0 for finite values and NaN for NaN/Inf: one test for both.
     finite = (x - x) == 0.0
@@ -91,7 +101,7 @@ def quantize_int8_kernel(
         # nothing, since SDPA turns every query row that sees such a key into NaN anyway.
         blk_bad = tl.max(tl.where(row_bad & row_ok, 1, 0), axis=0) > 0
         blk_scale = tl.where(blk_bad, float("nan"), tl.max(scale, axis=0) * scale_mult)
-        tl.store(Scale + bh.to(tl.int64) * tl.cdiv(L, BLOCK) + pid_l, blk_scale)
+        tl.store(Scale + bh.to(tl.int64) * tl.cdiv(L, BLOCK) + tl.program_id(0), blk_scale)
     else:
         tok_scale = tl.where(row_bad, float("nan"), scale * scale_mult)
         tl.store(Scale + bh.to(tl.int64) * L + offs_l, tok_scale, mask=row_ok)
@@ -112,13 +122,7 @@ def convert_v_kernel(
     The per-channel scale is derived here from the min/max statistics rather than by a chain of
     small torch ops: fewer launches, which is what short sequences pay for.
     """
-    pid_l = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    offs_l = pid_l * BLOCK + tl.arange(0, BLOCK)
-    offs_d = tl.arange(0, D_PAD)
-    row_ok = offs_l < L
+    bh, offs_l, row_ok, offs_d, v = _row_tile(V, stride_vb, stride_vh, stride_vl, stride_vd, H, L, D, BLOCK, D_PAD)
     d_ok = offs_d < D
     vmin = tl.load(VMin + bh * D + offs_d, mask=d_ok, other=0.0).to(tl.float32)
     vmax = tl.load(VMax + bh * D + offs_d, mask=d_ok, other=0.0).to(tl.float32)
@@ -131,13 +135,10 @@ def convert_v_kernel(
         scale = tl.exp2(tl.ceil(tl.log2(tl.maximum(amax / RANGE, 1.0))))
     else:
         scale = tl.where(amax > 0, amax / RANGE, 1.0)
-    if pid_l == 0:
+    if tl.program_id(0) == 0:
         # P was multiplied by P_SCALE before its cast: the epilogue divides it back out.
         tl.store(Scale + bh * D + offs_d, scale / P_SCALE, mask=d_ok)
 
-    v = tl.load(V + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
-                + offs_l[:, None].to(tl.int64) * stride_vl + offs_d[None, :] * stride_vd,
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
     if HAS_MEAN:
         v = v - mean[None, :]
     v = tl.where(d_ok[None, :], v / scale[None, :], 0.0)
