@@ -191,6 +191,14 @@ def supported_choices(arch: ArchInfo) -> dict:
             "fp8": (fp8_ok, "" if fp8_ok else f"{arch.arch} has no fp8 matrix instructions; fp8 → fp16 on this GPU"),
         },
         "pv_accum_dtype": {a: (True, "") for a in PV_ACCUM_DTYPES},
+        # The nodes' fallback choice: on RDNA4 torch SDPA's default path can abort the process.
+        "fallback": {
+            "auto": (True, ""),
+            "sdpa": (arch.family != "rdna4",
+                     "" if arch.family != "rdna4" else "SDPA's default path can hit a Composable Kernel assertion on "
+                     "RDNA4; sdpa → math on this GPU unless install.py's probe found it safe"),
+            "math": (True, ""),
+        },
     }
 
 

@@ -276,3 +276,16 @@ def test_tensor_descriptor_path(seed, pv):
                        use_tma=True)
     out, _ = kernels.attention_forward(q, k, v, "HND", False, None, None, False, cfg, True, False)
     check(out, q, k, v)
+
+
+def test_supported_choices_mark_what_a_gpu_cannot_run():
+    from types import SimpleNamespace
+
+    from sagetriton.kernels.arch import arch_from_properties, supported_choices
+
+    ampere = supported_choices(arch_from_properties(SimpleNamespace(name="A100", major=8, minor=0), False))
+    assert ampere["pv_precision"]["fp8"][0] is False and "fp8 → fp16" in ampere["pv_precision"]["fp8"][1]
+    assert ampere["fallback"]["sdpa"] == (True, "")
+    rdna4 = supported_choices(arch_from_properties(SimpleNamespace(name="RX 9070 XT", gcnArchName="gfx1201"), True))
+    assert rdna4["pv_precision"]["fp8"][0] is True
+    assert rdna4["fallback"]["sdpa"][0] is False and "sdpa → math" in rdna4["fallback"]["sdpa"][1]
