@@ -7,6 +7,7 @@ through it.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -293,6 +294,15 @@ def _arch_for(device: torch.device):
     return _arch_cache[key]
 
 
+@functools.lru_cache(maxsize=256)
+def _resolved_config(arch, head_dim: int, qk_quant_gran, pv_precision, pv_accum_dtype) -> KernelConfig:
+    """The config for one (GPU, head size, options): resolved once, its downgrade notes logged once."""
+    cfg, notes = resolve_config(arch, head_dim, qk_quant_gran, pv_precision, pv_accum_dtype)
+    for note in notes:
+        _warn_once(note)
+    return cfg
+
+
 def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: str = "HND",
              is_causal: bool = False, sm_scale: Optional[float] = None,
              attn_mask: Optional[torch.Tensor] = None, return_lse: bool = False, *,
@@ -310,10 +320,7 @@ def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: s
     log-sum-exp per (B, Hq, Lq) in fp32.
     """
     _check_inputs(q, k, v, tensor_layout, attn_mask, is_causal)
-    arch = _arch_for(q.device)
-    cfg, notes = resolve_config(arch, q.shape[-1], qk_quant_gran, pv_precision, pv_accum_dtype)
-    for note in notes:
-        _warn_once(note)
+    cfg = _resolved_config(_arch_for(q.device), q.shape[-1], qk_quant_gran, pv_precision, pv_accum_dtype)
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(q.shape[-1])
     out, lse = attention_op(q, k, v, tensor_layout, bool(is_causal), float(sm_scale), attn_mask, bool(return_lse),
