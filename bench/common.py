@@ -10,6 +10,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from pack_loader import find_comfyui, import_pack  # noqa: E402
 
+import_pack()
+from sagetriton.kernels.reference import cosine, rel_l1  # noqa: E402  one definition, shared with the tests
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -20,16 +23,6 @@ def environment() -> dict:
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
     return {"date": datetime.date.today().isoformat(), "gpu": gpu, "torch": torch.__version__,
             "triton": triton.__version__, "python": platform.python_version()}
-
-
-def cosine(a, b) -> float:
-    a, b = a.double().flatten(), b.double().flatten()
-    return float(a @ b / (a.norm() * b.norm()))
-
-
-def rel_l1(a, b) -> float:
-    a, b = a.double(), b.double()
-    return float((a - b).abs().sum() / b.abs().sum())
 
 
 def write_json(path: Path, payload: dict) -> None:

@@ -16,6 +16,18 @@ from .arch import FP8_MAX, KernelConfig
 _FP8 = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
 
 
+def cosine(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """Cosine similarity of two tensors, computed in fp64."""
+    a, b = out.double().flatten(), ref.double().flatten()
+    return float(a @ b / (a.norm() * b.norm()).clamp_min(1e-30))
+
+
+def rel_l1(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative L1 error of ``out`` against ``ref``, computed in fp64."""
+    a, b = out.double(), ref.double()
+    return float((a - b).abs().sum() / b.abs().sum().clamp_min(1e-30))
+
+
 def to_bhld(t: torch.Tensor, layout: str) -> torch.Tensor:
     return t if layout == "HND" else t.permute(0, 2, 1, 3)
 

@@ -72,6 +72,3 @@ def comfy_args(q, k, v, skip_reshape: bool):
     return tuple(flat)
 
 
-def cosine(a, b) -> float:
-    a, b = a.double().flatten(), b.double().flatten()
-    return float(torch.dot(a, b) / (a.norm() * b.norm()).clamp_min(1e-30))

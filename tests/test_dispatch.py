@@ -10,8 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from attention_cases import comfy_args, cosine, exact_attention, normalized_mask, random_qkv, reference_backend
+from attention_cases import comfy_args, exact_attention, normalized_mask, random_qkv, reference_backend
 from sagetriton.kernels.arch import arch_from_properties
+from sagetriton.kernels.reference import cosine
 from sagetriton.nodes import dispatch, fallback, stats
 from sagetriton.nodes.dispatch import PatchState, bind_call, kernel_inputs
 from sagetriton.nodes.install_report import NoReport

@@ -7,18 +7,9 @@ import torch
 import torch.nn.functional as F
 from sagetriton.kernels import reference as ref
 from sagetriton.kernels.arch import KernelConfig
+from sagetriton.kernels.reference import cosine
 
 sageattn = kernels.sageattn
-
-
-def cosine(a, b):
-    a, b = a.double().flatten(), b.double().flatten()
-    return (a @ b / (a.norm() * b.norm())).item()
-
-
-def rel_l1(a, b):
-    a, b = a.double(), b.double()
-    return ((a - b).abs().sum() / b.abs().sum()).item()
 
 
 def make_qkv(B=1, H=2, LQ=80, LK=None, D=64, H_KV=None, layout="HND", dtype=torch.float16, k_bias=2.0):

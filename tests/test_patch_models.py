@@ -10,11 +10,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 from sagetriton.kernels.arch import arch_from_properties
+from sagetriton.kernels.reference import cosine
 from sagetriton.nodes import stats
 from sagetriton.nodes.patching import OVERRIDE_KEY, patch_model, patch_state_of
 from sagetriton.nodes.run_summary import WRAPPER_KEY, send_progress_text
 from sagetriton.nodes.settings import SageSettings
-from tiny_models import BUILDERS, cosine, sample
+from tiny_models import BUILDERS, sample
 
 pytestmark = pytest.mark.usefixtures("comfyui_path")
 

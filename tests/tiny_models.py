@@ -179,13 +179,4 @@ def sample(tiny: TinyModel, model=None, steps: int = 2, cfg: float | None = None
                                tiny.positive, tiny.negative, tiny.latent, seed=seed, disable_pbar=True)
 
 
-def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double().flatten(), b.double().flatten()
-    return float(torch.dot(a, b) / (a.norm() * b.norm()).clamp_min(1e-30))
-
-
-def relative_l1(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).abs().sum() / b.double().abs().sum().clamp_min(1e-30))
-
-
-__all__ = ["BUILDERS", "TinyModel", "cosine", "relative_l1", "sample"]
+__all__ = ["BUILDERS", "TinyModel", "sample"]
