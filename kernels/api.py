@@ -171,7 +171,7 @@ def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int):
         v, *v.stride(), vmin, vmax, mean if smooth_v else scale, scale,
         out, out.stride(0), stride_l, stride_d, H, L, D,
     ), dict(BLOCK=block, D_PAD=d_pad, HAS_MEAN=smooth_v, RANGE=p_scale if fp8 else _FP16_TILE_V_LIMIT,
-            POW2_SCALE=not fp8, P_SCALE=p_scale, INTERPRETER=interpreter_enabled()), num_warps=4)
+            POW2_SCALE=not fp8, INTERPRETER=interpreter_enabled()), num_warps=4)
     # Kernel-side strides of the converted V as (B, H, L, D_PAD).
     strides = (H * out.stride(0), out.stride(0), stride_l, stride_d)
     mean_flat = mean.reshape(B * H, D) if smooth_v else None
@@ -246,7 +246,7 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
         H, H_KV, LQ, LK, D,
     ), dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_PAD=d_pad,
-        IS_CAUSAL=is_causal, MASK_KIND=mask_kind, PV_MODE=pv_mode, P_SCALE=p_scale,
+        IS_CAUSAL=is_causal, MASK_KIND=mask_kind, PV_MODE=pv_mode, P_LOG2=math.log2(p_scale),
         HAS_VSCALE=v_scale is not None, HAS_VMEAN=v_mean is not None, HAS_QBIAS=qbias is not None,
         K_SCALAR=k_scalar, RETURN_LSE=return_lse, EVEN_D=(D == d_pad) or (v_op is not vh),
         INTERPRETER=interpreter_enabled(), K_TMA=k_desc is not None, V_TMA=v_desc is not None,

@@ -25,8 +25,10 @@ MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
 
 @triton.jit
 def _masked_softmax_tile(x, m_i, offs_m, offs_n, mask_base, stride_mm, stride_mn, LQ, LK,
-                         BOUNDARY: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr):
-    """Apply the mask, key bounds and causality to base-2 logits; return (p, new row max, shift)."""
+                         BOUNDARY: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
+                         P_LOG2: tl.constexpr):
+    """Apply the mask, key bounds and causality to base-2 logits; return (p · 2^P_LOG2, new row
+    max, shift)."""
     if MASK_KIND != 0:
         m_ptrs = mask_base + offs_m[:, None].to(tl.int64) * stride_mm + offs_n[None, :].to(tl.int64) * stride_mn
         m_ok = (offs_m[:, None] < LQ) & (offs_n[None, :] < LK)
@@ -43,7 +45,7 @@ def _masked_softmax_tile(x, m_i, offs_m, offs_n, mask_base, stride_mm, stride_mn
     m_new = tl.maximum(m_i, tl.max(x, 1))
     # A row masked so far has max -inf: shift by 0 instead, so exp2 gives 0 rather than NaN.
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    return tl.math.exp2(x - m_use[:, None]), m_new, m_use
+    return tl.math.exp2(x - (m_use - P_LOG2)[:, None]), m_new, m_use
 
 
 @triton.jit
@@ -53,7 +55,7 @@ def _attn_tile(
     stride_vn, stride_vd, stride_mm, stride_mn,
     LQ, LK, D,
     BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, BOUNDARY: tl.constexpr, IS_CAUSAL: tl.constexpr,
-    MASK_KIND: tl.constexpr, PV_MODE: tl.constexpr, P_SCALE: tl.constexpr, EVEN_D: tl.constexpr,
+    MASK_KIND: tl.constexpr, PV_MODE: tl.constexpr, P_LOG2: tl.constexpr, EVEN_D: tl.constexpr,
     K_SCALAR: tl.constexpr, INTERPRETER: tl.constexpr, K_TMA: tl.constexpr, V_TMA: tl.constexpr,
     V_T: tl.constexpr,
 ):
@@ -74,10 +76,10 @@ def _attn_tile(
         row_scale = qs * tl.load(ks_base + start_n // BLOCK_N)
     if K_SCALAR and not BOUNDARY and MASK_KIND == 0:
         # Hot path: scales are positive, so the row max can be taken on the integers, and the
-        # rescale folds into the exp2 argument (one FMA per logit).
+        # rescale and the fp8 range factor fold into the exp2 argument (one FMA per logit).
         m_new = tl.maximum(m_i, tl.max(s, 1).to(tl.float32) * row_scale)
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s.to(tl.float32) * row_scale[:, None] - m_use[:, None])
+        p = tl.math.exp2(s.to(tl.float32) * row_scale[:, None] - (m_use - P_LOG2)[:, None])
     else:
         if K_SCALAR:
             x = s.to(tl.float32) * row_scale[:, None]
@@ -85,7 +87,7 @@ def _attn_tile(
             ks = tl.load(ks_base + offs_n, mask=offs_n < LK, other=0.0)
             x = s.to(tl.float32) * qs[:, None] * ks[None, :]
         p, m_new, m_use = _masked_softmax_tile(x, m_i, offs_m, offs_n, mask_base, stride_mm, stride_mn, LQ, LK,
-                                               BOUNDARY, IS_CAUSAL, MASK_KIND)
+                                               BOUNDARY, IS_CAUSAL, MASK_KIND, P_LOG2)
 
     alpha = tl.math.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, 1)
@@ -120,7 +122,7 @@ def _attn_tile(
     elif PV_MODE == 1:
         acc += tl.dot(p.to(tl.float16), v.to(tl.float16), out_dtype=tl.float16).to(tl.float32)
     else:
-        acc += tl.dot(to_fp8(p * P_SCALE, v.dtype, INTERPRETER), v)
+        acc += tl.dot(to_fp8(p, v.dtype, INTERPRETER), v)
     return acc, l_i, m_new
 
 
@@ -133,7 +135,7 @@ def attention_kernel(
     stride_mb, stride_mh, stride_mm, stride_mn,
     H, H_KV, LQ, LK, D,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PV_MODE: tl.constexpr, P_SCALE: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PV_MODE: tl.constexpr, P_LOG2: tl.constexpr,
     HAS_VSCALE: tl.constexpr, HAS_VMEAN: tl.constexpr, HAS_QBIAS: tl.constexpr,
     K_SCALAR: tl.constexpr, RETURN_LSE: tl.constexpr, EVEN_D: tl.constexpr, INTERPRETER: tl.constexpr,
     K_TMA: tl.constexpr, V_TMA: tl.constexpr, V_T: tl.constexpr,
@@ -173,13 +175,13 @@ def attention_kernel(
         acc, l_i, m_i = _attn_tile(
             acc, l_i, m_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, mask_base, KDesc, VDesc, bhk,
             stride_vn, stride_vd, stride_mm, stride_mn, LQ, LK, D,
-            BLOCK_N, D_PAD, False, IS_CAUSAL, MASK_KIND, PV_MODE, P_SCALE, EVEN_D, K_SCALAR, INTERPRETER,
+            BLOCK_N, D_PAD, False, IS_CAUSAL, MASK_KIND, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
             K_TMA, V_TMA, V_T)
     for start_n in range(full_end, hi, BLOCK_N):
         acc, l_i, m_i = _attn_tile(
             acc, l_i, m_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, mask_base, KDesc, VDesc, bhk,
             stride_vn, stride_vd, stride_mm, stride_mn, LQ, LK, D,
-            BLOCK_N, D_PAD, True, IS_CAUSAL, MASK_KIND, PV_MODE, P_SCALE, EVEN_D, K_SCALAR, INTERPRETER,
+            BLOCK_N, D_PAD, True, IS_CAUSAL, MASK_KIND, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
             K_TMA, V_TMA, V_T)
 
     # A fully masked row has l_i == 0: SDPA returns 0 there, and so do we.
@@ -195,7 +197,8 @@ def attention_kernel(
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
 
     if RETURN_LSE:
-        lse = tl.where(live, (m_i + tl.math.log2(tl.where(live, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+        lse = tl.where(live, (m_i + tl.math.log2(tl.where(live, l_i, 1.0)) - P_LOG2) * 0.6931471805599453,
+                       float("-inf"))
         if HAS_QBIAS:
             lse += tl.load(QBias + bh.to(tl.int64) * LQ + offs_m, mask=m_ok, other=0.0)
         tl.store(Lse + bh.to(tl.int64) * LQ + offs_m, lse, mask=m_ok)

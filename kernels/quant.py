@@ -115,7 +115,7 @@ def convert_v_kernel(
     Out, stride_ob, stride_ol, stride_od,  # (B*H, L, D_PAD) in any order of the last two
     H, L, D,
     BLOCK: tl.constexpr, D_PAD: tl.constexpr, HAS_MEAN: tl.constexpr, RANGE: tl.constexpr,
-    POW2_SCALE: tl.constexpr, P_SCALE: tl.constexpr, INTERPRETER: tl.constexpr,
+    POW2_SCALE: tl.constexpr, INTERPRETER: tl.constexpr,
 ):
     """V minus its mean (smooth_v), scaled per channel into [-RANGE, RANGE], cast to Out's dtype.
 
@@ -136,8 +136,7 @@ def convert_v_kernel(
     else:
         scale = tl.where(amax > 0, amax / RANGE, 1.0)
     if tl.program_id(0) == 0:
-        # P was multiplied by P_SCALE before its cast: the epilogue divides it back out.
-        tl.store(Scale + bh * D + offs_d, scale / P_SCALE, mask=d_ok)
+        tl.store(Scale + bh * D + offs_d, scale, mask=d_ok)
 
     if HAS_MEAN:
         v = v - mean[None, :]
