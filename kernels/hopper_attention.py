@@ -40,6 +40,11 @@ if AVAILABLE:
     _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
     @gluon.jit
+    def _int_to_float(s):
+        """int32 → fp32 without the conversion unit (exact below 2^22; see attention.int_to_float)."""
+        return (s + 0x4B400000).to(gl.float32, bitcast=True) - 12582912.0
+
+    @gluon.jit
     def _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, tile, n_tiles, k_row0, v_row0,
                  STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
         """Start the TMA copies of K and Vᵀ tile ``tile`` into ring slot tile % STAGES (if it exists).
@@ -135,7 +140,7 @@ if AVAILABLE:
             # into one FMA per logit.
             row_scale = qs * gl.load(ks_base + j)
             m_new = gl.maximum(m_i, gl.max(s, axis=1).to(gl.float32) * row_scale)
-            p = gl.exp2(s.to(gl.float32) * row_scale[:, None] - (m_new - P_LOG2)[:, None])
+            p = gl.exp2(_int_to_float(s) * row_scale[:, None] - (m_new - P_LOG2)[:, None])
             alpha = gl.exp2(m_i - m_new)
             l_i = l_i * alpha + gl.sum(p, axis=1)
             m_i = m_new
@@ -151,7 +156,7 @@ if AVAILABLE:
         last = n_tiles - 1
         row_scale = qs * gl.load(ks_base + last)
         offs_n = last * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_s)
-        x = gl.where((offs_n < LK)[None, :], s.to(gl.float32) * row_scale[:, None], float("-inf"))
+        x = gl.where((offs_n < LK)[None, :], _int_to_float(s) * row_scale[:, None], float("-inf"))
         m_new = gl.maximum(m_i, gl.max(x, axis=1))
         p = gl.exp2(x - (m_new - P_LOG2)[:, None])
         alpha = gl.exp2(m_i - m_new)
