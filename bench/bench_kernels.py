@@ -130,8 +130,9 @@ TILES = [(64, 64, 4, 3), (64, 128, 4, 2), (64, 128, 4, 3), (64, 128, 4, 4),
 # (pv precision, tensor descriptors, Gluon kernel)
 TILE_VARIANTS = [("fp16", False, False), ("fp8", False, False), ("fp8", True, False)]
 # The Hopper Gluon kernel: (block_m, block_n, warps, ring slots), against the portable kernel's best.
-# 8 warps (two warpgroups per CTA, in lockstep through the CTA barriers) measured 15-25% slower.
-GLUON_TILES = [(64, 128, 4, 2), (64, 128, 4, 3), (64, 64, 4, 3), (64, 64, 4, 4)]
+# block_m 64: one warpgroup per CTA. block_m 128 (8 warps): the ping-pong kernel, two consumer
+# warpgroups and a producer warp.
+GLUON_TILES = [(64, 128, 4, 2), (128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2)]
 GLUON_VARIANTS = [("fp8", True, True)]
 
 

@@ -52,11 +52,11 @@ def _arg_type(a) -> str:
     raise TypeError(f"no Triton type for {type(a).__name__}")
 
 
-def _launch(kernel, grid, args: tuple, constexprs: dict, num_warps: int, num_stages: int = 1) -> None:
+def _launch(kernel, grid, args: tuple, constexprs: dict, num_warps: int, num_stages: int = 1, **options) -> None:
     """Launch, or under ``record_launches`` describe the launch for ``triton.compile``, so the
     cross-compile check builds exactly what a real call runs."""
     if _recorded is None:
-        kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+        kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages, **options)
         return
     if "num_warps" in kernel.arg_names:  # Gluon kernels take it as a constexpr parameter
         constexprs = {**constexprs, "num_warps": num_warps}
@@ -64,7 +64,8 @@ def _launch(kernel, grid, args: tuple, constexprs: dict, num_warps: int, num_sta
     signature = dict(zip(names, map(_arg_type, args), strict=True))
     signature.update({n: "constexpr" for n in constexprs})
     _recorded.append({"name": kernel.fn.__name__, "fn": kernel, "signature": signature,
-                      "constexprs": dict(constexprs), "options": {"num_warps": num_warps, "num_stages": num_stages}})
+                      "constexprs": dict(constexprs),
+                      "options": {"num_warps": num_warps, "num_stages": num_stages, **options}})
 
 
 def compile_specs(cfg: KernelConfig, head_dim: int = 128, dtype=torch.bfloat16, seq_len: int = 1024) -> list:
@@ -273,12 +274,19 @@ def _run_gluon(q8, qs, k8, ks, v_t, epilogue, oh, lse, dims, cfg: KernelConfig, 
     logged once, then the process stays on the portable kernel."""
     global _gluon_failed
     H, H_KV, LQ, LK, D = dims
+    ha = hopper_attention
     try:
-        descs = hopper_attention.descriptors(q8, k8, v_t, LK, cfg.block_m, cfg.block_n)
+        args = (qs, ks, *epilogue, oh, lse, *oh.stride(), H, H_KV, LQ, LK, D)
         grid = (triton.cdiv(LQ, cfg.block_m), q8.shape[0])
-        _launch(hopper_attention.hopper_attention_kernel, grid, (
-            *descs, qs, ks, *epilogue, oh, lse, *oh.stride(), H, H_KV, LQ, LK, D,
-        ), dict(P_LOG2=p_log2, STAGES=cfg.num_stages, **flags), num_warps=cfg.num_warps)
+        if cfg.block_m == 128:  # two consumer warpgroups (8 warps) of 64 rows in ping-pong, one TMA producer warp
+            descs = ha.descriptors(q8, k8, v_t, LK, 64, cfg.block_n)
+            _launch(ha.hopper_pingpong_kernel, grid, (*descs, *args), dict(
+                P_LOG2=p_log2, STAGES=cfg.num_stages, **flags, CONSUMER_REGS=ha.PINGPONG_CONSUMER_REGS,
+                PRODUCER_REGS=ha.PINGPONG_PRODUCER_REGS), num_warps=4, maxnreg=ha.PINGPONG_MAXNREG)
+        else:
+            descs = ha.descriptors(q8, k8, v_t, LK, cfg.block_m, cfg.block_n)
+            _launch(ha.hopper_attention_kernel, grid, (*descs, *args),
+                    dict(P_LOG2=p_log2, STAGES=cfg.num_stages, **flags), num_warps=cfg.num_warps)
         return True
     except Exception as e:  # noqa: BLE001 - a compiler error must not break the user's run
         if _recorded is not None:

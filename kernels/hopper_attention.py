@@ -70,6 +70,44 @@ if AVAILABLE:
         return warpgroup_mma(p8, v_smem.index(tile % STAGES).permute((1, 0)), o_zero, use_acc=False, is_async=True)
 
     @gluon.jit
+    def _epilogue(acc, m_i, l_i, row0, b, h, bh, bhk, VScale, VMean, QBias, Out, Lse,
+                  stride_ob, stride_oh, stride_om, stride_od, LQ, D, P_LOG2: gl.constexpr,
+                  HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr, HAS_QBIAS: gl.constexpr,
+                  RETURN_LSE: gl.constexpr):
+        """Normalise and store rows row0.. of the output (and their LSE), as the portable kernel does:
+        a NaN row sum stays NaN (SDPA semantics), a row with no live key gets 0."""
+        o_layout: gl.constexpr = acc.type.layout
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
+        BLOCK_M: gl.constexpr = acc.type.shape[0]
+        D_PAD: gl.constexpr = acc.type.shape[1]
+        live = l_i > 0
+        out = acc / gl.convert_layout(gl.where(live, l_i, 1.0), row_o)[:, None]
+        offs_d = gl.arange(0, D_PAD, layout=col_o)
+        d_ok = offs_d < D
+        if HAS_VSCALE:
+            out = out * gl.load(VScale + bhk * D + offs_d, mask=d_ok, other=0.0)[None, :]
+        if HAS_VMEAN:
+            live_o = gl.convert_layout(live, row_o)
+            out = out + gl.where(live_o[:, None], gl.load(VMean + bhk * D + offs_d, mask=d_ok, other=0.0)[None, :],
+                                 0.0)
+        offs_mo = row0 + gl.arange(0, BLOCK_M, layout=row_o)
+        o_ptrs = (Out + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
+                  + offs_mo[:, None].to(gl.int64) * stride_om + offs_d[None, :] * stride_od)
+        gl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(offs_mo < LQ)[:, None] & d_ok[None, :])
+        if RETURN_LSE:
+            # A plain 1-D layout for the store: triton 3.6 cannot lower a store in a sliced MMA layout
+            # inside a warp-specialized partition.
+            flat: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+            offs_m = row0 + gl.arange(0, BLOCK_M, layout=flat)
+            lse = gl.where(live, (m_i + gl.log2(gl.where(live, l_i, 1.0)) - P_LOG2) * 0.6931471805599453,
+                           float("-inf"))
+            lse = gl.convert_layout(lse, flat)
+            if HAS_QBIAS:
+                lse += gl.load(QBias + bh.to(gl.int64) * LQ + offs_m, mask=offs_m < LQ, other=0.0)
+            gl.store(Lse + bh.to(gl.int64) * LQ + offs_m, lse, mask=offs_m < LQ)
+
+    @gluon.jit
     def hopper_attention_kernel(
         q_desc, k_desc, v_desc,  # int8 Q (B*H*LQ, D_PAD), int8 K (B*H_KV*LK, D_PAD), fp8 Vᵀ (B*H_KV*D_PAD, LK)
         QS, KS, VScale, VMean, QBias, Out, Lse,
@@ -98,7 +136,6 @@ if AVAILABLE:
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
-        col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
 
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_M, D_PAD], q_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, D_PAD], k_desc.layout)
@@ -170,29 +207,180 @@ if AVAILABLE:
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(kv_bar.index(i))
 
-        # Epilogue, as in the portable kernel: a NaN row sum stays NaN (SDPA semantics).
-        live = l_i > 0
-        l_o = gl.convert_layout(gl.where(live, l_i, 1.0), row_o)
-        out = acc / l_o[:, None]
-        offs_d = gl.arange(0, D_PAD, layout=col_o)
-        d_ok = offs_d < D
-        if HAS_VSCALE:
-            out = out * gl.load(VScale + bhk * D + offs_d, mask=d_ok, other=0.0)[None, :]
-        if HAS_VMEAN:
-            live_o = gl.convert_layout(live, row_o)
-            out = out + gl.where(live_o[:, None], gl.load(VMean + bhk * D + offs_d, mask=d_ok, other=0.0)[None, :],
-                                 0.0)
-        offs_mo = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_o)
-        o_ptrs = (Out + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
-                  + offs_mo[:, None].to(gl.int64) * stride_om + offs_d[None, :] * stride_od)
-        gl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(offs_mo < LQ)[:, None] & d_ok[None, :])
+        _epilogue(acc, m_i, l_i, pid_m * BLOCK_M, b, h, bh, bhk, VScale, VMean, QBias, Out, Lse,
+                  stride_ob, stride_oh, stride_om, stride_od, LQ, D, P_LOG2, HAS_VSCALE, HAS_VMEAN, HAS_QBIAS,
+                  RETURN_LSE)
 
-        if RETURN_LSE:
-            lse = gl.where(live, (m_i + gl.log2(gl.where(live, l_i, 1.0)) - P_LOG2) * 0.6931471805599453,
-                           float("-inf"))
-            if HAS_QBIAS:
-                lse += gl.load(QBias + bh.to(gl.int64) * LQ + offs_m, mask=offs_m < LQ, other=0.0)
-            gl.store(Lse + bh.to(gl.int64) * LQ + offs_m, lse, mask=offs_m < LQ)
+    # ------------------------------------------------------------------------------------------
+    # Ping-pong variant (FlashAttention-3's schedule): a 128-row Q tile, two consumer warpgroups of
+    # 64 rows each and a one-warp TMA producer. A consumer's turn on the tensor cores issues its
+    # Q·Kᵀ of tile j and P·V of tile j-1 back to back, then hands the turn to the other consumer and
+    # runs its softmax while the other one's matmuls execute. The exp2 work of one warpgroup thus
+    # hides under the matmuls of the other instead of both warpgroups contending for each in turn.
+
+    @gluon.jit
+    def _softmax(s, m_i, l_i, row_scale, j, LK, P_LOG2: gl.constexpr, BLOCK_N: gl.constexpr, p_layout: gl.constexpr,
+                 p_dtype: gl.constexpr):
+        """One tile's online softmax in base 2; P comes back in fp8, laid out as the P·V A operand.
+        Only the last tile can hold keys past LK; it alone pays for the mask."""
+        if (j + 1) * BLOCK_N > LK:
+            offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
+            x = gl.where((offs_n < LK)[None, :], _int_to_float(s) * row_scale[:, None], float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(x, axis=1))
+            p = gl.exp2(x - (m_new - P_LOG2)[:, None])
+        else:
+            m_new = gl.maximum(m_i, gl.max(s, axis=1).to(gl.float32) * row_scale)
+            p = gl.exp2(_int_to_float(s) * row_scale[:, None] - (m_new - P_LOG2)[:, None])
+        alpha = gl.exp2(m_i - m_new)
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        return gl.convert_layout(p.to(p_dtype), p_layout), alpha, m_new, l_i
+
+    @gluon.jit
+    def _pingpong_consumer(args, C: gl.constexpr, P_LOG2: gl.constexpr, STAGES: gl.constexpr,
+                           HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr, HAS_QBIAS: gl.constexpr,
+                           RETURN_LSE: gl.constexpr):
+        (q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty, turn, QS, KS, VScale, VMean, QBias, Out, Lse,
+         stride_ob, stride_oh, stride_om, stride_od, H, H_KV, LQ, LK, D) = args
+        HALF: gl.constexpr = q_smem.type.shape[1]
+        D_PAD: gl.constexpr = q_smem.type.shape[2]
+        BLOCK_N: gl.constexpr = k_smem.type.shape[1]
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 32])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, D_PAD, 32])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+        pid_m = gl.program_id(0)
+        bh = gl.program_id(1)
+        b = bh // H
+        h = bh % H
+        bhk = b * H_KV + h // (H // H_KV)
+        row0 = pid_m * (2 * HALF) + C * HALF
+        offs_m = row0 + gl.arange(0, HALF, layout=row_s)
+        qs = gl.load(QS + bh.to(gl.int64) * LQ + offs_m, mask=offs_m < LQ, other=0.0)
+        n_tiles = gl.cdiv(LK, BLOCK_N)
+        ks_base = KS + bhk.to(gl.int64) * n_tiles
+        q = q_smem.index(C)
+        s_zero = gl.zeros([HALF, BLOCK_N], gl.int32, s_layout)
+        o_zero = gl.zeros([HALF, D_PAD], gl.float32, o_layout)
+        acc = gl.zeros([HALF, D_PAD], gl.float32, o_layout)
+        m_i = gl.full([HALF], float("-inf"), gl.float32, row_s)
+        l_i = gl.zeros([HALF], gl.float32, row_s)
+
+        # Turn k of consumer 0 waits for parity (k & 1) ^ 1 (its first turn is free), consumer 1's for
+        # parity k & 1 (its first turn comes when consumer 0 hands over).
+        mbarrier.wait(q_bar, 0)
+        mbarrier.wait(turn.index(C), C ^ 1)
+        mbarrier.wait(kv_ready.index(0), 0)
+        s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        mbarrier.arrive(turn.index(1 - C), count=1)
+        s = warpgroup_mma_wait(0, deps=(s_tok,))
+        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, qs * gl.load(ks_base), 0, LK, P_LOG2, BLOCK_N, p_layout,
+                                      v_smem.dtype)
+        for j in range(1, n_tiles):
+            st = j % STAGES
+            prev = (j - 1) % STAGES
+            mbarrier.wait(turn.index(C), (j & 1) ^ (C ^ 1))
+            mbarrier.wait(kv_ready.index(st), (j // STAGES) & 1)
+            s_tok = warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            pv_tok = warpgroup_mma(p, v_smem.index(prev).permute((1, 0)), o_zero, use_acc=False, is_async=True)
+            mbarrier.arrive(turn.index(1 - C), count=1)
+            s, pv = warpgroup_mma_wait(0, deps=(s_tok, pv_tok))
+            mbarrier.arrive(kv_empty.index(prev), count=1)
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv
+            p, alpha, m_i, l_i = _softmax(s, m_i, l_i, qs * gl.load(ks_base + j), j, LK, P_LOG2, BLOCK_N, p_layout,
+                                          v_smem.dtype)
+        last = n_tiles - 1
+        mbarrier.wait(turn.index(C), (n_tiles & 1) ^ (C ^ 1))
+        pv_tok = warpgroup_mma(p, v_smem.index(last % STAGES).permute((1, 0)), o_zero, use_acc=False,
+                               is_async=True)
+        mbarrier.arrive(turn.index(1 - C), count=1)
+        pv = warpgroup_mma_wait(0, deps=(pv_tok,))
+        mbarrier.arrive(kv_empty.index(last % STAGES), count=1)
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv
+        _epilogue(acc, m_i, l_i, row0, b, h, bh, bhk, VScale, VMean, QBias, Out, Lse,
+                  stride_ob, stride_oh, stride_om, stride_od, LQ, D, P_LOG2, HAS_VSCALE, HAS_VMEAN, HAS_QBIAS,
+                  RETURN_LSE)
+
+    # Constexprs travel as annotated parameters: inside a tuple they would reach the partitions as
+    # runtime values. Worker partitions share one signature.
+    @gluon.jit
+    def _pingpong_consumer0(args, P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr,
+                            HAS_VMEAN: gl.constexpr, HAS_QBIAS: gl.constexpr, RETURN_LSE: gl.constexpr):
+        _pingpong_consumer(args, 0, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, HAS_QBIAS, RETURN_LSE)
+
+    @gluon.jit
+    def _pingpong_consumer1(args, descs, P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr,
+                            HAS_VMEAN: gl.constexpr, HAS_QBIAS: gl.constexpr, RETURN_LSE: gl.constexpr):
+        _pingpong_consumer(args, 1, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, HAS_QBIAS, RETURN_LSE)
+
+    @gluon.jit
+    def _pingpong_producer(args, descs, P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr,
+                           HAS_VMEAN: gl.constexpr, HAS_QBIAS: gl.constexpr, RETURN_LSE: gl.constexpr):
+        """One warp: Q once, then K and Vᵀ tiles into the ring as soon as both consumers free a slot."""
+        (q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty, turn, QS, KS, VScale, VMean, QBias, Out, Lse,
+         stride_ob, stride_oh, stride_om, stride_od, H, H_KV, LQ, LK, D) = args
+        q_desc, k_desc, v_desc = descs
+        HALF: gl.constexpr = q_smem.type.shape[1]
+        D_PAD: gl.constexpr = q_smem.type.shape[2]
+        BLOCK_N: gl.constexpr = k_smem.type.shape[1]
+        pid_m = gl.program_id(0)
+        bh = gl.program_id(1)
+        b = bh // H
+        bhk = b * H_KV + (bh % H) // (H // H_KV)
+        q_row = bh * LQ + pid_m * (2 * HALF)
+        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem.index(0))
+        tma.async_copy_global_to_shared(q_desc, [q_row + HALF, 0], q_bar, q_smem.index(1))
+        for j in range(gl.cdiv(LK, BLOCK_N)):
+            st = j % STAGES
+            bar = kv_ready.index(st)
+            mbarrier.wait(kv_empty.index(st), ((j // STAGES) & 1) ^ 1)
+            mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [bhk * LK + j * BLOCK_N, 0], bar, k_smem.index(st))
+            tma.async_copy_global_to_shared(v_desc, [bhk * D_PAD, j * BLOCK_N], bar, v_smem.index(st))
+
+    @gluon.jit
+    def hopper_pingpong_kernel(
+        q_desc, k_desc, v_desc,  # as hopper_attention_kernel; q_desc blocks are 64 rows (one consumer)
+        QS, KS, VScale, VMean, QBias, Out, Lse,
+        stride_ob, stride_oh, stride_om, stride_od,
+        H, H_KV, LQ, LK, D,
+        P_LOG2: gl.constexpr, STAGES: gl.constexpr,
+        HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr, HAS_QBIAS: gl.constexpr, RETURN_LSE: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    ):
+        HALF: gl.constexpr = q_desc.block_type.shape[0]
+        D_PAD: gl.constexpr = q_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, HALF, D_PAD], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, D_PAD], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, D_PAD, BLOCK_N], v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(kv_ready.index(i), count=1)
+            mbarrier.init(kv_empty.index(i), count=2)  # both consumers release a slot
+        for i in gl.static_range(2):
+            mbarrier.init(turn.index(i), count=1)
+        fence_async_shared()
+
+        args = (q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty, turn, QS, KS, VScale, VMean, QBias, Out, Lse,
+                stride_ob, stride_oh, stride_om, stride_od, H, H_KV, LQ, LK, D)
+        descs = (q_desc, k_desc, v_desc)
+        gl.warp_specialize([
+            (_pingpong_consumer0, (args, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, HAS_QBIAS, RETURN_LSE)),
+            (_pingpong_consumer1, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, HAS_QBIAS, RETURN_LSE)),
+            (_pingpong_producer, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, HAS_QBIAS, RETURN_LSE)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+    # Register split of the ping-pong kernel: 3 warpgroups share 64K registers; the producer needs few.
+    PINGPONG_MAXNREG, PINGPONG_CONSUMER_REGS, PINGPONG_PRODUCER_REGS = 168, 240, 24
 
     def descriptors(q8, k8, v_t, LK: int, block_m: int, block_n: int):
         """TMA descriptors over the quantized tensors, as 2-D views.
