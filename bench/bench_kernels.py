@@ -68,10 +68,6 @@ def kernel_rows(arch, D):
     base = default_config(arch, D)
     rows = [("sage default", lambda q, k, v, c=base: attention_forward(q, k, v, "HND", False, None, None,
                                                                          False, c, True, False)[0])]
-    if base.use_gluon:
-        c = base.replace(use_gluon=False)
-        rows.append(("sage portable kernel", lambda q, k, v, c=c: attention_forward(
-            q, k, v, "HND", False, None, None, False, c, True, False)[0]))
     pvs = ("fp16", "fp8") if arch.fp8 else ("fp16",)
     for gran, pv in itertools.product(("per_block", "per_warp", "per_thread"), pvs):
         c = base.replace(qk_quant_gran=gran, pv_precision=pv)
@@ -96,7 +92,7 @@ def bench_shape(shape, dtype, arch, all_variants=True):
     rows = []
     krows, base = kernel_rows(arch, D)
     if not all_variants:
-        krows = [r for r in krows if r[0] in ("sage default", "sage portable kernel")]
+        krows = krows[:1]
     methods = [("sdpa default", lambda q, k, v: F.scaled_dot_product_attention(q, k, v))]
     methods += [(f"sdpa {b.name.lower()}", sdpa_with([b])) for b in
                 (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION)]
@@ -127,13 +123,8 @@ def bench_shape(shape, dtype, arch, all_variants=True):
 
 TILES = [(64, 64, 4, 3), (64, 128, 4, 2), (64, 128, 4, 3), (64, 128, 4, 4),
          (128, 128, 8, 3), (128, 64, 4, 3), (64, 256, 4, 2), (128, 128, 4, 2)]
-# (pv precision, tensor descriptors, Gluon kernel)
-TILE_VARIANTS = [("fp16", False, False), ("fp8", False, False), ("fp8", True, False)]
-# The Hopper Gluon kernel: (block_m, block_n, warps, ring slots), against the portable kernel's best.
-# block_m 64: one warpgroup per CTA. block_m 128 (8 warps): the ping-pong kernel, two consumer
-# warpgroups and a producer warp.
-GLUON_TILES = [(64, 128, 4, 2), (128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2)]
-GLUON_VARIANTS = [("fp8", True, True)]
+# (pv precision, tensor descriptors)
+TILE_VARIANTS = [("fp16", False), ("fp8", False), ("fp8", True)]
 
 
 def sweep(arch, shapes, dtype, tiles=TILES, variants=TILE_VARIANTS):
@@ -144,18 +135,17 @@ def sweep(arch, shapes, dtype, tiles=TILES, variants=TILE_VARIANTS):
         sets = make_sets(shape, dtype)
         base = default_config(arch, D)
         for bm, bn, w, s in tiles:
-            for pv, tma, gluon in variants:
-                c = base.replace(block_m=bm, block_n=bn, num_warps=w, num_stages=s, pv_precision=pv, use_tma=tma,
-                                 use_gluon=gluon)
+            for pv, tma in variants:
+                c = base.replace(block_m=bm, block_n=bn, num_warps=w, num_stages=s, pv_precision=pv, use_tma=tma)
                 fn = lambda q, k, v, c=c: attention_forward(q, k, v, "HND", False, None, None, False, c, True,
                                                              False)[0]
                 try:
                     ms = timed(fn, sets)
                     cos, _ = accuracy(fn, *sets[0])
-                    row = dict(shape=list(shape), pv=pv, tma=tma, gluon=gluon, block_m=bm, block_n=bn, warps=w,
+                    row = dict(shape=list(shape), pv=pv, tma=tma, block_m=bm, block_n=bn, warps=w,
                                stages=s, ms=ms, tops=tops(shape, ms), cosine=cos)
                 except Exception as e:
-                    row = dict(shape=list(shape), pv=pv, tma=tma, gluon=gluon, block_m=bm, block_n=bn, warps=w,
+                    row = dict(shape=list(shape), pv=pv, tma=tma, block_m=bm, block_n=bn, warps=w,
                                stages=s, error=str(e).splitlines()[0][:160])
                 print(row, flush=True)
                 out.append(row)
@@ -203,7 +193,6 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="three shapes, default kernel only")
     ap.add_argument("--sweep", action="store_true", help="also sweep tile configurations")
-    ap.add_argument("--sweep-gluon", action="store_true", help="sweep the Hopper Gluon kernel's tiles only")
     ap.add_argument("--profile", action="store_true", help="device time per kernel of one call")
     ap.add_argument("--dtypes", default="bfloat16,float16")
     ap.add_argument("--out", default=None)
@@ -218,9 +207,6 @@ def main(argv=None):
         payload["profile"] = profile_stages(arch, torch.bfloat16)
     if args.sweep:
         payload["sweep"] = sweep(arch, [(1, 24, 16384, 128), (1, 24, 16384, 64), (2, 24, 4096, 128)], torch.bfloat16)
-    if args.sweep_gluon:
-        payload["sweep_gluon"] = sweep(arch, [(1, 24, 16384, 128), (1, 24, 16384, 64), (2, 24, 4096, 128)],
-                                       torch.bfloat16, GLUON_TILES, GLUON_VARIANTS + [("fp8", True, False)])
     for dt in filter(None, args.dtypes.split(",")):
         dtype = getattr(torch, dt)
         for shape in (QUICK if args.quick else SHAPES):

@@ -15,7 +15,7 @@ import torch
 import triton
 
 from . import attention as attn
-from . import hopper_attention, quant
+from . import quant
 from .arch import FP8_MAX, KernelConfig, detect_arch, interpreter_enabled, resolve_config
 from .log import logger
 
@@ -46,26 +46,21 @@ def _arg_type(a) -> str:
     if isinstance(a, float):
         return "fp32"
     if type(a).__name__ == "TensorDescriptor":
-        # Gluon descriptors carry their shared-memory layout in the type.
-        layout = f",{a.layout!r}" if getattr(a, "layout", None) is not None else ""
-        return f"tensordesc<{_TRITON_DTYPE[a.base.dtype]}[{','.join(map(str, a.block_shape))}]{layout}>"
+        return f"tensordesc<{_TRITON_DTYPE[a.base.dtype]}[{','.join(map(str, a.block_shape))}]>"
     raise TypeError(f"no Triton type for {type(a).__name__}")
 
 
-def _launch(kernel, grid, args: tuple, constexprs: dict, num_warps: int, num_stages: int = 1, **options) -> None:
+def _launch(kernel, grid, args: tuple, constexprs: dict, num_warps: int, num_stages: int = 1) -> None:
     """Launch, or under ``record_launches`` describe the launch for ``triton.compile``, so the
     cross-compile check builds exactly what a real call runs."""
     if _recorded is None:
-        kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages, **options)
+        kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
         return
-    if "num_warps" in kernel.arg_names:  # Gluon kernels take it as a constexpr parameter
-        constexprs = {**constexprs, "num_warps": num_warps}
     names = [n for n in kernel.arg_names if n not in constexprs]
     signature = dict(zip(names, map(_arg_type, args), strict=True))
     signature.update({n: "constexpr" for n in constexprs})
     _recorded.append({"name": kernel.fn.__name__, "fn": kernel, "signature": signature,
-                      "constexprs": dict(constexprs),
-                      "options": {"num_warps": num_warps, "num_stages": num_stages, **options}})
+                      "constexprs": dict(constexprs), "options": {"num_warps": num_warps, "num_stages": num_stages}})
 
 
 def compile_specs(cfg: KernelConfig, head_dim: int = 128, dtype=torch.bfloat16, seq_len: int = 1024) -> list:
@@ -224,16 +219,6 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
     k8, ks = _quantize_qk(kh, km, k_group, cfg.block_n, d_pad, 1.0,
                           quant.MEAN_SUBTRACT if smooth_k else quant.MEAN_NONE, 1, per_block=k_scalar)
     v_op, v_strides, v_scale, v_mean, pv_mode, p_scale = _prepare_v(vh, cfg, smooth_v, d_pad)
-    dummy = qs
-    epilogue = (v_scale if v_scale is not None else dummy, v_mean if v_mean is not None else dummy,
-                qbias if qbias is not None else dummy)
-    flags = dict(HAS_VSCALE=v_scale is not None, HAS_VMEAN=v_mean is not None, HAS_QBIAS=qbias is not None,
-                 RETURN_LSE=return_lse)
-
-    if (cfg.use_gluon and attn_mask is None and not is_causal and k_scalar and pv_mode == attn.PV_FP8
-            and d_pad in hopper_attention.HEAD_DIMS and q.device.type in ("cuda", "meta") and not _gluon_failed):
-        if _run_gluon(q8, qs, k8, ks, v_op, epilogue, oh, lse, (H, H_KV, LQ, LK, D), cfg, math.log2(p_scale), flags):
-            return out, lse
 
     k_desc = v_desc = None
     if cfg.use_tma:
@@ -250,68 +235,39 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
     mask, mask_kind = _prepare_mask(attn_mask, B, H, LQ, LK)
     mask_arg = mask if mask is not None else qs
     mask_strides = mask.stride() if mask is not None else (0, 0, 0, 0)
+    dummy = qs
     grid = (triton.cdiv(LQ, cfg.block_m), B * H)
     _launch(attn.attention_kernel, grid, (
-        q8, qs, k8, ks, v_op, *epilogue,
+        q8, qs, k8, ks, v_op,
+        v_scale if v_scale is not None else dummy, v_mean if v_mean is not None else dummy,
+        qbias if qbias is not None else dummy,
         oh, lse, mask_arg, k_desc if k_desc is not None else k8, v_desc if v_desc is not None else k8,
         *v_strides, *oh.stride(), *mask_strides,
         H, H_KV, LQ, LK, D,
     ), dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_PAD=d_pad,
-        IS_CAUSAL=is_causal, MASK_KIND=mask_kind, PV_MODE=pv_mode, P_LOG2=math.log2(p_scale), **flags,
-        K_SCALAR=k_scalar, EVEN_D=(D == d_pad) or (v_op is not vh),
+        IS_CAUSAL=is_causal, MASK_KIND=mask_kind, PV_MODE=pv_mode, P_LOG2=math.log2(p_scale),
+        HAS_VSCALE=v_scale is not None, HAS_VMEAN=v_mean is not None, HAS_QBIAS=qbias is not None,
+        K_SCALAR=k_scalar, RETURN_LSE=return_lse, EVEN_D=(D == d_pad) or (v_op is not vh),
         INTERPRETER=interpreter_enabled(), K_TMA=k_desc is not None, V_TMA=v_desc is not None,
         V_T=pv_mode == attn.PV_FP8,
     ), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out, lse
 
 
-_gluon_failed = False
-
-
-def _run_gluon(q8, qs, k8, ks, v_t, epilogue, oh, lse, dims, cfg: KernelConfig, p_log2: float, flags: dict) -> bool:
-    """The hot path on Hopper. False (and the portable kernel runs) if this Triton cannot build it:
-    logged once, then the process stays on the portable kernel."""
-    global _gluon_failed
-    H, H_KV, LQ, LK, D = dims
-    ha = hopper_attention
-    try:
-        args = (qs, ks, *epilogue, oh, lse, *oh.stride(), H, H_KV, LQ, LK, D)
-        grid = (triton.cdiv(LQ, cfg.block_m), q8.shape[0])
-        if cfg.block_m == 128:  # two consumer warpgroups (8 warps) of 64 rows in ping-pong, one TMA producer warp
-            descs = ha.descriptors(q8, k8, v_t, LK, 64, cfg.block_n)
-            _launch(ha.hopper_pingpong_kernel, grid, (*descs, *args), dict(
-                P_LOG2=p_log2, STAGES=cfg.num_stages, **flags, CONSUMER_REGS=ha.PINGPONG_CONSUMER_REGS,
-                PRODUCER_REGS=ha.PINGPONG_PRODUCER_REGS), num_warps=4, maxnreg=ha.PINGPONG_MAXNREG)
-        else:
-            descs = ha.descriptors(q8, k8, v_t, LK, cfg.block_m, cfg.block_n)
-            _launch(ha.hopper_attention_kernel, grid, (*descs, *args),
-                    dict(P_LOG2=p_log2, STAGES=cfg.num_stages, **flags), num_warps=cfg.num_warps)
-        return True
-    except Exception as e:  # noqa: BLE001 - a compiler error must not break the user's run
-        if _recorded is not None:
-            raise
-        _gluon_failed = True
-        logger.warning("[SageTriton] the Hopper (Gluon) kernel failed to build with triton %s (%s: %s); using the "
-                       "portable kernel from now on. Update torch/triton, or report this.",
-                       triton.__version__, type(e).__name__, str(e).strip().splitlines()[-1][:200] if str(e).strip()
-                       else "")
-        return False
-
-
 def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str, is_causal: bool,
                     sm_scale: float, attn_mask: Optional[torch.Tensor], return_lse: bool,
                     qk_quant_gran: str, pv_precision: str, pv_accum_dtype: str, fp8_format: str,
                     block_m: int, block_n: int, num_warps: int, num_stages: int, use_tma: bool,
-                    use_gluon: bool, smooth_k: bool, smooth_v: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                    smooth_k: bool, smooth_v: bool) -> tuple[torch.Tensor, torch.Tensor]:
     cfg = KernelConfig(qk_quant_gran, pv_precision, pv_accum_dtype, fp8_format or None,
-                       block_m, block_n, num_warps, num_stages, use_tma=use_tma, use_gluon=use_gluon)
+                       block_m, block_n, num_warps, num_stages, use_tma=use_tma)
     return attention_forward(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v)
 
 
 def _attention_fake(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, qk_quant_gran, pv_precision,
-                    pv_accum_dtype, fp8_format, block_m, block_n, num_warps, num_stages, use_tma, use_gluon,
-                    smooth_k, smooth_v):
+                    pv_accum_dtype, fp8_format, block_m, block_n, num_warps, num_stages, use_tma, smooth_k,
+                    smooth_v):
     B = q.shape[0]
     H, LQ = (q.shape[1], q.shape[2]) if layout == "HND" else (q.shape[2], q.shape[1])
     lse_shape = (B, H, LQ) if return_lse else (0,)
@@ -370,5 +326,5 @@ def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: s
     out, lse = attention_op(q, k, v, tensor_layout, bool(is_causal), float(sm_scale), attn_mask, bool(return_lse),
                             cfg.qk_quant_gran, cfg.pv_precision, cfg.pv_accum_dtype, cfg.fp8_format or "",
                             cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.use_tma,
-                            cfg.use_gluon, bool(smooth_k), bool(smooth_v))
+                            bool(smooth_k), bool(smooth_v))
     return (out, lse) if return_lse else out

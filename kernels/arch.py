@@ -48,8 +48,6 @@ class KernelConfig:
     min_seq_len: int = 2048
     # Load K/V tiles through tensor descriptors (TMA). NVIDIA sm90+ only.
     use_tma: bool = False
-    # Hot-path calls (no mask, not causal, fp8 P·V) run the Gluon kernel of hopper_attention.py.
-    use_gluon: bool = False
 
     def group_sizes(self) -> tuple[int, int]:
         """Tokens sharing one Q scale and one K scale for this granularity."""
@@ -76,7 +74,7 @@ _FAMILIES = {
     # Hopper tiles from bench/results/sm90_sweep.json (H200, triton 3.6): 64x128, 4 warps, K/V tiles
     # through tensor descriptors. Crossover measured there: SDPA (cuDNN) still wins at 4K tokens.
     "hopper": ("e4m3fn", dict(pv_precision="fp8", pv_accum_dtype="fp32", block_m=64, block_n=128,
-                              num_warps=4, num_stages=2, min_seq_len=8192, use_tma=True, use_gluon=True)),
+                              num_warps=4, num_stages=2, min_seq_len=8192, use_tma=True)),
     "blackwell": ("e4m3fn", dict(pv_precision="fp8", pv_accum_dtype="fp32", num_stages=2, min_seq_len=2048)),
     "turing": (None, dict(pv_precision="fp16", pv_accum_dtype="fp32", num_stages=2, min_seq_len=2048)),
     # AMD. RDNA needs num_stages=1: deeper software pipelines miscompile there in some Triton versions.
@@ -169,20 +167,11 @@ def tma_available() -> bool:
     return True
 
 
-def gluon_available() -> bool:
-    """Gluon (Triton's explicit-layout dialect) ships in triton >= 3.5."""
-    from .hopper_attention import AVAILABLE
-
-    return AVAILABLE
-
-
 def default_config(arch: ArchInfo, head_dim: int = 128) -> KernelConfig:
     fp8, row = _FAMILIES.get(arch.family, _FAMILIES["unknown"])
     cfg = KernelConfig(fp8_format=fp8, **row)
     if cfg.use_tma and not tma_available():
         cfg = cfg.replace(use_tma=False)
-    if cfg.use_gluon and not gluon_available():
-        cfg = cfg.replace(use_gluon=False)
     if arch.family == "hopper" and head_dim <= 64:
         cfg = cfg.replace(num_stages=3)
     if head_dim > 128:

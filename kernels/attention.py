@@ -24,17 +24,6 @@ MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
 
 
 @triton.jit
-def int_to_float(s):
-    """int32 → fp32, exact for |s| < 2^22 (int8 dot products up to head_dim 256 are below 2^22).
-
-    Adding s to the bit pattern of 1.5·2^23 puts s in the mantissa; one integer add and one float
-    subtract replace the conversion instruction, which on NVIDIA GPUs issues at the same quarter
-    rate as exp2 and competed with it for the softmax's time.
-    """
-    return (s + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
-
-
-@triton.jit
 def _masked_softmax_tile(x, m_i, offs_m, offs_n, mask_base, stride_mm, stride_mn, LQ, LK,
                          BOUNDARY: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
                          P_LOG2: tl.constexpr):
@@ -90,13 +79,13 @@ def _attn_tile(
         # rescale and the fp8 range factor fold into the exp2 argument (one FMA per logit).
         m_new = tl.maximum(m_i, tl.max(s, 1).to(tl.float32) * row_scale)
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(int_to_float(s) * row_scale[:, None] - (m_use - P_LOG2)[:, None])
+        p = tl.math.exp2(s.to(tl.float32) * row_scale[:, None] - (m_use - P_LOG2)[:, None])
     else:
         if K_SCALAR:
-            x = int_to_float(s) * row_scale[:, None]
+            x = s.to(tl.float32) * row_scale[:, None]
         else:
             ks = tl.load(ks_base + offs_n, mask=offs_n < LK, other=0.0)
-            x = int_to_float(s) * qs[:, None] * ks[None, :]
+            x = s.to(tl.float32) * qs[:, None] * ks[None, :]
         p, m_new, m_use = _masked_softmax_tile(x, m_i, offs_m, offs_n, mask_base, stride_mm, stride_mn, LQ, LK,
                                                BOUNDARY, IS_CAUSAL, MASK_KIND, P_LOG2)
 

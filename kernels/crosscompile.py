@@ -117,8 +117,6 @@ def _compile_one(spec: dict, target: Target) -> dict:
     import triton
     from triton.compiler import ASTSource
 
-    if getattr(spec["fn"], "is_gluon", lambda: False)():
-        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     src = ASTSource(spec["fn"], spec["signature"], spec.get("constexprs"), spec.get("attrs"))
     compiled = triton.compile(src, target=target.gpu_target(), options=dict(spec.get("options") or {}))
     asm = compiled.asm.get("ptx" if target.backend == "cuda" else "amdgcn", "")
