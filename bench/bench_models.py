@@ -27,6 +27,10 @@ sys.path.insert(0, str(COMFY))
 import torch  # noqa: E402
 
 import_pack()
+if "--tiny" in sys.argv:  # CPU smoke test: ComfyUI must not look for a GPU when it is imported
+    import comfy.cli_args  # noqa: E402
+
+    comfy.cli_args.args.cpu = True
 import comfy.model_management  # noqa: E402
 import comfy.model_patcher  # noqa: E402
 import comfy.sample  # noqa: E402
@@ -143,6 +147,13 @@ def time_variants(variants: dict, x, sigma, kwargs, runs: int, warmup: int = 2) 
                                   if n - before["fallback"].get(r, 0)}}
             peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
             result[label] = dict(out=out, peak_gib=peak, calls=calls, times=[])
+        # Untimed interleaved rounds for at least 2 s first: short forwards (SDXL, ~60 ms) otherwise
+        # time the GPU's clock ramp, and the variant measured first looks slow (seen: 0.092 vs 0.060 s).
+        t_end = time.perf_counter() + 2.0
+        while time.perf_counter() < t_end:
+            for patcher in variants.values():
+                call(patcher)
+            sync()
         for _ in range(runs):
             for label, patcher in variants.items():
                 sync()
@@ -215,7 +226,7 @@ def shrink_for_cpu_smoke_test() -> None:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--models", default="wan21,flux,sdxl")
-    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--runs", type=int, default=9)
     ap.add_argument("--out", default=None)
     ap.add_argument("--profile-host", action="store_true", help="cProfile one forward, unpatched and patched")
     ap.add_argument("--tiny", action="store_true", help="tiny configs on the CPU: checks this script, times nothing")
@@ -234,7 +245,8 @@ def main(argv=None):
               f"{r['cosine_forward']:8.5f} {r['cosine_4_steps']:11.5f}  {r['calls']}")
     from pathlib import Path
 
-    write_json(Path(args.out) if args.out else RESULTS / "models.json", payload)
+    default = RESULTS.parent / "out" / "models_tiny.json" if args.tiny else RESULTS / "models.json"
+    write_json(Path(args.out) if args.out else default, payload)
 
 
 if __name__ == "__main__":
