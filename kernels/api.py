@@ -50,17 +50,18 @@ def _arg_type(a) -> str:
     raise TypeError(f"no Triton type for {type(a).__name__}")
 
 
-def _launch(kernel, grid, args: tuple, constexprs: dict, num_warps: int, num_stages: int = 1) -> None:
+def _launch(kernel, grid, args: tuple, constexprs: dict, num_warps: int, num_stages: int = 1, **options) -> None:
     """Launch, or under ``record_launches`` describe the launch for ``triton.compile``, so the
     cross-compile check builds exactly what a real call runs."""
     if _recorded is None:
-        kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+        kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages, **options)
         return
     names = [n for n in kernel.arg_names if n not in constexprs]
     signature = dict(zip(names, map(_arg_type, args), strict=True))
     signature.update({n: "constexpr" for n in constexprs})
     _recorded.append({"name": kernel.fn.__name__, "fn": kernel, "signature": signature,
-                      "constexprs": dict(constexprs), "options": {"num_warps": num_warps, "num_stages": num_stages}})
+                      "constexprs": dict(constexprs),
+                      "options": {"num_warps": num_warps, "num_stages": num_stages, **options}})
 
 
 def compile_specs(cfg: KernelConfig, head_dim: int = 128, dtype=torch.bfloat16, seq_len: int = 1024) -> list:
@@ -251,7 +252,8 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
         K_SCALAR=k_scalar, RETURN_LSE=return_lse, EVEN_D=(D == d_pad) or (v_op is not vh),
         INTERPRETER=interpreter_enabled(), K_TMA=k_desc is not None, V_TMA=v_desc is not None,
         V_T=pv_mode == attn.PV_FP8,
-    ), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    ), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}))
     return out, lse
 
 
@@ -259,15 +261,15 @@ def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: s
                     sm_scale: float, attn_mask: Optional[torch.Tensor], return_lse: bool,
                     qk_quant_gran: str, pv_precision: str, pv_accum_dtype: str, fp8_format: str,
                     block_m: int, block_n: int, num_warps: int, num_stages: int, use_tma: bool,
-                    smooth_k: bool, smooth_v: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                    max_registers: int, smooth_k: bool, smooth_v: bool) -> tuple[torch.Tensor, torch.Tensor]:
     cfg = KernelConfig(qk_quant_gran, pv_precision, pv_accum_dtype, fp8_format or None,
-                       block_m, block_n, num_warps, num_stages, use_tma=use_tma)
+                       block_m, block_n, num_warps, num_stages, use_tma=use_tma, max_registers=max_registers)
     return attention_forward(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v)
 
 
 def _attention_fake(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, qk_quant_gran, pv_precision,
-                    pv_accum_dtype, fp8_format, block_m, block_n, num_warps, num_stages, use_tma, smooth_k,
-                    smooth_v):
+                    pv_accum_dtype, fp8_format, block_m, block_n, num_warps, num_stages, use_tma, max_registers,
+                    smooth_k, smooth_v):
     B = q.shape[0]
     H, LQ = (q.shape[1], q.shape[2]) if layout == "HND" else (q.shape[2], q.shape[1])
     lse_shape = (B, H, LQ) if return_lse else (0,)
@@ -326,5 +328,5 @@ def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: s
     out, lse = attention_op(q, k, v, tensor_layout, bool(is_causal), float(sm_scale), attn_mask, bool(return_lse),
                             cfg.qk_quant_gran, cfg.pv_precision, cfg.pv_accum_dtype, cfg.fp8_format or "",
                             cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.use_tma,
-                            bool(smooth_k), bool(smooth_v))
+                            cfg.max_registers, bool(smooth_k), bool(smooth_v))
     return (out, lse) if return_lse else out

@@ -48,6 +48,8 @@ class KernelConfig:
     min_seq_len: int = 2048
     # Load K/V tiles through tensor descriptors (TMA). NVIDIA sm90+ only.
     use_tma: bool = False
+    # Register cap per thread handed to ptxas (0: the compiler's choice). NVIDIA only.
+    max_registers: int = 0
 
     def group_sizes(self) -> tuple[int, int]:
         """Tokens sharing one Q scale and one K scale for this granularity."""
@@ -174,6 +176,11 @@ def default_config(arch: ArchInfo, head_dim: int = 128) -> KernelConfig:
         cfg = cfg.replace(use_tma=False)
     if arch.family == "hopper" and head_dim <= 64:
         cfg = cfg.replace(num_stages=3)
+    elif arch.family == "hopper" and head_dim <= 128:
+        # 168 registers = 3 CTAs of 4 warps per SM, the occupancy measured fastest on the H200 (Nsight
+        # Compute, bench/NOTES.md). Left to itself ptxas picks 168-182 depending on the Triton
+        # version, and above 168 only 2 CTAs fit; at 168 neither version spills.
+        cfg = cfg.replace(max_registers=168)
     if head_dim > 128:
         # Keep the fp32 accumulator of a 256-wide head in registers.
         cfg = cfg.replace(block_m=64, block_n=32 if arch.vendor == "amd" else 64, num_warps=4,

@@ -254,7 +254,7 @@ def test_fake_tensor_shapes():
     with FakeTensorMode():
         q = torch.empty(2, 100, 4, 64, dtype=torch.bfloat16)
         out, lse = kernels.api.attention_op(q, q, q, "NHD", False, 0.125, None, True, "per_warp", "fp16",
-                                            "fp32", "", 64, 64, 4, 1, False, True, False)
+                                            "fp32", "", 64, 64, 4, 1, False, 0, True, False)
         assert out.shape == q.shape and out.dtype == q.dtype
         assert lse.shape == (2, 4, 100) and lse.dtype == torch.float32
 
