@@ -280,3 +280,18 @@ def test_supported_choices_mark_what_a_gpu_cannot_run():
     rdna4 = supported_choices(arch_from_properties(SimpleNamespace(name="RX 9070 XT", gcnArchName="gfx1201"), True))
     assert rdna4["pv_precision"]["fp8"][0] is True
     assert rdna4["fallback"]["sdpa"][0] is False and "sdpa → math" in rdna4["fallback"]["sdpa"][1]
+
+
+@pytest.mark.parametrize("target, head_dim, cap", [("sm90", 128, 168), ("sm90", 64, None), ("sm80", 128, None),
+                                                   ("gfx1201", 128, None)])
+def test_register_cap_reaches_the_attention_launch(target, head_dim, cap):
+    """The Hopper register cap (3 CTAs per SM whatever ptxas would pick) is handed to the compiler by
+    the same launch a real call makes; no other arch gets one (AMD has no such option)."""
+    from sagetriton.kernels.arch import default_config
+    from sagetriton.kernels.crosscompile import parse_target
+
+    cfg = default_config(parse_target(target).arch_info(), head_dim)
+    specs = kernels.api.compile_specs(cfg, head_dim)
+    (attn,) = [s for s in specs if s["name"] == "attention_kernel"]
+    assert attn["options"].get("maxnreg") == cap
+    assert all("maxnreg" not in s["options"] for s in specs if s["name"] != "attention_kernel")
