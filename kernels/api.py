@@ -145,7 +145,8 @@ def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int):
     """Return (v operand, strides (b, h, n, d), v_scale, v_mean, pv_mode, p_scale).
 
     The plain 16-bit path reads V in place. FP8, smoothing and fp16 tile accumulation need one
-    statistics pass and one conversion pass.
+    statistics pass and one conversion pass. FP8 V is stored with its tokens in MMA operand order
+    (``attn.KEY_PERM_CHUNK``-token chunks, zero-padded), matching P's order in the kernel.
     """
     B, H, L, D = v.shape
     fp8 = cfg.pv_precision == "fp8"
@@ -158,21 +159,22 @@ def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int):
     if fp8:
         out_dtype, mode, p_scale = _FP8_TORCH[cfg.fp8_format], attn.PV_FP8, FP8_MAX[cfg.fp8_format]
         # Stored (D_PAD, L) per head: FP8 MMAs want P·V's B operand K-major (tokens contiguous).
-        # Rows padded to 16 bytes, as tensor descriptors require.
-        l_pad = triton.cdiv(L, 16) * 16
+        # Rows padded to whole operand-order chunks (16 bytes at least, as tensor descriptors need).
+        l_pad = triton.cdiv(L, attn.KEY_PERM_CHUNK) * attn.KEY_PERM_CHUNK
         out = torch.empty((B * H, d_pad, l_pad), dtype=out_dtype, device=v.device)
         stride_l, stride_d = 1, l_pad
     else:
         out_dtype, mode, p_scale = torch.float16, (attn.PV_16BIT_TILE if tile16 else attn.PV_16BIT), 1.0
+        l_pad = L
         out = torch.empty((B * H, L, d_pad), dtype=out_dtype, device=v.device)
         stride_l, stride_d = d_pad, 1
     scale = torch.empty((B * H, D), dtype=torch.float32, device=v.device)
     block = 64
     _launch(quant.convert_v_kernel, (triton.cdiv(L, block), B * H), (
         v, *v.stride(), vmin, vmax, mean if smooth_v else scale, scale,
-        out, out.stride(0), stride_l, stride_d, H, L, D,
+        out, out.stride(0), stride_l, stride_d, H, L, l_pad, D,
     ), dict(BLOCK=block, D_PAD=d_pad, HAS_MEAN=smooth_v, RANGE=p_scale if fp8 else _FP16_TILE_V_LIMIT,
-            POW2_SCALE=not fp8, INTERPRETER=interpreter_enabled()), num_warps=4)
+            POW2_SCALE=not fp8, INTERPRETER=interpreter_enabled(), KEY_PERM=fp8), num_warps=4)
     # Kernel-side strides of the converted V as (B, H, L, D_PAD).
     strides = (H * out.stride(0), out.stride(0), stride_l, stride_d)
     mean_flat = mean.reshape(B * H, D) if smooth_v else None
@@ -229,7 +231,7 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
         k_desc = TensorDescriptor(k3, list(k3.shape), list(k3.stride()), [1, cfg.block_n, d_pad])
         if v_op is not vh:  # our own converted buffer: contiguous rows, 16-byte aligned
             if pv_mode == attn.PV_FP8:
-                v_desc = TensorDescriptor(v_op, [B * H_KV, d_pad, LK], list(v_op.stride()), [1, d_pad, cfg.block_n])
+                v_desc = TensorDescriptor(v_op, list(v_op.shape), list(v_op.stride()), [1, d_pad, cfg.block_n])
             else:
                 v_desc = TensorDescriptor(v_op, list(v_op.shape), list(v_op.stride()), [1, cfg.block_n, d_pad])
 
@@ -251,7 +253,7 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
         HAS_VSCALE=v_scale is not None, HAS_VMEAN=v_mean is not None, HAS_QBIAS=qbias is not None,
         K_SCALAR=k_scalar, RETURN_LSE=return_lse, EVEN_D=(D == d_pad) or (v_op is not vh),
         INTERPRETER=interpreter_enabled(), K_TMA=k_desc is not None, V_TMA=v_desc is not None,
-        V_T=pv_mode == attn.PV_FP8,
+        V_T=pv_mode == attn.PV_FP8, KEY_PERM=pv_mode == attn.PV_FP8,
     ), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}))
     return out, lse

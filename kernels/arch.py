@@ -174,13 +174,12 @@ def default_config(arch: ArchInfo, head_dim: int = 128) -> KernelConfig:
     cfg = KernelConfig(fp8_format=fp8, **row)
     if cfg.use_tma and not tma_available():
         cfg = cfg.replace(use_tma=False)
-    if arch.family == "hopper" and head_dim <= 64:
-        cfg = cfg.replace(num_stages=3)
-    elif arch.family == "hopper" and head_dim <= 128:
+    if arch.family == "hopper" and head_dim <= 128:
         # 168 registers = 3 CTAs of 4 warps per SM, the occupancy measured fastest on the H200 (Nsight
-        # Compute, bench/NOTES.md). Left to itself ptxas picks 168-182 depending on the Triton
-        # version, and above 168 only 2 CTAs fit; at 168 neither version spills.
-        cfg = cfg.replace(max_registers=168)
+        # Compute, bench/NOTES.md). Left to itself ptxas picks 149-255 depending on the Triton
+        # version and head size (Triton 3.8: 228 at head_dim 64, 255 at 128), and above 168 only
+        # 2 CTAs fit; capped at 168, neither version spills.
+        cfg = cfg.replace(max_registers=168, num_stages=3 if head_dim <= 64 else cfg.num_stages)
     if head_dim > 128:
         # Keep the fp32 accumulator of a 256-wide head in registers.
         cfg = cfg.replace(block_m=64, block_n=32 if arch.vendor == "amd" else 64, num_warps=4,

@@ -21,6 +21,8 @@ PV_16BIT_TILE = 1  # fp16 MMA accumulation per tile, added into the fp32 accumul
 PV_FP8 = 2  # P and V in fp8, a fresh accumulator per tile added into fp32 (two-level)
 
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
+# FP8 P·V stores V's tokens in MMA operand order within chunks of this many keys.
+KEY_PERM_CHUNK = 32
 
 
 @triton.jit
@@ -49,6 +51,16 @@ def _masked_softmax_tile(x, m_i, offs_m, offs_n, mask_base, stride_mm, stride_mn
 
 
 @triton.jit
+def _mma_operand_order(p, BLOCK_N: tl.constexpr):
+    """Reorder keys within each 32-key chunk from the MMA accumulator's column order to the 8-bit
+    A operand's, so P feeds the next MMA without shuffles; V's rows are stored in the same order."""
+    BM: tl.constexpr = p.shape[0]
+    p = tl.reshape(p, (BM, BLOCK_N // 32, 2, 2, 4, 2))
+    p = tl.permute(p, (0, 1, 2, 4, 3, 5))
+    return tl.reshape(p, (BM, BLOCK_N))
+
+
+@triton.jit
 def _attn_tile(
     acc, l_i, m_i, q, qs, offs_m, start_n,
     k_base, ks_base, v_base, mask_base, k_desc, v_desc, bhk,
@@ -57,7 +69,7 @@ def _attn_tile(
     BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, BOUNDARY: tl.constexpr, IS_CAUSAL: tl.constexpr,
     MASK_KIND: tl.constexpr, PV_MODE: tl.constexpr, P_LOG2: tl.constexpr, EVEN_D: tl.constexpr,
     K_SCALAR: tl.constexpr, INTERPRETER: tl.constexpr, K_TMA: tl.constexpr, V_TMA: tl.constexpr,
-    V_T: tl.constexpr,
+    V_T: tl.constexpr, KEY_PERM: tl.constexpr,
 ):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_PAD)
@@ -100,10 +112,12 @@ def _attn_tile(
         else:
             v = v_desc.load([bhk, start_n, 0]).reshape(BLOCK_N, D_PAD)
     elif BOUNDARY:
+        # Operand-ordered V is zero-padded to whole chunks: a live key may sit past LK there.
+        v_len = tl.cdiv(LK, 32) * 32 if KEY_PERM else LK
         if EVEN_D:
-            v = tl.load(v_ptrs, mask=offs_n[:, None] < LK, other=0.0)
+            v = tl.load(v_ptrs, mask=offs_n[:, None] < v_len, other=0.0)
         else:
-            v = tl.load(v_ptrs, mask=(offs_n[:, None] < LK) & (offs_d[None, :] < D), other=0.0)
+            v = tl.load(v_ptrs, mask=(offs_n[:, None] < v_len) & (offs_d[None, :] < D), other=0.0)
     else:
         if EVEN_D:
             v = tl.load(v_ptrs)
@@ -122,7 +136,10 @@ def _attn_tile(
     elif PV_MODE == 1:
         acc += tl.dot(p.to(tl.float16), v.to(tl.float16), out_dtype=tl.float16).to(tl.float32)
     else:
-        acc += tl.dot(to_fp8(p, v.dtype, INTERPRETER), v)
+        p8 = to_fp8(p, v.dtype, INTERPRETER)
+        if KEY_PERM:
+            p8 = _mma_operand_order(p8, BLOCK_N)
+        acc += tl.dot(p8, v)
     return acc, l_i, m_new
 
 
@@ -138,7 +155,7 @@ def attention_kernel(
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PV_MODE: tl.constexpr, P_LOG2: tl.constexpr,
     HAS_VSCALE: tl.constexpr, HAS_VMEAN: tl.constexpr, HAS_QBIAS: tl.constexpr,
     K_SCALAR: tl.constexpr, RETURN_LSE: tl.constexpr, EVEN_D: tl.constexpr, INTERPRETER: tl.constexpr,
-    K_TMA: tl.constexpr, V_TMA: tl.constexpr, V_T: tl.constexpr,
+    K_TMA: tl.constexpr, V_TMA: tl.constexpr, V_T: tl.constexpr, KEY_PERM: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -176,13 +193,13 @@ def attention_kernel(
             acc, l_i, m_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, mask_base, KDesc, VDesc, bhk,
             stride_vn, stride_vd, stride_mm, stride_mn, LQ, LK, D,
             BLOCK_N, D_PAD, False, IS_CAUSAL, MASK_KIND, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
-            K_TMA, V_TMA, V_T)
+            K_TMA, V_TMA, V_T, KEY_PERM)
     for start_n in range(full_end, hi, BLOCK_N):
         acc, l_i, m_i = _attn_tile(
             acc, l_i, m_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, mask_base, KDesc, VDesc, bhk,
             stride_vn, stride_vd, stride_mm, stride_mn, LQ, LK, D,
             BLOCK_N, D_PAD, True, IS_CAUSAL, MASK_KIND, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
-            K_TMA, V_TMA, V_T)
+            K_TMA, V_TMA, V_T, KEY_PERM)
 
     # A fully masked row has l_i == 0: SDPA returns 0 there, and so do we.
     live = l_i > 0

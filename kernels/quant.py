@@ -108,19 +108,30 @@ def quantize_int8_kernel(
 
 
 @triton.jit
+def mma_operand_position(n):
+    """Where key ``n`` goes when keys are stored in the 8-bit MMA A-operand order (see
+    ``attention._mma_operand_order``): within each 32-key chunk, bits (h, j, t, i) of
+    n = 16h + 8j + 2t + i move to 16h + 4t + 2j + i."""
+    r = n % 32
+    return n - r + (r & 16) + ((r >> 1) & 3) * 4 + ((r >> 3) & 1) * 2 + (r & 1)
+
+
+@triton.jit
 def convert_v_kernel(
     V, stride_vb, stride_vh, stride_vl, stride_vd,
     VMin, VMax, Mean,  # (B*H, D) per-channel min/max over the sequence (any float dtype), fp32 mean
     Scale,  # fp32 (B*H, D) out: what the attention epilogue multiplies by
     Out, stride_ob, stride_ol, stride_od,  # (B*H, L, D_PAD) in any order of the last two
-    H, L, D,
+    H, L, L_OUT,
+    D,
     BLOCK: tl.constexpr, D_PAD: tl.constexpr, HAS_MEAN: tl.constexpr, RANGE: tl.constexpr,
-    POW2_SCALE: tl.constexpr, INTERPRETER: tl.constexpr,
+    POW2_SCALE: tl.constexpr, INTERPRETER: tl.constexpr, KEY_PERM: tl.constexpr,
 ):
     """V minus its mean (smooth_v), scaled per channel into [-RANGE, RANGE], cast to Out's dtype.
 
     The per-channel scale is derived here from the min/max statistics rather than by a chain of
-    small torch ops: fewer launches, which is what short sequences pay for.
+    small torch ops: fewer launches, which is what short sequences pay for. With ``KEY_PERM`` the
+    tokens are stored in MMA operand order and the L_OUT - L padding rows are written as zeros.
     """
     bh, offs_l, row_ok, offs_d, v = _row_tile(V, stride_vb, stride_vh, stride_vl, stride_vd, H, L, D, BLOCK, D_PAD)
     d_ok = offs_d < D
@@ -140,10 +151,11 @@ def convert_v_kernel(
 
     if HAS_MEAN:
         v = v - mean[None, :]
-    v = tl.where(d_ok[None, :], v / scale[None, :], 0.0)
-    o_ptrs = (Out + bh.to(tl.int64) * stride_ob + offs_l[:, None].to(tl.int64) * stride_ol
+    v = tl.where(d_ok[None, :] & row_ok[:, None], v / scale[None, :], 0.0)
+    dest = mma_operand_position(offs_l) if KEY_PERM else offs_l
+    o_ptrs = (Out + bh.to(tl.int64) * stride_ob + dest[:, None].to(tl.int64) * stride_ol
               + offs_d[None, :] * stride_od)
     if Out.dtype.element_ty == tl.float16:
-        tl.store(o_ptrs, v.to(tl.float16), mask=row_ok[:, None])
+        tl.store(o_ptrs, v.to(tl.float16), mask=dest[:, None] < L_OUT)
     else:
-        tl.store(o_ptrs, to_fp8(v, Out.dtype.element_ty, INTERPRETER), mask=row_ok[:, None])
+        tl.store(o_ptrs, to_fp8(v, Out.dtype.element_ty, INTERPRETER), mask=dest[:, None] < L_OUT)

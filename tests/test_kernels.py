@@ -282,8 +282,8 @@ def test_supported_choices_mark_what_a_gpu_cannot_run():
     assert rdna4["fallback"]["sdpa"][0] is False and "sdpa → math" in rdna4["fallback"]["sdpa"][1]
 
 
-@pytest.mark.parametrize("target, head_dim, cap", [("sm90", 128, 168), ("sm90", 64, None), ("sm80", 128, None),
-                                                   ("gfx1201", 128, None)])
+@pytest.mark.parametrize("target, head_dim, cap", [("sm90", 128, 168), ("sm90", 64, 168), ("sm90", 256, None),
+                                                   ("sm80", 128, None), ("gfx1201", 128, None)])
 def test_register_cap_reaches_the_attention_launch(target, head_dim, cap):
     """The Hopper register cap (3 CTAs per SM whatever ptxas would pick) is handed to the compiler by
     the same launch a real call makes; no other arch gets one (AMD has no such option)."""
