@@ -188,12 +188,14 @@ def default_config(arch: ArchInfo, head_dim: int = 128) -> KernelConfig:
     cfg = KernelConfig(fp8_format=fp8, **row)
     if cfg.use_tma and not tma_available():
         cfg = cfg.replace(use_tma=False)
-    if arch.family == "hopper" and head_dim <= 128:
+    if arch.family == "hopper" and head_dim <= 64:
+        # No cap here: ptxas picks 128 registers by itself (room for 4 CTAs per SM); a cap of 168 raises it.
+        cfg = cfg.replace(num_stages=3)
+    elif arch.family == "hopper" and head_dim <= 128:
         # 168 registers = 3 CTAs of 4 warps per SM, the occupancy measured fastest on the H200 (Nsight
-        # Compute, bench/NOTES.md). Left to itself ptxas picks 149-255 depending on the Triton
-        # version and head size (Triton 3.8: 228 at head_dim 64, 255 at 128), and above 168 only
-        # 2 CTAs fit; capped at 168, neither version spills.
-        cfg = cfg.replace(max_registers=168, num_stages=3 if head_dim <= 64 else cfg.num_stages)
+        # Compute, bench/NOTES.md). Triton 3.6 and 3.8 both land at 167-168 today; one register
+        # more and only 2 CTAs fit, so the cap guards against other versions' choices.
+        cfg = cfg.replace(max_registers=168)
     if arch.family in ("ada", "blackwell") and head_dim <= 64:
         # At head_dim 64 the 128x64/8 tile saves only 2-3 % of loop instructions on sm89/sm120 and
         # spills 8 bytes on sm89 under Triton 3.6 (ptxas aims at 128 registers): keep 64x64/4.
