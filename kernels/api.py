@@ -23,6 +23,9 @@ _FP8_TORCH = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
 # fp16 per-tile accumulation: keep |V| small enough that a tile of BLOCK_N keys sums below 65504.
 _FP16_TILE_V_LIMIT = 256.0
 _warned: set = set()
+# Elements per token tile and tensor in kv_stats_kernel (8 warps: 8 fp32 registers a thread; the
+# fastest of 2048-8192 on an H200 at 4K-16K tokens, though within noise of 4096).
+_STATS_TILE = 2048
 
 
 def _warn_once(msg: str) -> None:
@@ -123,39 +126,83 @@ def _prepare_mask(attn_mask, B, H, LQ, LK):
     return m, kind
 
 
-def _quantize_qk(x, mean, group, block, d_pad, scale_mult, mean_mode, mean_div, bias=None, per_block=False):
+def _kv_stats(k, v, k_sum: bool, v_stats: int, d_pad: int):
+    """One pass over K and V (same B, H, L) for the per-channel statistics the quantization needs.
+
+    Returns ``(parts, n_parts)``: fp32 (4, B*H, n_parts, D_PAD) partials, slots K sum, V min, V max
+    (or max |v| with ``V_ABSMAX``), V sum, which the Q launch reduces (``quant._finalize_kv_stats``).
+    ``None`` when nothing needs statistics.
+    """
+    if not k_sum and v_stats == quant.V_NONE:
+        return None, 0
+    B, H, L, D = k.shape
+    block = max(16, _STATS_TILE // d_pad)
+    tiles = triton.cdiv(L, block)
+    per_part = triton.cdiv(tiles, quant.STATS_PARTS)
+    n_parts = triton.cdiv(tiles, per_part)  # every chunk holds at least one real token
+    parts = torch.empty((4, B * H, n_parts, d_pad), dtype=torch.float32, device=k.device)
+    _launch(quant.kv_stats_kernel, (n_parts, B * H), (
+        k, *k.stride(), v, *v.stride(), *parts.unbind(0), H, L, D, per_part,
+    ), dict(BLOCK=block, D_PAD=d_pad, K_SUM=k_sum, V_STATS=v_stats), num_warps=8)
+    return parts, n_parts
+
+
+def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, stats=None, kv_div=1,
+                 bias=None, bias_mult=1.0, per_block=False, finalize=None):
     """INT8 copy (B*H, L, D_PAD) and scales: one per block with ``per_block`` (group == block), else
-    one per token (the group's scale repeated)."""
+    one per token (the group's scale repeated).
+
+    ``stats``: ``_kv_stats``'s partials and the (3, B*H_KV, D) K mean / V scale / V mean buffer.
+    ``finalize``: ``(k_sum, v_stats, v_range, v_pow2)`` for the launch that reduces the partials
+    into that buffer (the first one after the statistics).
+    """
     B, H, L, D = x.shape
     out = torch.empty((B * H, L, d_pad), dtype=torch.int8, device=x.device)
     scale = torch.empty((B * H, triton.cdiv(L, block) if per_block else L), dtype=torch.float32, device=x.device)
-    dummy = scale
+    parts, n_parts, l_kv, final = stats if stats is not None else (scale, 0, 0, scale)
+    slots = (parts[0].numel(), final[0].numel()) if stats is not None else (0, 0)
+    k_sum, v_stats, v_range, v_pow2 = finalize or (False, quant.V_NONE, 1.0, False)
     grid = (triton.cdiv(L, block), B * H)
     _launch(quant.quantize_int8_kernel, grid, (
-        x, *x.stride(),
-        mean if mean is not None else dummy,
-        *(mean.stride()[:2] if mean is not None else (0, 0)),
-        out, scale, bias if bias is not None else dummy,
-        H, mean_div, L, D, scale_mult,
-    ), dict(BLOCK=block, GROUP=group, D_PAD=d_pad, MEAN_MODE=mean_mode, SCALE_PER_BLOCK=per_block), num_warps=4)
+        x, *x.stride(), parts, slots[0], final, slots[1],
+        out, scale, bias if bias is not None else scale,
+        H, kv_div, L, l_kv, D, n_parts, scale_mult, bias_mult,
+    ), dict(BLOCK=block, GROUP=group, D_PAD=d_pad, MEAN_MODE=mean_mode, SCALE_PER_BLOCK=per_block,
+            FINALIZE=finalize is not None, K_SUM=k_sum, V_STATS=v_stats, V_RANGE=v_range, V_POW2=v_pow2,
+            PARTS_PAD=quant.STATS_PARTS), num_warps=4)
     return out, scale
 
 
-def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int):
+def _v_stats_needed(cfg: KernelConfig, smooth_v: bool) -> int:
+    """Which V statistics ``_prepare_v`` needs: none for the plain 16-bit path (V read in place)."""
+    if smooth_v:
+        return quant.V_MINMAXSUM
+    if cfg.pv_precision == "fp8" or cfg.pv_accum_dtype in ("fp16+fp32", "fp16"):
+        return quant.V_ABSMAX
+    return quant.V_NONE
+
+
+def _v_range(cfg: KernelConfig) -> tuple[float, bool]:
+    """(range V is scaled into, whether the scale is a power of two) for the converted V."""
+    if cfg.pv_precision == "fp8":
+        return FP8_MAX[cfg.fp8_format], False
+    return _FP16_TILE_V_LIMIT, True  # powers of two keep the scaling exact in fp16
+
+
+def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int, final):
     """Return (v operand, strides (b, h, n, d), v_scale, v_mean, pv_mode, p_scale).
 
-    The plain 16-bit path reads V in place. FP8, smoothing and fp16 tile accumulation need one
-    statistics pass and one conversion pass. FP8 V is stored with its tokens in MMA operand order
-    (``attn.KEY_PERM_CHUNK``-token chunks, zero-padded), matching P's order in the kernel.
+    The plain 16-bit path reads V in place. FP8, smoothing and fp16 tile accumulation convert V
+    with the scale and mean in ``final`` (slots 1 and 2, from ``quant._finalize_kv_stats``). FP8 V
+    is stored with its tokens in MMA operand order (``attn.KEY_PERM_CHUNK``-token chunks,
+    zero-padded), matching P's order in the kernel.
     """
     B, H, L, D = v.shape
     fp8 = cfg.pv_precision == "fp8"
     tile16 = not fp8 and cfg.pv_accum_dtype in ("fp16+fp32", "fp16")
-    if not (fp8 or tile16 or smooth_v):
+    if _v_stats_needed(cfg, smooth_v) == quant.V_NONE:
         return v, v.stride(), None, None, attn.PV_16BIT, 1.0
 
-    vmin, vmax = torch.aminmax(v, dim=2)  # (B, H, D): one pass over V
-    mean = v.mean(dim=2, dtype=torch.float32) if smooth_v else None
     if fp8:
         out_dtype, mode, p_scale = _FP8_TORCH[cfg.fp8_format], attn.PV_FP8, FP8_MAX[cfg.fp8_format]
         # Stored (D_PAD, L) per head: FP8 MMAs want P·V's B operand K-major (tokens contiguous).
@@ -168,17 +215,15 @@ def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int):
         l_pad = L
         out = torch.empty((B * H, L, d_pad), dtype=out_dtype, device=v.device)
         stride_l, stride_d = d_pad, 1
-    scale = torch.empty((B * H, D), dtype=torch.float32, device=v.device)
+    scale, mean = final[1], final[2]
     block = 64
     _launch(quant.convert_v_kernel, (triton.cdiv(L, block), B * H), (
-        v, *v.stride(), vmin, vmax, mean if smooth_v else scale, scale,
-        out, out.stride(0), stride_l, stride_d, H, L, l_pad, D,
-    ), dict(BLOCK=block, D_PAD=d_pad, HAS_MEAN=smooth_v, RANGE=p_scale if fp8 else _FP16_TILE_V_LIMIT,
-            POW2_SCALE=not fp8, INTERPRETER=interpreter_enabled(), KEY_PERM=fp8), num_warps=4)
+        v, *v.stride(), scale, mean, out, out.stride(0), stride_l, stride_d, H, L, l_pad, D,
+    ), dict(BLOCK=block, D_PAD=d_pad, HAS_MEAN=smooth_v, INTERPRETER=interpreter_enabled(), KEY_PERM=fp8),
+        num_warps=4)
     # Kernel-side strides of the converted V as (B, H, L, D_PAD).
     strides = (H * out.stride(0), out.stride(0), stride_l, stride_d)
-    mean_flat = mean.reshape(B * H, D) if smooth_v else None
-    return out, strides, scale, mean_flat, mode, p_scale
+    return out, strides, scale, mean if smooth_v else None, mode, p_scale
 
 
 def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[float], attn_mask,
@@ -209,19 +254,24 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
 
     d_pad = head_dim_padded(D)
     q_group, k_group = cfg.group_sizes()
-    km = kh.mean(dim=2, dtype=torch.float32) if smooth_k else None  # (B, H_KV, D)
+    v_stats = _v_stats_needed(cfg, smooth_v)
+    parts, n_parts = _kv_stats(kh, vh, smooth_k, v_stats, d_pad)
+    stats = final = None
+    if parts is not None:
+        final = torch.empty((3, B * H_KV, D), dtype=torch.float32, device=q.device)  # K mean, V scale, V mean
+        stats = (parts, n_parts, LK, final)
+    # Q first: its launch finalizes the statistics the K and V launches read. Q scales stay per token
+    # (a row vector loaded once per program); K scales are one scalar per tile whenever the
+    # granularity allows, which saves a multiply per logit in the inner loop.
     qbias = torch.empty((B * H, LQ), dtype=torch.float32, device=q.device) if (smooth_k and return_lse) else None
-    # Q scales stay per token (a row vector loaded once per program); K scales are one scalar per
-    # tile whenever the granularity allows, which saves a multiply per logit in the inner loop.
-    q8, qs = _quantize_qk(qh, km if qbias is not None else None, q_group, cfg.block_m, d_pad,
-                          sm_scale * quant.LOG2E, quant.MEAN_DOT if qbias is not None else quant.MEAN_NONE,
-                          H // H_KV, bias=qbias)
-    if qbias is not None:
-        qbias.mul_(sm_scale)
+    q8, qs = _quantize_qk(qh, q_group, cfg.block_m, d_pad, sm_scale * quant.LOG2E,
+                          quant.MEAN_DOT if qbias is not None else quant.MEAN_NONE, stats, H // H_KV,
+                          bias=qbias, bias_mult=sm_scale,
+                          finalize=(smooth_k, v_stats, *_v_range(cfg)) if stats is not None else None)
     k_scalar = k_group == cfg.block_n
-    k8, ks = _quantize_qk(kh, km, k_group, cfg.block_n, d_pad, 1.0,
-                          quant.MEAN_SUBTRACT if smooth_k else quant.MEAN_NONE, 1, per_block=k_scalar)
-    v_op, v_strides, v_scale, v_mean, pv_mode, p_scale = _prepare_v(vh, cfg, smooth_v, d_pad)
+    k8, ks = _quantize_qk(kh, k_group, cfg.block_n, d_pad, 1.0, quant.MEAN_SUBTRACT if smooth_k else quant.MEAN_NONE,
+                          stats, per_block=k_scalar)
+    v_op, v_strides, v_scale, v_mean, pv_mode, p_scale = _prepare_v(vh, cfg, smooth_v, d_pad, final)
 
     k_desc = v_desc = None
     if cfg.use_tma:

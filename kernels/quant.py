@@ -43,50 +43,172 @@ def _group_max(row_max, BLOCK: tl.constexpr, GROUP: tl.constexpr):
 
 
 @triton.jit
-def _row_tile(X, stride_b, stride_h, stride_l, stride_d, H, L, D, BLOCK: tl.constexpr, D_PAD: tl.constexpr):
-    """This program's BLOCK rows of one (batch, head) of a strided (B, H, L, D) tensor, in fp32,
-    zero-padded to D_PAD columns. Returns (bh, rows, row_ok, cols, tile)."""
-    pid_l = tl.program_id(0)
-    bh = tl.program_id(1)
+def _load_rows(X, stride_b, stride_h, stride_l, stride_d, bh, H, offs_l, L, D, D_PAD: tl.constexpr):
+    """Rows ``offs_l`` of head ``bh`` of a strided (B, H, L, D) tensor, in fp32, zero-padded to D_PAD
+    columns (and zero past L). Returns (row_ok, cols, tile)."""
     b = bh // H
     h = bh % H
-    offs_l = pid_l * BLOCK + tl.arange(0, BLOCK)
     offs_d = tl.arange(0, D_PAD)
     row_ok = offs_l < L
     x = tl.load(X + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
                 + offs_l[:, None].to(tl.int64) * stride_l + offs_d[None, :] * stride_d,
                 mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0).to(tl.float32)
+    return row_ok, offs_d, x
+
+
+@triton.jit
+def _row_tile(X, stride_b, stride_h, stride_l, stride_d, H, L, D, BLOCK: tl.constexpr, D_PAD: tl.constexpr):
+    """This program's BLOCK rows of one (batch, head) of a strided (B, H, L, D) tensor, in fp32,
+    zero-padded to D_PAD columns. Returns (bh, rows, row_ok, cols, tile)."""
+    bh = tl.program_id(1)
+    offs_l = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    row_ok, offs_d, x = _load_rows(X, stride_b, stride_h, stride_l, stride_d, bh, H, offs_l, L, D, D_PAD)
     return bh, offs_l, row_ok, offs_d, x
+
+
+# ---- K/V statistics: one pass over K and V writes per-chunk partials, the consumers reduce them.
+#
+# Why partials: a finished grid-wide reduction needs a second launch, float atomics (their order
+# varies run to run, so outputs would not be bit-reproducible) or a last-program-finalizes ticket
+# (fragile memory ordering). Instead the Q quantization launch, which runs next, reduces each head's
+# partials (at most STATS_PARTS rows of D_PAD floats, L2-resident) in a fixed order in one program
+# per head (_finalize_kv_stats), and the K and V launches after it read the finished mean and scale:
+# the same bits every run. STATS_PARTS bounds that cost; a stats program loops over as many token
+# tiles as its chunk holds.
+STATS_PARTS = 16
+V_NONE, V_ABSMAX, V_MINMAXSUM = 0, 1, 2
+REDUCE_SUM, REDUCE_MAX, REDUCE_MIN = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+
+
+@triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _min_nan(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def kv_stats_kernel(
+    K, stride_kb, stride_kh, stride_kl, stride_kd,
+    V, stride_vb, stride_vh, stride_vl, stride_vd,
+    KSum, VLo, VHi, VSum,  # fp32 (B*H, n_parts, D_PAD) out: partials per chunk of tiles_per_part tiles
+    H, L, D, tiles_per_part,
+    BLOCK: tl.constexpr, D_PAD: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr,
+):
+    """Per-channel partials of K's sum and of V's max |v| (V_ABSMAX) or min, max and sum
+    (V_MINMAXSUM), reading each tensor once. Min/max propagate NaN, as torch.aminmax does."""
+    part = tl.program_id(0)
+    bh = tl.program_id(1)
+    # Element-wise accumulators, reduced across rows once at the end (no cross-warp step per tile).
+    ksum = tl.zeros((BLOCK, D_PAD), tl.float32)
+    vsum = tl.zeros((BLOCK, D_PAD), tl.float32)
+    vlo = tl.full((BLOCK, D_PAD), float("inf"), tl.float32)
+    vhi = tl.full((BLOCK, D_PAD), float("-inf"), tl.float32)
+    for i in range(0, tiles_per_part):
+        offs_l = (part * tiles_per_part + i) * BLOCK + tl.arange(0, BLOCK)
+        if K_SUM:
+            _, _, k = _load_rows(K, stride_kb, stride_kh, stride_kl, stride_kd, bh, H, offs_l, L, D, D_PAD)
+            ksum += k
+        if V_STATS == 1:  # V_ABSMAX. Padding rows load as 0: neutral for max |v|
+            _, _, v = _load_rows(V, stride_vb, stride_vh, stride_vl, stride_vd, bh, H, offs_l, L, D, D_PAD)
+            vhi = _max_nan(vhi, tl.abs(v))
+        elif V_STATS == 2:  # V_MINMAXSUM
+            row_ok, _, v = _load_rows(V, stride_vb, stride_vh, stride_vl, stride_vd, bh, H, offs_l, L, D, D_PAD)
+            vlo = _min_nan(vlo, tl.where(row_ok[:, None], v, float("inf")))
+            vhi = _max_nan(vhi, tl.where(row_ok[:, None], v, float("-inf")))
+            vsum += v
+    dst = (bh.to(tl.int64) * tl.num_programs(0) + part) * D_PAD + tl.arange(0, D_PAD)
+    if K_SUM:
+        tl.store(KSum + dst, tl.sum(ksum, axis=0))
+    if V_STATS != 0:
+        tl.store(VHi + dst, tl.reduce(vhi, 0, _max_nan))
+    if V_STATS == 2:
+        tl.store(VLo + dst, tl.reduce(vlo, 0, _min_nan))
+        tl.store(VSum + dst, tl.sum(vsum, axis=0))
+
+
+@triton.jit
+def _reduce_parts(P, bh, n_parts, OP: tl.constexpr, PARTS_PAD: tl.constexpr, D_PAD: tl.constexpr):
+    """One head's partials (n_parts rows of D_PAD) reduced over the rows, in a fixed order."""
+    r = tl.arange(0, PARTS_PAD)
+    ptrs = P + (bh.to(tl.int64) * n_parts + r[:, None]) * D_PAD + tl.arange(0, D_PAD)[None, :]
+    ok = r[:, None] < n_parts
+    if OP == REDUCE_SUM:
+        res = tl.sum(tl.load(ptrs, mask=ok, other=0.0), axis=0)
+    elif OP == REDUCE_MAX:
+        res = tl.reduce(tl.load(ptrs, mask=ok, other=float("-inf")), 0, _max_nan)
+    else:
+        res = tl.reduce(tl.load(ptrs, mask=ok, other=float("inf")), 0, _min_nan)
+    return res
+
+
+@triton.jit
+def _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L, D, K_SUM: tl.constexpr,
+                       V_STATS: tl.constexpr, V_RANGE: tl.constexpr, V_POW2: tl.constexpr,
+                       PARTS_PAD: tl.constexpr, D_PAD: tl.constexpr):
+    """Reduce key/value head ``kvh``'s partials into Final (3, B*H_KV, D): K mean, V scale (what the
+    attention epilogue multiplies by: V's range mapped onto [-V_RANGE, V_RANGE]) and V mean."""
+    offs_d = tl.arange(0, D_PAD)
+    d_ok = offs_d < D
+    dst = Final + kvh * D + offs_d
+    if K_SUM:
+        tl.store(dst, _reduce_parts(Parts, kvh, n_parts, REDUCE_SUM, PARTS_PAD, D_PAD) / L, mask=d_ok)
+    if V_STATS == 2:  # V_MINMAXSUM: the range around the mean
+        vmin = _reduce_parts(Parts + part_slot, kvh, n_parts, REDUCE_MIN, PARTS_PAD, D_PAD)
+        vmax = _reduce_parts(Parts + 2 * part_slot, kvh, n_parts, REDUCE_MAX, PARTS_PAD, D_PAD)
+        mean = _reduce_parts(Parts + 3 * part_slot, kvh, n_parts, REDUCE_SUM, PARTS_PAD, D_PAD) / L
+        tl.store(dst + 2 * final_slot, mean, mask=d_ok)
+        amax = tl.maximum(vmax - mean, mean - vmin)
+    else:  # V_ABSMAX: max |v|, NaN if any v is
+        amax = _reduce_parts(Parts + 2 * part_slot, kvh, n_parts, REDUCE_MAX, PARTS_PAD, D_PAD)
+    if V_STATS != 0:
+        if V_POW2:  # powers of two keep the scaling exact in fp16
+            scale = tl.exp2(tl.ceil(tl.log2(tl.maximum(amax / V_RANGE, 1.0))))
+        else:
+            scale = tl.where(amax > 0, amax / V_RANGE, 1.0)
+        tl.store(dst + final_slot, scale, mask=d_ok)
 
 
 @triton.jit
 def quantize_int8_kernel(
     X, stride_xb, stride_xh, stride_xl, stride_xd,
-    Mean, stride_mb, stride_mh,  # fp32 (B, H_mean, D) per-channel mean of K
+    Parts, part_slot,  # fp32 (4, B*H_KV, n_parts, D_PAD): kv_stats_kernel's partials
+    Final, final_slot,  # fp32 (3, B*H_KV, D): K mean, V scale, V mean
     Out, Scale, Bias,  # int8 (B*H, L, D_PAD); fp32 (B*H, L) or (B*H, L/BLOCK); fp32 (B*H, L)
-    H, H_MEAN_DIV, L, D, scale_mult,
+    H, H_KV_DIV, L, L_KV, D, n_parts, scale_mult, bias_mult,
     BLOCK: tl.constexpr, GROUP: tl.constexpr, D_PAD: tl.constexpr, MEAN_MODE: tl.constexpr,
-    SCALE_PER_BLOCK: tl.constexpr,
+    SCALE_PER_BLOCK: tl.constexpr, FINALIZE: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr,
+    V_RANGE: tl.constexpr, V_POW2: tl.constexpr, PARTS_PAD: tl.constexpr,
 ):
+    """Quantize one tile of Q or K. With FINALIZE (the Q launch, which runs right after the
+    statistics), the first program of each key/value head also reduces the K/V partials into Final,
+    which the K and V launches after it read: one reduction per head instead of one per program."""
     bh, offs_l, row_ok, offs_d, x = _row_tile(X, stride_xb, stride_xh, stride_xl, stride_xd, H, L, D, BLOCK, D_PAD)
-    b = bh // H
-    h = bh % H
     ld_mask = row_ok[:, None] & (offs_d[None, :] < D)
+    kvh = bh // H_KV_DIV  # GQA: query head bh reads key/value head kvh
+    if FINALIZE:
+        if (tl.program_id(0) == 0) & (bh % H_KV_DIV == 0):
+            _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L_KV, D, K_SUM, V_STATS,
+                               V_RANGE, V_POW2, PARTS_PAD, D_PAD)
 
     # x - x is 0 for finite values and NaN for NaN/Inf: one test for both.
     finite = (x - x) == 0.0
     row_bad = tl.max(tl.where(finite, 0, 1), axis=1) > 0
     x = tl.where(finite, x, 0.0)
 
-    if MEAN_MODE != 0:
-        hm = h // H_MEAN_DIV
-        mean = tl.load(Mean + b * stride_mb + hm * stride_mh + offs_d, mask=offs_d < D, other=0.0)
-        if MEAN_MODE == 1:
-            x = tl.where(ld_mask, x - mean[None, :], 0.0)
-        else:
-            # q·mean(K): the per-row constant smoothing removed from the logits, needed for the LSE.
-            bias = tl.sum(x * mean[None, :], axis=1)
-            tl.store(Bias + bh.to(tl.int64) * L + offs_l, bias, mask=row_ok)
+    if MEAN_MODE == 1:
+        mean = tl.load(Final + bh * D + offs_d, mask=offs_d < D, other=0.0)
+        x = tl.where(ld_mask, x - mean[None, :], 0.0)
+    elif MEAN_MODE == 2:
+        # q·mean(K): the per-row constant smoothing removed from the logits, needed for the LSE.
+        # Every program needs it before Final exists, so each reduces the K partials itself (the
+        # same code as _finalize_kv_stats, so the same bits).
+        mean = _reduce_parts(Parts, kvh, n_parts, REDUCE_SUM, PARTS_PAD, D_PAD) / L_KV
+        bias = tl.sum(x * mean[None, :], axis=1) * bias_mult
+        tl.store(Bias + bh.to(tl.int64) * L + offs_l, bias, mask=row_ok)
 
     amax = _group_max(tl.max(tl.abs(x), axis=1), BLOCK, GROUP)
     scale = tl.where(amax > 0, amax / 127.0, 1.0)
@@ -119,38 +241,23 @@ def mma_operand_position(n):
 @triton.jit
 def convert_v_kernel(
     V, stride_vb, stride_vh, stride_vl, stride_vd,
-    VMin, VMax, Mean,  # (B*H, D) per-channel min/max over the sequence (any float dtype), fp32 mean
-    Scale,  # fp32 (B*H, D) out: what the attention epilogue multiplies by
+    Scale, Mean,  # fp32 (B*H, D) per-channel scale and mean (HAS_MEAN), from _finalize_kv_stats
     Out, stride_ob, stride_ol, stride_od,  # (B*H, L, D_PAD) in any order of the last two
     H, L, L_OUT,
     D,
-    BLOCK: tl.constexpr, D_PAD: tl.constexpr, HAS_MEAN: tl.constexpr, RANGE: tl.constexpr,
-    POW2_SCALE: tl.constexpr, INTERPRETER: tl.constexpr, KEY_PERM: tl.constexpr,
+    BLOCK: tl.constexpr, D_PAD: tl.constexpr, HAS_MEAN: tl.constexpr, INTERPRETER: tl.constexpr,
+    KEY_PERM: tl.constexpr,
 ):
-    """V minus its mean (smooth_v), scaled per channel into [-RANGE, RANGE], cast to Out's dtype.
+    """V minus its mean (smooth_v), divided by its per-channel scale, cast to Out's dtype.
 
-    The per-channel scale is derived here from the min/max statistics rather than by a chain of
-    small torch ops: fewer launches, which is what short sequences pay for. With ``KEY_PERM`` the
-    tokens are stored in MMA operand order and the L_OUT - L padding rows are written as zeros.
+    With ``KEY_PERM`` the tokens are stored in MMA operand order and the L_OUT - L padding rows are
+    written as zeros.
     """
     bh, offs_l, row_ok, offs_d, v = _row_tile(V, stride_vb, stride_vh, stride_vl, stride_vd, H, L, D, BLOCK, D_PAD)
     d_ok = offs_d < D
-    vmin = tl.load(VMin + bh * D + offs_d, mask=d_ok, other=0.0).to(tl.float32)
-    vmax = tl.load(VMax + bh * D + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+    scale = tl.load(Scale + bh * D + offs_d, mask=d_ok, other=1.0)
     if HAS_MEAN:
-        mean = tl.load(Mean + bh * D + offs_d, mask=d_ok, other=0.0)
-        amax = tl.maximum(vmax - mean, mean - vmin)
-    else:
-        amax = tl.maximum(tl.abs(vmax), tl.abs(vmin))
-    if POW2_SCALE:  # powers of two keep the scaling exact in fp16
-        scale = tl.exp2(tl.ceil(tl.log2(tl.maximum(amax / RANGE, 1.0))))
-    else:
-        scale = tl.where(amax > 0, amax / RANGE, 1.0)
-    if tl.program_id(0) == 0:
-        tl.store(Scale + bh * D + offs_d, scale, mask=d_ok)
-
-    if HAS_MEAN:
-        v = v - mean[None, :]
+        v = v - tl.load(Mean + bh * D + offs_d, mask=d_ok, other=0.0)[None, :]
     v = tl.where(d_ok[None, :] & row_ok[:, None], v / scale[None, :], 0.0)
     dest = mma_operand_position(offs_l) if KEY_PERM else offs_l
     o_ptrs = (Out + bh.to(tl.int64) * stride_ob + dest[:, None].to(tl.int64) * stride_ol
