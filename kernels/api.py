@@ -62,7 +62,7 @@ def _launch(kernel, grid, args: tuple, constexprs: dict, num_warps: int, num_sta
     names = [n for n in kernel.arg_names if n not in constexprs]
     signature = dict(zip(names, map(_arg_type, args), strict=True))
     signature.update({n: "constexpr" for n in constexprs})
-    _recorded.append({"name": kernel.fn.__name__, "fn": kernel, "signature": signature,
+    _recorded.append({"name": kernel.fn.__name__, "fn": kernel, "signature": signature, "args": args,
                       "constexprs": dict(constexprs),
                       "options": {"num_warps": num_warps, "num_stages": num_stages, **options}})
 
@@ -70,8 +70,9 @@ def _launch(kernel, grid, args: tuple, constexprs: dict, num_warps: int, num_sta
 def compile_specs(cfg: KernelConfig, head_dim: int = 128, dtype=torch.bfloat16, seq_len: int = 1024) -> list:
     """The launches of one ``sageattn`` call with ``cfg`` (no mask), recorded on meta tensors.
 
-    Each spec: ``{"name", "fn", "signature", "constexprs", "options"}`` for
-    ``triton.compile(ASTSource(fn, signature, constexprs), target=...)`` on any machine.
+    Each spec: ``{"name", "fn", "signature", "args", "constexprs", "options"}`` for
+    ``triton.compile(ASTSource(fn, signature, constexprs), target=...)`` on any machine; ``args``
+    (meta tensors and ints) let ``crosscompile`` specialize them as Triton's launcher would.
     """
     global _recorded
     q = torch.empty((1, 2, seq_len, head_dim), dtype=dtype, device="meta")
