@@ -13,7 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .quant import to_fp8
+from .quant import mma_operand_order, to_fp8
 
 # P·V modes.
 PV_16BIT = 0  # P and V in 16-bit, accumulated in fp32 by the MMA
@@ -48,16 +48,6 @@ def _masked_softmax_tile(x, m_i, offs_m, offs_n, mask_base, stride_mm, stride_mn
     # A row masked so far has max -inf: shift by 0 instead, so exp2 gives 0 rather than NaN.
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     return tl.math.exp2(x - (m_use - P_LOG2)[:, None]), m_new, m_use
-
-
-@triton.jit
-def _mma_operand_order(p, BLOCK_N: tl.constexpr):
-    """Reorder keys within each 32-key chunk from the MMA accumulator's column order to the 8-bit
-    A operand's, so P feeds the next MMA without shuffles; V's rows are stored in the same order."""
-    BM: tl.constexpr = p.shape[0]
-    p = tl.reshape(p, (BM, BLOCK_N // 32, 2, 2, 4, 2))
-    p = tl.permute(p, (0, 1, 2, 4, 3, 5))
-    return tl.reshape(p, (BM, BLOCK_N))
 
 
 @triton.jit
@@ -138,7 +128,7 @@ def _attn_tile(
     else:
         p8 = to_fp8(p, v.dtype, INTERPRETER)
         if KEY_PERM:
-            p8 = _mma_operand_order(p8, BLOCK_N)
+            p8 = mma_operand_order(p8, BLOCK_N)
         acc += tl.dot(p8, v)
     return acc, l_i, m_new
 

@@ -230,12 +230,18 @@ def quantize_int8_kernel(
 
 
 @triton.jit
-def mma_operand_position(n):
-    """Where key ``n`` goes when keys are stored in the 8-bit MMA A-operand order (see
-    ``attention._mma_operand_order``): within each 32-key chunk, bits (h, j, t, i) of
-    n = 16h + 8j + 2t + i move to 16h + 4t + 2j + i."""
-    r = n % 32
-    return n - r + (r & 16) + ((r >> 1) & 3) * 4 + ((r >> 3) & 1) * 2 + (r & 1)
+def mma_operand_order(x, N: tl.constexpr):
+    """Reorder the N keys along axis 1 of ``x`` from an MMA accumulator's column order to the 8-bit
+    A operand's: within each 32-key chunk, key 16h + 8j + 2t + i moves to 16h + 4t + 2j + i.
+
+    A thread holds accumulator columns 2t, 2t+1, 8+2t, 9+2t of each 32, and the fp8 A operand wants
+    4 consecutive keys per thread. A sum over keys ignores their order, so P is relabelled for free
+    (the attention kernel) and V's tokens are stored in the same order (``convert_v_kernel``); P
+    then feeds P·V without shuffles."""
+    M: tl.constexpr = x.shape[0]
+    x = tl.reshape(x, (M, N // 32, 2, 2, 4, 2))
+    x = tl.permute(x, (0, 1, 2, 4, 3, 5))
+    return tl.reshape(x, (M, N))
 
 
 @triton.jit
@@ -259,10 +265,11 @@ def convert_v_kernel(
     if HAS_MEAN:
         v = v - tl.load(Mean + bh * D + offs_d, mask=d_ok, other=0.0)[None, :]
     v = tl.where(d_ok[None, :] & row_ok[:, None], v / scale[None, :], 0.0)
-    dest = mma_operand_position(offs_l) if KEY_PERM else offs_l
-    o_ptrs = (Out + bh.to(tl.int64) * stride_ob + dest[:, None].to(tl.int64) * stride_ol
+    if KEY_PERM:  # permuted in registers, so the stores stay contiguous (BLOCK is a multiple of 32)
+        v = tl.trans(mma_operand_order(tl.trans(v), BLOCK))
+    o_ptrs = (Out + bh.to(tl.int64) * stride_ob + offs_l[:, None].to(tl.int64) * stride_ol
               + offs_d[None, :] * stride_od)
     if Out.dtype.element_ty == tl.float16:
-        tl.store(o_ptrs, v.to(tl.float16), mask=dest[:, None] < L_OUT)
+        tl.store(o_ptrs, v.to(tl.float16), mask=offs_l[:, None] < L_OUT)
     else:
-        tl.store(o_ptrs, to_fp8(v, Out.dtype.element_ty, INTERPRETER), mask=dest[:, None] < L_OUT)
+        tl.store(o_ptrs, to_fp8(v, Out.dtype.element_ty, INTERPRETER), mask=offs_l[:, None] < L_OUT)
