@@ -102,7 +102,7 @@ def worker_main(out_path: str, mode: str, show_progress: bool = True) -> int:
         _write_json(path, state)
         if bar:
             bar.set_postfix_str("speed vs SDPA")
-        state["crossover"] = selftest.measure_crossover(arch, device, dtype, state.get("sdpa_default_safe"))
+        state["crossover"] = selftest.measure_crossovers(arch, device, dtype, state.get("sdpa_default_safe"))
         if bar:
             bar.update(1)
     if bar:

@@ -171,10 +171,16 @@ def variant_name(qk_quant_gran: str, pv_precision: str, pv_accum_dtype: str) -> 
     return f"{qk_quant_gran}/{pv_precision}/{pv_accum_dtype}"
 
 
-def measured_crossover(arch: Optional[ArchInfo] = None) -> Optional[int]:
-    """Key length from which the kernel beats SDPA on this GPU; None when not measured (use the table default)."""
+def measured_crossover(arch: Optional[ArchInfo] = None, head_dim: int = 128) -> Optional[int]:
+    """Key length from which the kernel beats SDPA on this GPU at this head size (the nearest measured
+    one); None when not measured (use the table default)."""
     r = current_report(arch)
     cross = (r or {}).get("crossover") or {}
+    by_dim = {int(d): c for d, c in (cross.get("by_head_dim") or {}).items()}
+    if cross.get("head_dim") is not None:
+        by_dim.setdefault(int(cross["head_dim"]), cross)
+    if by_dim:
+        cross = by_dim[min(by_dim, key=lambda d: (abs(d - head_dim), -d))]
     if cross.get("kernel_never_faster"):
         # Slower at every measured length: SDPA up to twice the longest one (the kernel may still win beyond).
         longest = max((t["seq_len"] for t in cross.get("timings", []) if "seq_len" in t), default=None)
@@ -199,10 +205,10 @@ def is_variant_disabled(cfg, arch: Optional[ArchInfo] = None) -> bool:
     return variant_name(cfg.qk_quant_gran, cfg.pv_precision, cfg.pv_accum_dtype) in disabled_variants(arch)
 
 
-def crossover_for(arch: ArchInfo, cfg=None) -> Optional[int]:
-    """Dispatcher hook ``(ArchInfo, KernelConfig) -> measured crossover or None``.
+def crossover_for(arch: ArchInfo, cfg=None, head_dim: int = 128) -> Optional[int]:
+    """Dispatcher hook ``(ArchInfo, KernelConfig, head_dim) -> measured crossover or None``.
 
-    Measured for the default variant at head_dim 128; used for every variant (the quantization
-    overhead that sets it is the same).
+    Measured for the default variant per head size; used for every variant of that size (the
+    quantization overhead that sets it is the same).
     """
-    return measured_crossover(arch)
+    return measured_crossover(arch, head_dim)

@@ -24,6 +24,8 @@ GPU_ACCURACY_SHAPES = ((1, 8, 1024, 1024, 128), (2, 4, 333, 77, 64))  # (B, H, L
 CPU_ACCURACY_SHAPES = ((1, 2, 64, 64, 64), (1, 2, 100, 77, 40))
 CROSSOVER_LENGTHS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 CROSSOVER_HEADS = 24  # Flux / SD3-like
+CROSSOVER_BATCH = 2  # cond + uncond: how samplers call attention
+CROSSOVER_HEAD_DIMS = (128, 64)  # the first is the report's headline; the others go to "by_head_dim"
 
 
 def variants_for(arch: ArchInfo) -> list:
@@ -132,26 +134,31 @@ def _short_error(e: BaseException) -> str:
 # Speed and crossover
 
 
-def time_call(fn, device, iters: int = 10, warmup: int = 3) -> float:
-    """Median milliseconds per call."""
+def time_call(fn, device, iters: int = 10, warmup: int = 3, repeats: int = 3) -> float:
+    """Milliseconds per call, from ``iters`` calls back to back (median of ``repeats``).
+
+    Back to back, as inside a model forward: the GPU works through the queue while Python launches
+    the next call, so host-side launch cost only counts where it exceeds the GPU time.
+    """
     import torch
 
     for _ in range(warmup):
         fn()
     times = []
-    if device.type == "cuda":
-        for _ in range(iters):
+    for _ in range(repeats):
+        if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            fn()
+            for _ in range(iters):
+                fn()
             end.record()
             end.synchronize()
-            times.append(start.elapsed_time(end))
-    else:
-        for _ in range(iters):
+            times.append(start.elapsed_time(end) / iters)
+        else:
             t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
+            for _ in range(iters):
+                fn()
+            times.append((time.perf_counter() - t0) * 1e3 / iters)
     times.sort()
     return times[len(times) // 2]
 
@@ -180,8 +187,19 @@ def crossover_from_timings(timings: list) -> dict:
     return {"seq_len": seq_len, "kernel_never_faster": seq_len is None and bool(timings), "timings": timings}
 
 
+def measure_crossovers(arch: ArchInfo, device, dtype, sdpa_safe: Optional[bool] = None,
+                       head_dims=CROSSOVER_HEAD_DIMS, **kw) -> dict:
+    """The crossover for ``head_dims[0]`` with the others under ``"by_head_dim"``: at head_dim 64 the
+    same tile does half the matrix work per exp2, so the kernel needs longer sequences to win."""
+    result = measure_crossover(arch, device, dtype, sdpa_safe, head_dim=head_dims[0], **kw)
+    result["by_head_dim"] = {str(d): measure_crossover(arch, device, dtype, sdpa_safe, head_dim=d, **kw)
+                             for d in head_dims[1:]}
+    return result
+
+
 def measure_crossover(arch: ArchInfo, device, dtype, sdpa_safe: Optional[bool] = None, head_dim: int = 128,
-                      lengths=CROSSOVER_LENGTHS, heads: int = CROSSOVER_HEADS, on_length=None) -> dict:
+                      lengths=CROSSOVER_LENGTHS, heads: int = CROSSOVER_HEADS, batch: int = CROSSOVER_BATCH,
+                      on_length=None) -> dict:
     import torch
 
     sdpa, sdpa_name = sdpa_fallback(arch, sdpa_safe)
@@ -190,11 +208,11 @@ def measure_crossover(arch: ArchInfo, device, dtype, sdpa_safe: Optional[bool] =
     timings = []
     for n in lengths:
         # MATH materialises the (H, L, L) scores in fp32 (plus softmax): skip lengths that would not fit.
-        need = (3 * heads * n * n * 4) if sdpa_name == "math" else (8 * heads * n * head_dim * 2)
+        need = batch * ((3 * heads * n * n * 4) if sdpa_name == "math" else (8 * heads * n * head_dim * 2))
         if need > 0.5 * free:
             continue
         try:
-            q, k, v = make_inputs((1, heads, n, n, head_dim), device, dtype, seed=n)
+            q, k, v = make_inputs((batch, heads, n, n, head_dim), device, dtype, seed=n)
             iters = 10 if n <= 4096 else 5
             t_sage = time_call(lambda q=q, k=k, v=v: sage(q, k, v), device, iters)
             t_sdpa = time_call(lambda q=q, k=k, v=v: sdpa(q, k, v), device, iters)
@@ -204,13 +222,14 @@ def measure_crossover(arch: ArchInfo, device, dtype, sdpa_safe: Optional[bool] =
         finally:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-        flops = 4 * heads * n * n * head_dim
+        flops = 4 * batch * heads * n * n * head_dim
         timings.append({"seq_len": n, "kernel_ms": round(t_sage, 4), "sdpa_ms": round(t_sdpa, 4),
                         "kernel_tops": round(flops / t_sage / 1e9, 1), "sdpa_tops": round(flops / t_sdpa / 1e9, 1)})
         if on_length:
             on_length(timings[-1])
     result = crossover_from_timings([t for t in timings if "kernel_ms" in t])
-    result.update({"sdpa": sdpa_name, "heads": heads, "head_dim": head_dim, "dtype": str(dtype).replace("torch.", "")})
+    result.update({"sdpa": sdpa_name, "batch": batch, "heads": heads, "head_dim": head_dim,
+                   "dtype": str(dtype).replace("torch.", "")})
     return result
 
 
@@ -228,7 +247,15 @@ def format_variant_table(variants: dict) -> str:
 def format_crossover(cross: Optional[dict]) -> str:
     if not cross:
         return "crossover: not measured"
-    lines = [f"{'tokens':>7} {'kernel ms':>10} {'SDPA ms':>10} {'kernel TOPS':>12} {'SDPA TOPS':>10}"]
+    text = _format_one_crossover(cross)
+    for other in (cross.get("by_head_dim") or {}).values():
+        text += "\n" + _format_one_crossover(other)
+    return text
+
+
+def _format_one_crossover(cross: dict) -> str:
+    lines = [f"head_dim {cross.get('head_dim', '?')}, batch {cross.get('batch', 1)} x {cross.get('heads', '?')} heads:",
+             f"{'tokens':>7} {'kernel ms':>10} {'SDPA ms':>10} {'kernel TOPS':>12} {'SDPA TOPS':>10}"]
     for t in cross.get("timings", []):
         lines.append(f"{t['seq_len']:>7} {t['kernel_ms']:>10.3f} {t['sdpa_ms']:>10.3f} {t['kernel_tops']:>12.1f} "
                      f"{t['sdpa_tops']:>10.1f}")

@@ -207,7 +207,7 @@ class PatchState:
                 notes.append(note)
             for note in notes:
                 self._note(note)
-            self._configs[key] = (cfg, self._min_seq_len(arch, cfg) if cfg is not None else 0)
+            self._configs[key] = (cfg, self._min_seq_len(arch, cfg, head_dim) if cfg is not None else 0)
         cfg, min_len = self._configs[key]
         if cfg is not None:
             self.last_config, self.last_arch, self.last_min_seq_len = cfg, arch, min_len
@@ -230,10 +230,10 @@ class PatchState:
             self.notes.append(note)
             logger.warning("[SageTriton] %s.", note)
 
-    def _min_seq_len(self, arch: ArchInfo, cfg: KernelConfig) -> int:
+    def _min_seq_len(self, arch: ArchInfo, cfg: KernelConfig, head_dim: int) -> int:
         if self.settings.min_seq_len != MIN_SEQ_LEN_MEASURED:
             return self.settings.min_seq_len
-        measured = self.report.crossover(arch, cfg)
+        measured = self.report.crossover(arch, cfg, head_dim)
         return cfg.min_seq_len if measured is None else int(measured)
 
     def _full_precision_step(self, transformer_options: dict) -> bool:

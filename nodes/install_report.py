@@ -15,7 +15,7 @@ from ..kernels.log import logger
 class NoReport:
     """Answers when there is no self-test report (also the answers the tests start from)."""
 
-    def crossover(self, arch: ArchInfo, cfg: KernelConfig) -> Optional[int]:
+    def crossover(self, arch: ArchInfo, cfg: KernelConfig, head_dim: int = 128) -> Optional[int]:
         return None
 
     def variant_failed(self, arch: ArchInfo, cfg: KernelConfig) -> bool:
@@ -42,8 +42,8 @@ class InstallReport(NoReport):
             logger.debug("[SageTriton] self-test report unusable (%s: %s)", name, e)
             return None
 
-    def crossover(self, arch, cfg):
-        value = self._ask("crossover_for", arch, cfg)
+    def crossover(self, arch, cfg, head_dim: int = 128):
+        value = self._ask("crossover_for", arch, cfg, head_dim)
         return None if value is None else int(value)
 
     def variant_failed(self, arch, cfg):

@@ -329,8 +329,8 @@ class MeasuredReport(NoReport):
     def __init__(self, crossover=None, failed=(), sdpa_safe=None):
         self._crossover, self._failed, self._sdpa_safe = crossover, set(failed), sdpa_safe
 
-    def crossover(self, arch, cfg):
-        return self._crossover
+    def crossover(self, arch, cfg, head_dim=128):
+        return self._crossover(head_dim) if callable(self._crossover) else self._crossover
 
     def variant_failed(self, arch, cfg):
         return f"{cfg.qk_quant_gran}/{cfg.pv_precision}/{cfg.pv_accum_dtype}" in self._failed
@@ -346,6 +346,13 @@ def test_measured_crossover_replaces_the_table_value():
     call_override(state, *random_qkv(lq=8, lk=24, d=16))
     assert state.run.kernel == 1 and dict(state.run.fallback) == {"key length < 20": 1}
     assert state.last_min_seq_len == 20
+
+
+def test_crossover_is_looked_up_per_head_size():
+    state = run_state(SageSettings(), report=MeasuredReport(crossover=lambda d: 12 if d <= 16 else 40))
+    call_override(state, *random_qkv(lq=8, lk=16, d=16))
+    call_override(state, *random_qkv(lq=8, lk=16, d=32))
+    assert state.run.kernel == 1 and dict(state.run.fallback) == {"key length < 40": 1}
 
 
 def test_variant_that_failed_the_self_test_is_replaced_by_a_working_one(caplog):

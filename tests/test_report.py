@@ -45,6 +45,16 @@ def test_roundtrip_and_runtime_api(rep, rdna4, tmp_path, monkeypatch):
     assert rep.crossover_for(rdna4, KernelConfig()) == 1024
 
 
+def test_crossover_per_head_dim_picks_the_nearest_measured_size(rep, rdna4, monkeypatch):
+    r = _report(rep, rdna4, crossover={"seq_len": 4096, "head_dim": 128,
+                                       "by_head_dim": {"64": {"seq_len": 8192, "head_dim": 64}}})
+    rep.save_report(r)
+    monkeypatch.setattr(rep, "report_key", lambda arch, *a: r["key"])
+    assert rep.measured_crossover(rdna4) == 4096
+    assert [rep.crossover_for(rdna4, None, d) for d in (40, 64, 80, 96, 128, 256)] == [8192, 8192, 8192, 4096,
+                                                                                       4096, 4096]
+
+
 @pytest.mark.parametrize("change", ["pack", "kernels", "torch", "triton", "arch", "gpu"])
 def test_any_key_change_invalidates(rep, rdna4, change):
     r = _report(rep, rdna4)

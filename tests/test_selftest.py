@@ -47,8 +47,11 @@ def test_accuracy_passes_the_real_kernel_and_catches_a_broken_one(st, monkeypatc
 def test_speed_table_and_crossover_on_cpu(st):
     from sagetriton.kernels.arch import CPU_ARCH
 
-    r = st.measure_crossover(CPU_ARCH, torch.device("cpu"), torch.float16, head_dim=32, lengths=(32, 64), heads=1)
+    r = st.measure_crossovers(CPU_ARCH, torch.device("cpu"), torch.float16, head_dims=(32, 16), lengths=(32, 64),
+                              heads=1, batch=2)
     assert [t["seq_len"] for t in r["timings"]] == [32, 64] and r["sdpa"] == "default"
     assert all(t["kernel_ms"] > 0 and t["sdpa_ms"] > 0 for t in r["timings"])
+    assert (r["head_dim"], r["batch"]) == (32, 2) and list(r["by_head_dim"]) == ["16"]
+    assert r["by_head_dim"]["16"]["head_dim"] == 16 and len(r["by_head_dim"]["16"]["timings"]) == 2
     text = st.format_crossover(r)
-    assert "tokens" in text and "crossover:" in text
+    assert "tokens" in text and "crossover:" in text and "head_dim 16, batch 2 x 1 heads" in text
