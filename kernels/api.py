@@ -378,8 +378,12 @@ def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: s
     cfg = _resolved_config(_arch_for(q.device), q.shape[-1], qk_quant_gran, pv_precision, pv_accum_dtype)
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(q.shape[-1])
-    out, lse = attention_op(q, k, v, tensor_layout, bool(is_causal), float(sm_scale), attn_mask, bool(return_lse),
-                            cfg.qk_quant_gran, cfg.pv_precision, cfg.pv_accum_dtype, cfg.fp8_format or "",
-                            cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.use_tma,
-                            cfg.max_registers, bool(smooth_k), bool(smooth_v))
+    # The custom op is what torch.compile traces (and what refuses autograd); plain eager calls skip
+    # its dispatcher layers, host time that short sequences pay on every call.
+    traced = torch.compiler.is_compiling() or q.requires_grad or k.requires_grad or v.requires_grad
+    out, lse = (attention_op if traced else _attention_impl)(
+        q, k, v, tensor_layout, bool(is_causal), float(sm_scale), attn_mask, bool(return_lse),
+        cfg.qk_quant_gran, cfg.pv_precision, cfg.pv_accum_dtype, cfg.fp8_format or "",
+        cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.use_tma,
+        cfg.max_registers, bool(smooth_k), bool(smooth_v))
     return (out, lse) if return_lse else out

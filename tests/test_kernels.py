@@ -358,3 +358,14 @@ def test_identical_calls_give_identical_bits(seed, pv, smooth_v):
     runs = [sageattn(q, k, v, pv_precision=pv, pv_accum_dtype="fp16+fp32", smooth_v=smooth_v, return_lse=True)
             for _ in range(2)]
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+
+
+def test_inputs_that_need_gradients_get_a_clear_error_not_silent_zero_grads(seed):
+    """Eager calls skip the custom op's dispatcher for speed; inputs that require grad still go through
+    it, so backward names the missing formula instead of returning no gradient."""
+    q, k, v = make_qkv(LQ=40, D=32)
+    assert sageattn(q, k, v).grad_fn is None
+    out = sageattn(q.clone().requires_grad_(), k, v)
+    assert out.grad_fn is not None
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        out.float().sum().backward()
