@@ -20,7 +20,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import_pack()
 from sagetriton.kernels.api import attention_forward  # noqa: E402
-from sagetriton.kernels.arch import default_config, detect_arch  # noqa: E402
+from sagetriton.kernels.arch import default_config, detect_arch, resolve_config  # noqa: E402
 
 SHAPES = [  # (B, H, L, D): batch x heads large enough to fill the GPU
     (2, 24, 1024, 128), (2, 24, 4096, 128), (2, 24, 8192, 128), (1, 24, 16384, 128), (1, 12, 32768, 128),
@@ -70,7 +70,7 @@ def kernel_rows(arch, D):
                                                                          False, c, True, False)[0])]
     pvs = ("fp16", "fp8") if arch.fp8 else ("fp16",)
     for gran, pv in itertools.product(("per_block", "per_warp", "per_thread"), pvs):
-        c = base.replace(qk_quant_gran=gran, pv_precision=pv)
+        c, _ = resolve_config(arch, D, gran, pv)  # what Sage Settings gives for this choice
         if c == base:
             continue
         rows.append((f"sage {gran} {pv}", lambda q, k, v, c=c: attention_forward(

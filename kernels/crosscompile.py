@@ -153,8 +153,9 @@ def _compile_one(spec: dict, target: Target) -> dict:
 
 
 def _resources(compiled, target: Target) -> dict:
-    """Registers per thread and spill traffic of a compiled kernel (NVIDIA: from the cubin via the
-    cuobjdump that ships with Triton; AMD: from the amdgcn metadata). Empty if unavailable."""
+    """Registers per thread and spills of a compiled kernel. AMD: VGPRs spilled, from the amdgcn
+    metadata. NVIDIA: local-memory load/store instructions in the SASS (nvdisasm ships with Triton;
+    cuobjdump's LOCAL figure can read 0 while spill code exists). Empty if unavailable."""
     try:
         if target.backend == "hip":
             asm = compiled.asm["amdgcn"]
@@ -164,15 +165,16 @@ def _resources(compiled, target: Target) -> dict:
 
         import triton
 
-        tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(compiled.asm["cubin"])
             f.flush()
-            use = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True,
-                                 check=True).stdout
-        # LOCAL: bytes of thread-local memory, i.e. spilled registers (and stack) per thread.
+            use = subprocess.run([str(tools / "cuobjdump"), "--dump-resource-usage", f.name], capture_output=True,
+                                 text=True, check=True).stdout
+            sass = subprocess.run([str(tools / "nvdisasm"), "-c", f.name], capture_output=True, text=True,
+                                  check=True).stdout
         return {"registers": int(re.search(r"REG:(\d+)", use).group(1)),
-                "spills": int(re.search(r"LOCAL:(\d+)", use).group(1))}
+                "spills": len(re.findall(r"\b(?:LDL|STL)\b", sass))}
     except Exception:  # noqa: BLE001 - resource numbers are a report, never a failure
         return {}
 
@@ -258,7 +260,7 @@ def format_table(results: dict) -> str:
         short = sorted({_short(i) for i in r.get("instructions", [])})
         text = f"{mark} {name:<8} P·V {pv:<4} {', '.join(short) or '-'}"
         if "registers" in r:
-            unit = "VGPRs" if name.startswith("gfx") else "bytes"
+            unit = "VGPRs" if name.startswith("gfx") else "local loads/stores"
             spills = f"{r['spills']} {unit} spilled" if r.get("spills") else "no spills"
             text += f"  ({r['registers']} registers, {spills})"
         if not r.get("ok"):

@@ -369,3 +369,15 @@ def test_inputs_that_need_gradients_get_a_clear_error_not_silent_zero_grads(seed
     assert out.grad_fn is not None
     with pytest.raises(RuntimeError, match="no autograd formula"):
         out.float().sum().backward()
+
+
+def test_hopper_register_cap_only_for_fp8_pv():
+    """The cap buys the fp8 kernel a third CTA per SM; the 16-bit P·V kernel is held to two by shared
+    memory, so Sage Settings' fp16 choice drops the cap instead of spilling."""
+    from sagetriton.kernels.arch import resolve_config
+    from sagetriton.kernels.crosscompile import parse_target
+
+    hopper = parse_target("sm90").arch_info()
+    assert resolve_config(hopper, 128)[0].max_registers == 168
+    assert resolve_config(hopper, 128, pv_precision="fp16")[0].max_registers == 0
+    assert resolve_config(hopper, 128, qk_quant_gran="per_thread")[0].max_registers == 168
