@@ -195,7 +195,7 @@ def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int, final):
 
     The plain 16-bit path reads V in place. FP8, smoothing and fp16 tile accumulation convert V
     with the scale and mean in ``final`` (slots 1 and 2, from ``quant._finalize_kv_stats``). FP8 V
-    is stored with its tokens in MMA operand order (``attn.KEY_PERM_CHUNK``-token chunks,
+    is stored with its tokens in MMA operand order (``quant.KEY_PERM_CHUNK``-token chunks,
     zero-padded), matching P's order in the kernel.
     """
     B, H, L, D = v.shape
@@ -208,7 +208,7 @@ def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int, final):
         out_dtype, mode, p_scale = _FP8_TORCH[cfg.fp8_format], attn.PV_FP8, FP8_MAX[cfg.fp8_format]
         # Stored (D_PAD, L) per head: FP8 MMAs want P·V's B operand K-major (tokens contiguous).
         # Rows padded to whole operand-order chunks (16 bytes at least, as tensor descriptors need).
-        l_pad = triton.cdiv(L, attn.KEY_PERM_CHUNK) * attn.KEY_PERM_CHUNK
+        l_pad = triton.cdiv(L, quant.KEY_PERM_CHUNK) * quant.KEY_PERM_CHUNK
         out = torch.empty((B * H, d_pad, l_pad), dtype=out_dtype, device=v.device)
         stride_l, stride_d = 1, l_pad
     else:

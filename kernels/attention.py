@@ -21,8 +21,6 @@ PV_16BIT_TILE = 1  # fp16 MMA accumulation per tile, added into the fp32 accumul
 PV_FP8 = 2  # P and V in fp8, a fresh accumulator per tile added into fp32 (two-level)
 
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
-# FP8 P·V stores V's tokens in MMA operand order within chunks of this many keys.
-KEY_PERM_CHUNK = 32
 
 
 @triton.jit
@@ -102,7 +100,7 @@ def _attn_tile(
         else:
             v = v_desc.load([bhk, start_n, 0]).reshape(BLOCK_N, D_PAD)
     elif BOUNDARY:
-        # Operand-ordered V is zero-padded to whole chunks: a live key may sit past LK there.
+        # Operand-ordered V is zero-padded to whole 32-key chunks: a live key may sit past LK there.
         v_len = tl.cdiv(LK, 32) * 32 if KEY_PERM else LK
         if EVEN_D:
             v = tl.load(v_ptrs, mask=offs_n[:, None] < v_len, other=0.0)

@@ -229,6 +229,10 @@ def quantize_int8_kernel(
         tl.store(Scale + bh.to(tl.int64) * L + offs_l, tok_scale, mask=row_ok)
 
 
+# Keys are reordered within chunks of this many (the k-extent of one 8-bit MMA instruction).
+KEY_PERM_CHUNK = 32
+
+
 @triton.jit
 def mma_operand_order(x, N: tl.constexpr):
     """Reorder the N keys along axis 1 of ``x`` from an MMA accumulator's column order to the 8-bit
