@@ -21,6 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import_pack()
 from sagetriton.kernels.api import attention_forward  # noqa: E402
 from sagetriton.kernels.arch import default_config, detect_arch, resolve_config  # noqa: E402
+from sagetriton.kernels.selftest import alternating  # noqa: E402
 
 SHAPES = [  # (B, H, L, D): batch x heads large enough to fill the GPU
     (2, 24, 1024, 128), (2, 24, 4096, 128), (2, 24, 8192, 128), (1, 24, 16384, 128), (1, 12, 32768, 128),
@@ -35,14 +36,7 @@ def tops(shape, ms):
 
 
 def timed(fn, sets):
-    i = [0]
-
-    def step():
-        q, k, v = sets[i[0] % len(sets)]
-        i[0] += 1
-        fn(q, k, v)
-
-    return triton.testing.do_bench(step, warmup=50, rep=300, return_mode="median")
+    return triton.testing.do_bench(alternating(fn, sets), warmup=50, rep=300, return_mode="median")
 
 
 def sdpa_with(backends):

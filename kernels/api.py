@@ -281,10 +281,8 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
         k3 = k8.view(B * H_KV, LK, d_pad)
         k_desc = TensorDescriptor(k3, list(k3.shape), list(k3.stride()), [1, cfg.block_n, d_pad])
         if v_op is not vh:  # our own converted buffer: contiguous rows, 16-byte aligned
-            if pv_mode == attn.PV_FP8:
-                v_desc = TensorDescriptor(v_op, list(v_op.shape), list(v_op.stride()), [1, d_pad, cfg.block_n])
-            else:
-                v_desc = TensorDescriptor(v_op, list(v_op.shape), list(v_op.stride()), [1, cfg.block_n, d_pad])
+            block = [1, d_pad, cfg.block_n] if pv_mode == attn.PV_FP8 else [1, cfg.block_n, d_pad]
+            v_desc = TensorDescriptor(v_op, list(v_op.shape), list(v_op.stride()), block)
 
     mask, mask_kind = _prepare_mask(attn_mask, B, H, LQ, LK)
     mask_arg = mask if mask is not None else qs
@@ -304,7 +302,7 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
         HAS_VSCALE=v_scale is not None, HAS_VMEAN=v_mean is not None, HAS_QBIAS=qbias is not None,
         K_SCALAR=k_scalar, RETURN_LSE=return_lse, EVEN_D=(D == d_pad) or (v_op is not vh),
         INTERPRETER=interpreter_enabled(), K_TMA=k_desc is not None, V_TMA=v_desc is not None,
-        V_T=pv_mode == attn.PV_FP8, KEY_PERM=pv_mode == attn.PV_FP8,
+        V_T=pv_mode == attn.PV_FP8,
     ), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}))
     return out, lse
@@ -380,10 +378,12 @@ def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: s
         sm_scale = 1.0 / math.sqrt(q.shape[-1])
     # The custom op is what torch.compile traces (and what refuses autograd); plain eager calls skip
     # its dispatcher layers, host time that short sequences pay on every call.
-    traced = torch.compiler.is_compiling() or q.requires_grad or k.requires_grad or v.requires_grad
-    out, lse = (attention_op if traced else _attention_impl)(
-        q, k, v, tensor_layout, bool(is_causal), float(sm_scale), attn_mask, bool(return_lse),
-        cfg.qk_quant_gran, cfg.pv_precision, cfg.pv_accum_dtype, cfg.fp8_format or "",
-        cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.use_tma,
-        cfg.max_registers, bool(smooth_k), bool(smooth_v))
+    if torch.compiler.is_compiling() or q.requires_grad or k.requires_grad or v.requires_grad:
+        out, lse = attention_op(q, k, v, tensor_layout, bool(is_causal), float(sm_scale), attn_mask,
+                                bool(return_lse), cfg.qk_quant_gran, cfg.pv_precision, cfg.pv_accum_dtype,
+                                cfg.fp8_format or "", cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages,
+                                cfg.use_tma, cfg.max_registers, bool(smooth_k), bool(smooth_v))
+    else:
+        out, lse = attention_forward(q, k, v, tensor_layout, bool(is_causal), sm_scale, attn_mask,
+                                     bool(return_lse), cfg, bool(smooth_k), bool(smooth_v))
     return (out, lse) if return_lse else out

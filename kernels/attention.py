@@ -57,7 +57,7 @@ def _attn_tile(
     BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, BOUNDARY: tl.constexpr, IS_CAUSAL: tl.constexpr,
     MASK_KIND: tl.constexpr, PV_MODE: tl.constexpr, P_LOG2: tl.constexpr, EVEN_D: tl.constexpr,
     K_SCALAR: tl.constexpr, INTERPRETER: tl.constexpr, K_TMA: tl.constexpr, V_TMA: tl.constexpr,
-    V_T: tl.constexpr, KEY_PERM: tl.constexpr,
+    V_T: tl.constexpr,
 ):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_PAD)
@@ -100,8 +100,9 @@ def _attn_tile(
         else:
             v = v_desc.load([bhk, start_n, 0]).reshape(BLOCK_N, D_PAD)
     elif BOUNDARY:
-        # Operand-ordered V is zero-padded to whole 32-key chunks: a live key may sit past LK there.
-        v_len = tl.cdiv(LK, 32) * 32 if KEY_PERM else LK
+        # FP8 V is stored in operand order, zero-padded to whole 32-key chunks: a live key may sit
+        # past LK there.
+        v_len = tl.cdiv(LK, 32) * 32 if PV_MODE == 2 else LK
         if EVEN_D:
             v = tl.load(v_ptrs, mask=offs_n[:, None] < v_len, other=0.0)
         else:
@@ -124,10 +125,8 @@ def _attn_tile(
     elif PV_MODE == 1:
         acc += tl.dot(p.to(tl.float16), v.to(tl.float16), out_dtype=tl.float16).to(tl.float32)
     else:
-        p8 = to_fp8(p, v.dtype, INTERPRETER)
-        if KEY_PERM:
-            p8 = mma_operand_order(p8, BLOCK_N)
-        acc += tl.dot(p8, v)
+        # V's tokens are stored in the MMA operand order; P is relabelled to match (no shuffles).
+        acc += tl.dot(mma_operand_order(to_fp8(p, v.dtype, INTERPRETER), BLOCK_N), v)
     return acc, l_i, m_new
 
 
@@ -143,7 +142,7 @@ def attention_kernel(
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PV_MODE: tl.constexpr, P_LOG2: tl.constexpr,
     HAS_VSCALE: tl.constexpr, HAS_VMEAN: tl.constexpr, HAS_QBIAS: tl.constexpr,
     K_SCALAR: tl.constexpr, RETURN_LSE: tl.constexpr, EVEN_D: tl.constexpr, INTERPRETER: tl.constexpr,
-    K_TMA: tl.constexpr, V_TMA: tl.constexpr, V_T: tl.constexpr, KEY_PERM: tl.constexpr,
+    K_TMA: tl.constexpr, V_TMA: tl.constexpr, V_T: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -181,13 +180,13 @@ def attention_kernel(
             acc, l_i, m_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, mask_base, KDesc, VDesc, bhk,
             stride_vn, stride_vd, stride_mm, stride_mn, LQ, LK, D,
             BLOCK_N, D_PAD, False, IS_CAUSAL, MASK_KIND, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
-            K_TMA, V_TMA, V_T, KEY_PERM)
+            K_TMA, V_TMA, V_T)
     for start_n in range(full_end, hi, BLOCK_N):
         acc, l_i, m_i = _attn_tile(
             acc, l_i, m_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, mask_base, KDesc, VDesc, bhk,
             stride_vn, stride_vd, stride_mm, stride_mn, LQ, LK, D,
             BLOCK_N, D_PAD, True, IS_CAUSAL, MASK_KIND, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
-            K_TMA, V_TMA, V_T, KEY_PERM)
+            K_TMA, V_TMA, V_T)
 
     # A fully masked row has l_i == 0: SDPA returns 0 there, and so do we.
     live = l_i > 0

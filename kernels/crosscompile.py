@@ -148,7 +148,8 @@ def _compile_one(spec: dict, target: Target) -> dict:
     asm = compiled.asm.get("ptx" if target.backend == "cuda" else "amdgcn", "")
     out = {"asm": asm if isinstance(asm, str) else asm.decode(errors="replace"),
            "shared": compiled.metadata.shared}
-    out.update(_resources(compiled, target))
+    if spec.get("name") == "attention_kernel":  # the one kernel whose occupancy matters
+        out.update(_resources(compiled, target))
     return out
 
 

@@ -253,8 +253,7 @@ def convert_v_kernel(
     V, stride_vb, stride_vh, stride_vl, stride_vd,
     Scale, Mean,  # fp32 (B*H, D) per-channel scale and mean (HAS_MEAN), from _finalize_kv_stats
     Out, stride_ob, stride_ol, stride_od,  # (B*H, L, D_PAD) in any order of the last two
-    H, L, L_OUT,
-    D,
+    H, L, L_OUT, D,
     BLOCK: tl.constexpr, D_PAD: tl.constexpr, HAS_MEAN: tl.constexpr, INTERPRETER: tl.constexpr,
     KEY_PERM: tl.constexpr,
 ):

@@ -188,13 +188,10 @@ def crossover_from_timings(timings: list) -> dict:
     return {"seq_len": seq_len, "kernel_never_faster": seq_len is None and bool(timings), "timings": timings}
 
 
-def _alternating(fn, sets: list):
-    turn = [0]
-
-    def call():
-        turn[0] += 1
-        return fn(*sets[turn[0] % len(sets)])
-    return call
+def alternating(fn, sets: list):
+    """``fn`` called on each input set in turn."""
+    turns = itertools.cycle(sets)
+    return lambda: fn(*next(turns))
 
 
 def measure_crossovers(arch: ArchInfo, device, dtype, sdpa_safe: Optional[bool] = None,
@@ -222,12 +219,12 @@ def measure_crossover(arch: ArchInfo, device, dtype, sdpa_safe: Optional[bool] =
         if need > 0.5 * free:
             continue
         try:
-            # Two input sets taken in turn, as a model's layers would: no call finds the last one's
-            # inputs still in L2.
+            # Two input sets taken in turn, as a model's layers would: a call does not simply reread
+            # the inputs the previous one left in L2.
             sets = [make_inputs((batch, heads, n, n, head_dim), device, dtype, seed=n + i) for i in range(2)]
             iters = 10 if n <= 4096 else 6
-            t_sage = time_call(_alternating(sage, sets), device, iters)
-            t_sdpa = time_call(_alternating(sdpa, sets), device, iters)
+            t_sage = time_call(alternating(sage, sets), device, iters)
+            t_sdpa = time_call(alternating(sdpa, sets), device, iters)
         except Exception as e:  # noqa: BLE001 - e.g. out of memory at the longest length: stop there
             timings.append({"seq_len": n, "error": _short_error(e)})
             break
