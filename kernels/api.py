@@ -15,6 +15,7 @@ import torch
 import triton
 
 from . import attention as attn
+from . import hopper_gluon
 from . import quant
 from .arch import FP8_MAX, KernelConfig, detect_arch, interpreter_enabled, resolve_config
 from .log import logger
@@ -68,20 +69,26 @@ def _launch(kernel, grid, args: tuple, constexprs: dict, num_warps: int, num_sta
 
 
 def compile_specs(cfg: KernelConfig, head_dim: int = 128, dtype=torch.bfloat16, seq_len: int = 1024) -> list:
-    """The launches of one ``sageattn`` call with ``cfg`` (no mask), recorded on meta tensors.
+    """The launches of ``sageattn`` calls with ``cfg`` (no mask), recorded on meta tensors: one at
+    ``seq_len`` and, where the config switches kernels on length (Hopper's Gluon kernel), one at
+    that length too, so every attention kernel a user can run is in the list once.
 
     Each spec: ``{"name", "fn", "signature", "args", "constexprs", "options"}`` for
     ``triton.compile(ASTSource(fn, signature, constexprs), target=...)`` on any machine; ``args``
     (meta tensors and ints) let ``crosscompile`` specialize them as Triton's launcher would.
     """
     global _recorded
-    q = torch.empty((1, 2, seq_len, head_dim), dtype=dtype, device="meta")
-    _recorded = []
-    try:
-        attention_forward(q, q, q, "HND", False, None, None, False, cfg, True, False)
-        return _recorded
-    finally:
-        _recorded = None
+    specs: list = []
+    for length in sorted({seq_len, max(seq_len, cfg.shared_kv_min_len)}):
+        q = torch.empty((1, 2, length, head_dim), dtype=dtype, device="meta")
+        _recorded = []
+        try:
+            attention_forward(q, q, q, "HND", False, None, None, False, cfg, True, False)
+            seen = {s["name"] for s in specs}
+            specs += [s for s in _recorded if s["name"] not in seen]
+        finally:
+            _recorded = None
+    return specs
 
 
 def head_dim_padded(d: int) -> int:
@@ -285,6 +292,11 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
             v_desc = TensorDescriptor(v_op, list(v_op.shape), list(v_op.stride()), block)
 
     mask, mask_kind = _prepare_mask(attn_mask, B, H, LQ, LK)
+    if (cfg.shared_kv_min_len and LQ >= cfg.shared_kv_min_len and mask is None and not is_causal and not return_lse
+            and k_scalar and pv_mode == attn.PV_FP8 and v_desc is not None and d_pad == hopper_gluon.HEAD_DIM
+            and cfg.block_n == hopper_gluon.BLOCK_N and cfg.block_m == hopper_gluon.ROWS):
+        if _run_shared_kv(q8, qs, k8, ks, v_op, v_scale, v_mean, oh, (H, H_KV, LQ, LK, D), math.log2(p_scale)):
+            return out, lse
     mask_arg = mask if mask is not None else qs
     mask_strides = mask.stride() if mask is not None else (0, 0, 0, 0)
     dummy = qs
@@ -308,19 +320,48 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
     return out, lse
 
 
+_shared_kv_failed = False
+
+
+def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, oh, dims, p_log2: float) -> bool:
+    """Hopper's Gluon kernel on the quantized tensors; False (and the portable kernel from then on,
+    logged once) if this Triton cannot build or launch it."""
+    global _shared_kv_failed
+    if _shared_kv_failed or not hopper_gluon.AVAILABLE or interpreter_enabled():
+        return False
+    H, H_KV, LQ, LK, D = dims
+    g = hopper_gluon
+    try:
+        _launch(g.shared_kv_attention_kernel, (triton.cdiv(LQ, g.CONSUMERS * g.ROWS), q8.shape[0]), (
+            *g.descriptors(q8, k8, v_t), qs, ks, v_scale if v_scale is not None else qs,
+            v_mean if v_mean is not None else qs, oh, *oh.stride(), H, H_KV, LQ, LK, D,
+        ), dict(P_LOG2=p_log2, STAGES=g.STAGES, HAS_VSCALE=v_scale is not None, HAS_VMEAN=v_mean is not None,
+                REGISTERS=g.REGISTERS), num_warps=4)
+        return True
+    except Exception as e:  # noqa: BLE001 - a compiler error must not break the user's run
+        if _recorded is not None:
+            raise
+        _shared_kv_failed = True
+        logger.warning("Hopper Gluon kernel unavailable with this Triton (%s: %s); the portable kernel runs "
+                       "every call instead (a few %% slower from 8K tokens)", type(e).__name__, str(e)[:300])
+        return False
+
+
 def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str, is_causal: bool,
                     sm_scale: float, attn_mask: Optional[torch.Tensor], return_lse: bool,
                     qk_quant_gran: str, pv_precision: str, pv_accum_dtype: str, fp8_format: str,
                     block_m: int, block_n: int, num_warps: int, num_stages: int, use_tma: bool,
-                    max_registers: int, smooth_k: bool, smooth_v: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                    max_registers: int, shared_kv_min_len: int, smooth_k: bool,
+                    smooth_v: bool) -> tuple[torch.Tensor, torch.Tensor]:
     cfg = KernelConfig(qk_quant_gran, pv_precision, pv_accum_dtype, fp8_format or None,
-                       block_m, block_n, num_warps, num_stages, use_tma=use_tma, max_registers=max_registers)
+                       block_m, block_n, num_warps, num_stages, use_tma=use_tma, max_registers=max_registers,
+                       shared_kv_min_len=shared_kv_min_len)
     return attention_forward(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v)
 
 
 def _attention_fake(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, qk_quant_gran, pv_precision,
                     pv_accum_dtype, fp8_format, block_m, block_n, num_warps, num_stages, use_tma, max_registers,
-                    smooth_k, smooth_v):
+                    shared_kv_min_len, smooth_k, smooth_v):
     B = q.shape[0]
     H, LQ = (q.shape[1], q.shape[2]) if layout == "HND" else (q.shape[2], q.shape[1])
     lse_shape = (B, H, LQ) if return_lse else (0,)
@@ -382,7 +423,8 @@ def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: s
         out, lse = attention_op(q, k, v, tensor_layout, bool(is_causal), float(sm_scale), attn_mask,
                                 bool(return_lse), cfg.qk_quant_gran, cfg.pv_precision, cfg.pv_accum_dtype,
                                 cfg.fp8_format or "", cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages,
-                                cfg.use_tma, cfg.max_registers, bool(smooth_k), bool(smooth_v))
+                                cfg.use_tma, cfg.max_registers, cfg.shared_kv_min_len, bool(smooth_k),
+                                bool(smooth_v))
     else:
         out, lse = attention_forward(q, k, v, tensor_layout, bool(is_causal), sm_scale, attn_mask,
                                      bool(return_lse), cfg, bool(smooth_k), bool(smooth_v))

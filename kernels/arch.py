@@ -50,6 +50,9 @@ class KernelConfig:
     use_tma: bool = False
     # Register cap per thread handed to ptxas (0: the compiler's choice). NVIDIA only.
     max_registers: int = 0
+    # Query length from which Hopper's Gluon kernel runs instead (three warpgroups share each K/V
+    # tile, ``kernels.hopper_gluon``); 0: never.
+    shared_kv_min_len: int = 0
 
     def group_sizes(self) -> tuple[int, int]:
         """Tokens sharing one Q scale and one K scale for this granularity."""
@@ -197,7 +200,9 @@ def default_config(arch: ArchInfo, head_dim: int = 128) -> KernelConfig:
         # 168 registers = 3 CTAs of 4 warps per SM, the occupancy measured fastest on the H200 (Nsight
         # Compute, bench/NOTES.md). Triton 3.6 and 3.8 both land at 167-168 today; one register
         # more and only 2 CTAs fit, so the cap guards against other versions' choices.
-        cfg = cfg.replace(max_registers=168)
+        # From 8K query tokens the Gluon kernel is 2-6 % faster (its 192-row CTAs leave a ragged last
+        # wave below that: 0.88x at 4K; bench/results/sm90_shared_kv_ab.json).
+        cfg = cfg.replace(max_registers=168, shared_kv_min_len=8192)
     if arch.family in ("ada", "blackwell") and head_dim <= 64:
         # At head_dim 64 the 128x64/8 tile saves only 2-3 % of loop instructions on sm89/sm120 and
         # spills 8 bytes on sm89 under Triton 3.6 (ptxas aims at 128 registers): keep 64x64/4.
@@ -261,6 +266,8 @@ def resolve_config(arch: ArchInfo, head_dim: int = 128, qk_quant_gran: Optional[
         cfg = cfg.replace(pv_accum_dtype=pv_accum_dtype)
     if cfg.pv_precision == "fp8" and cfg.fp8_format is None:
         cfg = cfg.replace(fp8_format="e4m3fn")  # interpreter / unknown arch asked for fp8 explicitly
+    if cfg.shared_kv_min_len and (cfg.pv_precision != "fp8" or cfg.qk_quant_gran == "per_thread"):
+        cfg = cfg.replace(shared_kv_min_len=0)  # the Gluon kernel has FP8 P·V and one K scale per tile only
     if cfg.pv_precision != "fp8" and cfg.max_registers:
         # The cap buys the fp8 kernel a third CTA per SM. 16-bit P·V tiles take 107 KB of shared
         # memory at head_dim 128, so two CTAs fit whatever the registers: a cap would only spill.

@@ -124,6 +124,8 @@ def launch_source(spec: dict, target: Target):
     from triton.compiler import ASTSource
 
     kernel, constexprs = spec["fn"], spec.get("constexprs") or {}
+    if getattr(kernel, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     if "args" in spec:
         try:
             from triton.compiler import make_backend
@@ -140,6 +142,10 @@ def launch_source(spec: dict, target: Target):
     return ASTSource(kernel, spec["signature"], constexprs, spec.get("attrs"))
 
 
+# Attention kernel name -> where compile_target reports its registers, spills and shared memory.
+_ATTENTION_KERNELS = {"attention_kernel": None, "shared_kv_attention_kernel": "shared_kv_kernel"}
+
+
 def _compile_one(spec: dict, target: Target) -> dict:
     import triton
 
@@ -148,7 +154,7 @@ def _compile_one(spec: dict, target: Target) -> dict:
     asm = compiled.asm.get("ptx" if target.backend == "cuda" else "amdgcn", "")
     out = {"asm": asm if isinstance(asm, str) else asm.decode(errors="replace"),
            "shared": compiled.metadata.shared}
-    if spec.get("name") == "attention_kernel":  # the one kernel whose occupancy matters
+    if spec.get("name") in _ATTENTION_KERNELS:  # the kernels whose occupancy matters
         out.update(_resources(compiled, target))
     return out
 
@@ -197,8 +203,10 @@ def compile_target(target: Target, head_dim: int = 128, specs_for: Optional[Call
                 raise RuntimeError(f"{spec.get('name', spec['fn'].__name__)}: {type(e).__name__}: "
                                    f"{str(e).strip().splitlines()[-1] if str(e).strip() else ''}") from e
             found.update(matrix_instructions(out["asm"], target.backend))
-            if spec.get("name") == "attention_kernel":
-                result.update({k: out[k] for k in ("registers", "spills", "shared") if k in out})
+            if spec.get("name") in _ATTENTION_KERNELS:
+                use = {k: out[k] for k in ("registers", "spills", "shared") if k in out}
+                key = _ATTENTION_KERNELS[spec["name"]]
+                result.update({key: use} if key else use)
         result["instructions"] = sorted(found)
         want = expected_instructions(target, cfg)
         result["expected"] = want

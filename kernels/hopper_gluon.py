@@ -1,0 +1,240 @@
+"""Hopper (sm90) attention for long sequences, in Gluon: three warpgroups share every K/V tile.
+
+The portable kernel runs one warpgroup (64 query rows) per CTA, three CTAs per SM, and each CTA
+streams the whole K and V of its head: three copies of every tile cross L2 into shared memory, and
+Nsight Compute had L2 at 62 % of its throughput, the busiest unit of that kernel. Here one CTA holds
+three warpgroups of 64 rows each (192 rows); consumer 0 also fills a ring of K/V tiles through TMA
+copies, and each tile is released once all three have multiplied it. The warpgroups run their loops
+independently (no turn-taking: a FlashAttention-3 style ping-pong of two warpgroups measured 15-20 %
+slower than three free-running ones, bench/NOTES.md attempt 15), with the same registers as the
+portable kernel (168, so 3 × 128 threads fill the register file).
+
+The math is the portable kernel's, in the same order: INT8 Q·Kᵀ with one K scale per tile, integer
+row max, one FMA per logit into exp2, P rounded to fp8 and relabelled into MMA operand order
+(``quant.mma_operand_order``; V is stored that way), a fresh fp32 P·V accumulator per tile added into
+the running output. Outputs are bit-identical to the portable kernel (bench/gpu_check.py checks it).
+
+Scope: FP8 P·V, head_dim padded to 128, per-tile K scales, no mask, not causal, no LSE. It wins from
+8K query tokens (bench/results/sm90_shared_kv_ab.json); ``api`` sends it nothing else. Gluon ships
+inside the triton package (3.5+); without it ``AVAILABLE`` is False and the portable kernel runs.
+"""
+from __future__ import annotations
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    AVAILABLE = True
+except ImportError:  # triton without Gluon: the portable kernel serves every call
+    AVAILABLE = False
+
+CONSUMERS = 3  # warpgroups per CTA, 64 query rows each
+ROWS = 64
+BLOCK_N = 128
+STAGES = 4  # K/V ring depth: 24 KB of Q + 4 × 32 KB, one CTA per SM
+HEAD_DIM = 128  # padded head dim this kernel is built for
+REGISTERS = 168  # per thread: 3 warpgroups × 128 threads × 168 fill the 64K register file
+
+if AVAILABLE:
+
+    @gluon.jit
+    def _operand_order(x):
+        """``quant.mma_operand_order`` for Gluon tensors (a Triton function cannot be called here)."""
+        M: gl.constexpr = x.type.shape[0]
+        N: gl.constexpr = x.type.shape[1]
+        x = gl.reshape(x, (M, N // 32, 2, 2, 4, 2))
+        x = gl.permute(x, (0, 1, 2, 4, 3, 5))
+        return gl.reshape(x, (M, N))
+
+    @gluon.jit
+    def _fill(k_desc, v_desc, k_smem, v_smem, kv_ready, kv_empty, t, n_tiles, bhk, LK, STAGES: gl.constexpr):
+        """Start the TMA copies of K and Vᵀ tile ``t`` into slot t % STAGES once every warpgroup has
+        released the tile that slot held (no-op past the last tile)."""
+        BN: gl.constexpr = k_smem.type.shape[1]
+        D_PAD: gl.constexpr = k_smem.type.shape[2]
+        if t < n_tiles:
+            st = t % STAGES
+            mbarrier.wait(kv_empty.index(st), ((t // STAGES) & 1) ^ 1)
+            bar = kv_ready.index(st)
+            mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [bhk * LK + t * BN, 0], bar, k_smem.index(st))
+            tma.async_copy_global_to_shared(v_desc, [bhk * D_PAD, t * BN], bar, v_smem.index(st))
+
+    @gluon.jit
+    def _tile(q, k_smem, v_smem, kv_ready, kv_empty, s, pv, acc, m_i, l_i, qs, ks_base, j, LK,
+              P_LOG2: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr, p_layout: gl.constexpr):
+        """One K/V tile of one warpgroup. ``s`` and ``pv`` are the previous tile's (dead) results,
+        handed back as the MMAs' ignored accumulators so no zero tile stays live in registers."""
+        BN: gl.constexpr = k_smem.type.shape[1]
+        row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+        st = j % STAGES
+        mbarrier.wait(kv_ready.index(st), (j // STAGES) & 1)
+        s = warpgroup_mma_wait(0, deps=(warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s, use_acc=False,
+                                                      is_async=True),))
+        row_scale = qs * gl.load(ks_base + j)
+        if MASKED:  # the last tile: keys past LK belong to the next head (or are zero-filled)
+            offs_n = j * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s.type.layout))
+            x = gl.where((offs_n < LK)[None, :], s.to(gl.float32) * row_scale[:, None], float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(x, axis=1))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            p = gl.exp2(x - (m_use - P_LOG2)[:, None])
+        else:  # scales are positive: the row max is taken on the integers
+            m_new = gl.maximum(m_i, gl.max(s, axis=1).to(gl.float32) * row_scale)
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            p = gl.exp2(s.to(gl.float32) * row_scale[:, None] - (m_use - P_LOG2)[:, None])
+        alpha = gl.exp2(m_i - m_use)
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        p8 = gl.convert_layout(_operand_order(p.to(v_smem.dtype)), p_layout)  # no data movement
+        pv = warpgroup_mma_wait(0, deps=(warpgroup_mma(p8, v_smem.index(st).permute((1, 0)), pv, use_acc=False,
+                                                       is_async=True),))
+        mbarrier.arrive(kv_empty.index(st), count=1)
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv
+        return s, pv, acc, m_new, l_i
+
+    @gluon.jit
+    def _warpgroup(args, descs, C: gl.constexpr, P_LOG2: gl.constexpr, STAGES: gl.constexpr,
+                   HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr):
+        """Rows C·64.. of this CTA's 192 query rows, over the whole key sequence. Warpgroup 0 also
+        loads Q and keeps the K/V ring STAGES - 1 tiles ahead of itself."""
+        (q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, Out,
+         stride_ob, stride_oh, stride_om, stride_od, H, H_KV, LQ, LK, D) = args
+        q_desc, k_desc, v_desc = descs
+        NCONS: gl.constexpr = q_smem.type.shape[0]
+        ROWS: gl.constexpr = q_smem.type.shape[1]
+        D_PAD: gl.constexpr = q_smem.type.shape[2]
+        BN: gl.constexpr = k_smem.type.shape[1]
+        # int8 and fp8 warpgroup MMAs have K = 32; one warpgroup's 4 warps stack along M.
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BN, 32])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, D_PAD, 32])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
+
+        pid_m = gl.program_id(0)
+        bh = gl.program_id(1)
+        b = bh // H
+        h = bh % H
+        bhk = b * H_KV + h // (H // H_KV)  # GQA: consecutive query heads share one KV head
+        cta_row0 = pid_m * (NCONS * ROWS)
+        row0 = cta_row0 + C * ROWS
+        n_tiles = gl.cdiv(LK, BN)
+        if C == 0:
+            mbarrier.expect(q_bar, NCONS * q_desc.block_type.nbytes)
+            for i in gl.static_range(NCONS):
+                tma.async_copy_global_to_shared(q_desc, [bh * LQ + cta_row0 + i * ROWS, 0], q_bar, q_smem.index(i))
+            for t in gl.static_range(STAGES - 1):
+                _fill(k_desc, v_desc, k_smem, v_smem, kv_ready, kv_empty, t, n_tiles, bhk, LK, STAGES)
+
+        offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
+        # Q scales already hold sm_scale·log2(e): logits come out in base-2 units.
+        qs = gl.load(QS + bh.to(gl.int64) * LQ + offs_m, mask=offs_m < LQ, other=0.0)
+        ks_base = KS + bhk.to(gl.int64) * n_tiles
+        q = q_smem.index(C)
+        s = gl.zeros([ROWS, BN], gl.int32, s_layout)
+        pv = gl.zeros([ROWS, D_PAD], gl.float32, o_layout)
+        acc = gl.zeros([ROWS, D_PAD], gl.float32, o_layout)
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
+        l_i = gl.zeros([ROWS], gl.float32, row_s)
+        mbarrier.wait(q_bar, 0)
+        n_full = LK // BN
+        for j in range(n_full):
+            if C == 0:
+                _fill(k_desc, v_desc, k_smem, v_smem, kv_ready, kv_empty, j + STAGES - 1, n_tiles, bhk, LK, STAGES)
+            s, pv, acc, m_i, l_i = _tile(q, k_smem, v_smem, kv_ready, kv_empty, s, pv, acc, m_i, l_i, qs, ks_base,
+                                         j, LK, P_LOG2, STAGES, False, p_layout)
+        if n_full < n_tiles:
+            if C == 0:
+                _fill(k_desc, v_desc, k_smem, v_smem, kv_ready, kv_empty, n_full + STAGES - 1, n_tiles, bhk, LK,
+                      STAGES)
+            s, pv, acc, m_i, l_i = _tile(q, k_smem, v_smem, kv_ready, kv_empty, s, pv, acc, m_i, l_i, qs, ks_base,
+                                         n_full, LK, P_LOG2, STAGES, True, p_layout)
+
+        # A row with no live key has l_i == 0: SDPA returns 0 there, and so do we.
+        live = l_i > 0
+        out = acc / gl.convert_layout(gl.where(live, l_i, 1.0), row_o)[:, None]
+        offs_d = gl.arange(0, D_PAD, layout=col_o)
+        d_ok = offs_d < D
+        if HAS_VSCALE:
+            out = out * gl.load(VScale + bhk * D + offs_d, mask=d_ok, other=0.0)[None, :]
+        if HAS_VMEAN:
+            out = out + gl.where(gl.convert_layout(live, row_o)[:, None],
+                                 gl.load(VMean + bhk * D + offs_d, mask=d_ok, other=0.0)[None, :], 0.0)
+        offs_mo = row0 + gl.arange(0, ROWS, layout=row_o)
+        o_ptrs = (Out + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
+                  + offs_mo[:, None].to(gl.int64) * stride_om + offs_d[None, :] * stride_od)
+        gl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(offs_mo < LQ)[:, None] & d_ok[None, :])
+
+    # Partitions differ only in C. Constexprs travel as annotated parameters: inside the args tuple
+    # they would reach the partitions as runtime values.
+    @gluon.jit
+    def _warpgroup0(args, descs, P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr,
+                    HAS_VMEAN: gl.constexpr):
+        _warpgroup(args, descs, 0, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN)
+
+    @gluon.jit
+    def _warpgroup1(args, descs, P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr,
+                    HAS_VMEAN: gl.constexpr):
+        _warpgroup(args, descs, 1, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN)
+
+    @gluon.jit
+    def _warpgroup2(args, descs, P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr,
+                    HAS_VMEAN: gl.constexpr):
+        _warpgroup(args, descs, 2, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN)
+
+    @gluon.jit
+    def shared_kv_attention_kernel(
+        q_desc, k_desc, v_desc,  # int8 Q (B*H*LQ, D_PAD), int8 K (B*H_KV*LK, D_PAD), fp8 Vᵀ (B*H_KV*D_PAD, L_PAD)
+        QS, KS, VScale, VMean, Out,
+        stride_ob, stride_oh, stride_om, stride_od,
+        H, H_KV, LQ, LK, D,
+        P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr,
+        REGISTERS: gl.constexpr,
+    ):
+        NCONS: gl.constexpr = 3
+        ROWS: gl.constexpr = q_desc.block_type.shape[0]
+        D_PAD: gl.constexpr = q_desc.block_type.shape[1]
+        BN: gl.constexpr = k_desc.block_type.shape[0]
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [NCONS, ROWS, D_PAD], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, D_PAD], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, D_PAD, BN], v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(kv_ready.index(i), count=1)
+            mbarrier.init(kv_empty.index(i), count=NCONS)  # every warpgroup releases each tile
+        fence_async_shared()
+        args = (q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, Out,
+                stride_ob, stride_oh, stride_om, stride_od, H, H_KV, LQ, LK, D)
+        descs = (q_desc, k_desc, v_desc)
+        gl.warp_specialize([
+            (_warpgroup0, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN)),
+            (_warpgroup1, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN)),
+            (_warpgroup2, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN)),
+        ], [4, 4], [REGISTERS, REGISTERS])
+
+    def descriptors(q8, k8, v_t):
+        """TMA descriptors over the quantized tensors as 2-D views: q8, k8 int8 (B*H, L, D_PAD), v_t
+        fp8 (B*H_KV, D_PAD, L_PAD) in operand order. Reads past a head's rows land in the next head
+        (masked in the kernel) or past the tensor (zero-filled by the TMA unit)."""
+        d_pad = q8.shape[-1]
+        fp8 = gl.float8e4nv if str(v_t.dtype).endswith("e4m3fn") else gl.float8e4b8
+
+        def make(t, block, dtype):
+            return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], block,
+                                    gl.NVMMASharedLayout.get_default_for(block, dtype))
+
+        return (make(q8.view(-1, d_pad), [ROWS, d_pad], gl.int8), make(k8.view(-1, d_pad), [BLOCK_N, d_pad], gl.int8),
+                make(v_t.view(-1, v_t.shape[-1]), [d_pad, BLOCK_N], fp8))
