@@ -62,6 +62,10 @@ def kernel_rows(arch, D):
     base = default_config(arch, D)
     rows = [("sage default", lambda q, k, v, c=base: attention_forward(q, k, v, "HND", False, None, None,
                                                                          False, c, True, False)[0])]
+    if base.shared_kv_min_len:  # the portable kernel alone, beside the default that switches to Gluon
+        portable = base.replace(shared_kv_min_len=0)
+        rows.append(("sage portable kernel", lambda q, k, v, c=portable: attention_forward(
+            q, k, v, "HND", False, None, None, False, c, True, False)[0]))
     pvs = ("fp16", "fp8") if arch.fp8 else ("fp16",)
     for gran, pv in itertools.product(("per_block", "per_warp", "per_thread"), pvs):
         c, _ = resolve_config(arch, D, gran, pv)  # what Sage Settings gives for this choice

@@ -39,6 +39,44 @@ def case(name, q, k, v, min_cos=0.999, **kw):
     return ok
 
 
+def shared_kv_cases() -> list:
+    """Hopper's Gluon kernel (long sequences) must give the portable kernel's bits, and be the one
+    that ran. Elsewhere (or without Gluon) these cases are skipped."""
+    from sagetriton.kernels import api
+    from sagetriton.kernels.arch import default_config, detect_arch
+
+    cfg = default_config(detect_arch(), 128)
+    if not cfg.shared_kv_min_len:
+        print("-- shared-K/V Gluon kernel: not used on this GPU")
+        return []
+    ran = []
+    real = api._run_shared_kv
+    api._run_shared_kv = lambda *a: ran.append(real(*a)) or ran[-1]
+    results = []
+    n = cfg.shared_kv_min_len
+    try:
+        for name, (q, k, v), smooth_v in (
+                ("odd lengths", qkv(B=1, H=4, LQ=n + 77, LK=n + 129), False),
+                ("GQA 8/2, Lk > Lq", qkv(B=1, H=8, HKV=2, LQ=n, LK=n + 1000), False),
+                ("smooth_v", qkv(B=1, H=4, LQ=n, LK=n), True),
+                ("short K (77 keys)", qkv(B=1, H=4, LQ=n, LK=77), False),
+                ("head_dim 96 (padded to 128)", qkv(B=1, H=4, LQ=n, D=96), False)):
+            ran.clear()
+            out, _ = api.attention_forward(q, k, v, "HND", False, None, None, False, cfg, True, smooth_v)
+            used = ran == [True]
+            portable, _ = api.attention_forward(q, k, v, "HND", False, None, None, False,
+                                                cfg.replace(shared_kv_min_len=0), True, smooth_v)
+            same = torch.equal(out, portable)
+            c = cosine(out, ref.exact_attention(q, k, v)[0])
+            ok = used and same and c >= 0.999
+            print(f"{'ok ' if ok else 'BAD'} {'shared-K/V Gluon kernel: ' + name:60s} cos={c:.6f} "
+                  f"ran={used} bit-identical to portable={same}", flush=True)
+            results.append(ok)
+    finally:
+        api._run_shared_kv = real
+    return results
+
+
 def main():
     if not torch.cuda.is_available():
         sys.exit("gpu_check.py needs a GPU")
@@ -76,6 +114,7 @@ def main():
         c = cosine(out, ref.exact_attention(q, k, v)[0])
         print(f"{'ok ' if c >= 0.999 else 'BAD'} {'tensor descriptors (TMA) ' + pv:60s} cos={c:.6f}")
         results.append(c >= 0.999)
+    results += shared_kv_cases()
     print(f"gpu_check: {sum(results)} passed, {len(results) - sum(results)} failed")
     return 0 if all(results) else 1
 

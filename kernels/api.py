@@ -15,8 +15,7 @@ import torch
 import triton
 
 from . import attention as attn
-from . import hopper_gluon
-from . import quant
+from . import hopper_gluon, quant
 from .arch import FP8_MAX, KernelConfig, detect_arch, interpreter_enabled, resolve_config
 from .log import logger
 

@@ -254,7 +254,7 @@ def test_fake_tensor_shapes():
     with FakeTensorMode():
         q = torch.empty(2, 100, 4, 64, dtype=torch.bfloat16)
         out, lse = kernels.api.attention_op(q, q, q, "NHD", False, 0.125, None, True, "per_warp", "fp16",
-                                            "fp32", "", 64, 64, 4, 1, False, 0, True, False)
+                                            "fp32", "", 64, 64, 4, 1, False, 0, 0, True, False)
         assert out.shape == q.shape and out.dtype == q.dtype
         assert lse.shape == (2, 4, 100) and lse.dtype == torch.float32
 
@@ -267,6 +267,21 @@ def test_tensor_descriptor_path(seed, pv):
                        use_tma=True)
     out, _ = kernels.attention_forward(q, k, v, "HND", False, None, None, False, cfg, True, False)
     check(out, q, k, v)
+
+
+def test_hopper_gluon_kernel_is_configured_only_where_it_applies():
+    """Hopper, head_dim 65-128, FP8 P·V with one K scale per tile: the Gluon kernel from 8K query
+    tokens; any other choice keeps the portable kernel (the Gluon one implements only that case)."""
+    from sagetriton.kernels.arch import ArchInfo, resolve_config
+
+    hopper = ArchInfo("nvidia", "sm90", "hopper", fp8="e4m3fn")
+    assert resolve_config(hopper, 128)[0].shared_kv_min_len == 8192
+    assert resolve_config(hopper, 96, "per_block")[0].shared_kv_min_len == 8192
+    assert resolve_config(hopper, 64)[0].shared_kv_min_len == 0
+    assert resolve_config(hopper, 128, pv_precision="fp16")[0].shared_kv_min_len == 0
+    assert resolve_config(hopper, 128, "per_thread")[0].shared_kv_min_len == 0
+    ada = ArchInfo("nvidia", "sm89", "ada", fp8="e4m3fn")
+    assert resolve_config(ada, 128)[0].shared_kv_min_len == 0
 
 
 def test_supported_choices_mark_what_a_gpu_cannot_run():
