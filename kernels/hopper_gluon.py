@@ -6,7 +6,7 @@ Nsight Compute had L2 at 62 % of its throughput, the busiest unit of that kernel
 three warpgroups of 64 rows each (192 rows); consumer 0 also fills a ring of K/V tiles through TMA
 copies, and each tile is released once all three have multiplied it. The warpgroups run their loops
 independently (no turn-taking: a FlashAttention-3 style ping-pong of two warpgroups measured 15-20 %
-slower than three free-running ones, bench/NOTES.md attempt 15), with the same registers as the
+slower than three free-running ones, bench/NOTES.md attempts 16-17), with the same registers as the
 portable kernel (168, so 3 × 128 threads fill the register file).
 
 The math is the portable kernel's, in the same order: INT8 Q·Kᵀ with one K scale per tile, integer
