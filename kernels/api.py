@@ -280,6 +280,15 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
                           stats, per_block=k_scalar)
     v_op, v_strides, v_scale, v_mean, pv_mode, p_scale = _prepare_v(vh, cfg, smooth_v, d_pad, final)
 
+    # Hopper's Gluon kernel builds its own descriptors: decided before the portable kernel's. FP8 V
+    # is always our converted buffer, so use_tma here means the portable kernel would read it by TMA.
+    if (cfg.shared_kv_min_len and LQ >= cfg.shared_kv_min_len and attn_mask is None and not is_causal
+            and not return_lse and k_scalar and pv_mode == attn.PV_FP8 and cfg.use_tma
+            and d_pad == hopper_gluon.HEAD_DIM and cfg.block_n == hopper_gluon.BLOCK_N
+            and cfg.block_m == hopper_gluon.ROWS):
+        if _run_shared_kv(q8, qs, k8, ks, v_op, v_scale, v_mean, oh, (H, H_KV, LQ, LK, D), math.log2(p_scale)):
+            return out, lse
+
     k_desc = v_desc = None
     if cfg.use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -291,11 +300,6 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
             v_desc = TensorDescriptor(v_op, list(v_op.shape), list(v_op.stride()), block)
 
     mask, mask_kind = _prepare_mask(attn_mask, B, H, LQ, LK)
-    if (cfg.shared_kv_min_len and LQ >= cfg.shared_kv_min_len and mask is None and not is_causal and not return_lse
-            and k_scalar and pv_mode == attn.PV_FP8 and v_desc is not None and d_pad == hopper_gluon.HEAD_DIM
-            and cfg.block_n == hopper_gluon.BLOCK_N and cfg.block_m == hopper_gluon.ROWS):
-        if _run_shared_kv(q8, qs, k8, ks, v_op, v_scale, v_mean, oh, (H, H_KV, LQ, LK, D), math.log2(p_scale)):
-            return out, lse
     mask_arg = mask if mask is not None else qs
     mask_strides = mask.stride() if mask is not None else (0, 0, 0, 0)
     dummy = qs

@@ -55,7 +55,6 @@ class Target:
         return arch_from_properties(GpuInfo(name=f"cross-compile {self.name}", gcnArchName=self.arch), is_hip=True)
 
 
-
 def parse_target(name: str) -> Target:
     """``sm90`` -> CUDA capability 90; ``gfx1201`` -> HIP, wave32 on RDNA, wave64 on CDNA (gfx9xx)."""
     name = name.strip().lower()

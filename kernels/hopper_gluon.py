@@ -201,7 +201,7 @@ if AVAILABLE:
         P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr,
         REGISTERS: gl.constexpr,
     ):
-        NCONS: gl.constexpr = 3
+        NCONS: gl.constexpr = 3  # = CONSUMERS: one warp_specialize partition per warpgroup below
         ROWS: gl.constexpr = q_desc.block_type.shape[0]
         D_PAD: gl.constexpr = q_desc.block_type.shape[1]
         BN: gl.constexpr = k_desc.block_type.shape[0]
