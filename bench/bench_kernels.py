@@ -9,6 +9,7 @@ fp32 math reference on a slice of heads.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import itertools
 import sys
 
@@ -77,11 +78,23 @@ def kernel_rows(arch, D):
 
 
 def reference_sage():
+    """(label, fn) for the reference ``sageattention`` package when it is importable, else None.
+
+    ``sageattn`` picks its own kernel per GPU: on Hopper the 2.x CUDA build runs its sm90 FP8 kernel,
+    while 1.x (the PyPI wheel) is pure Triton (INT8 Q·Kᵀ, FP16 P·V). The label says which ran."""
     try:
-        from sageattention import sageattn as ref_sageattn  # the CUDA package, if installed
+        import sageattention
+        from sageattention import sageattn as ref_sageattn
     except ImportError:
         return None
-    return lambda q, k, v: ref_sageattn(q, k, v, tensor_layout="HND")
+    core = sys.modules.get("sageattention.core")
+    cuda = any(getattr(core, f"SM{a}_ENABLED", False) for a in (80, 89, 90))
+    try:
+        version = importlib.metadata.version("sageattention")
+    except importlib.metadata.PackageNotFoundError:  # a source build on sys.path, no metadata
+        version = "2.x" if hasattr(core, "SM90_ENABLED") else getattr(sageattention, "__version__", "?")
+    label = f"sageattention {version} ({'CUDA' if cuda else 'Triton'})"
+    return label, lambda q, k, v: ref_sageattn(q, k, v, tensor_layout="HND")
 
 
 def bench_shape(shape, dtype, arch, all_variants=True):
@@ -97,7 +110,7 @@ def bench_shape(shape, dtype, arch, all_variants=True):
     methods += krows
     ref = reference_sage()
     if ref is not None:
-        methods.append(("sageattention (CUDA)", ref))
+        methods.append(ref)
     for label, fn in methods:
         try:
             ms = timed(fn, sets)
@@ -112,10 +125,13 @@ def bench_shape(shape, dtype, arch, all_variants=True):
     pick = sage if use_kernel else sdpa
     rows.append(dict(method="dispatch", ms=pick["ms"], tops=pick["tops"], cosine=pick["cosine"],
                      rel_l1=pick["rel_l1"], routed_to="kernel" if use_kernel else "sdpa"))
+    ref_row = next((r for r in rows if ref is not None and r["method"] == ref[0] and "ms" in r), None)
     for r in rows:
         r.update(shape=list(shape), dtype=str(dtype).replace("torch.", ""))
         if "ms" in r:
             r["vs_sdpa"] = sdpa["ms"] / r["ms"]
+            if ref_row is not None:
+                r["vs_reference"] = ref_row["ms"] / r["ms"]
     return rows, base
 
 
@@ -178,13 +194,14 @@ def profile_stages(arch, dtype):
 
 
 def print_table(rows):
-    print(f"{'shape':>20} {'dtype':>8} {'method':>28} {'ms':>8} {'TOPS':>7} {'xSDPA':>6} {'cos':>8} {'relL1':>7}")
+    print(f"{'shape':>20} {'dtype':>8} {'method':>34} {'ms':>8} {'TOPS':>7} {'xSDPA':>6} {'xRef':>6} "
+          f"{'cos':>8} {'relL1':>7}")
     for r in rows:
         if "error" in r:
-            print(f"{str(r['shape']):>20} {r['dtype']:>8} {r['method']:>28}  error: {r['error'][:60]}")
+            print(f"{str(r['shape']):>20} {r['dtype']:>8} {r['method']:>34}  error: {r['error'][:60]}")
             continue
-        print(f"{str(r['shape']):>20} {r['dtype']:>8} {r['method']:>28} {r['ms']:8.3f} {r['tops']:7.0f} "
-              f"{r['vs_sdpa']:6.2f} {r['cosine']:8.5f} {r['rel_l1']:7.4f}")
+        print(f"{str(r['shape']):>20} {r['dtype']:>8} {r['method']:>34} {r['ms']:8.3f} {r['tops']:7.0f} "
+              f"{r['vs_sdpa']:6.2f} {r.get('vs_reference', float('nan')):6.2f} {r['cosine']:8.5f} {r['rel_l1']:7.4f}")
 
 
 def main(argv=None):

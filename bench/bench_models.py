@@ -4,7 +4,9 @@
 
 For each model: one full forward of the cond+uncond batch (as the sampler sends it), unpatched
 (ComfyUI's default attention) vs through Patch Model Attention with default settings, and with
-the kernel forced on every call (min_seq_len=0) to show where the crossover matters. Medians of
+the kernel forced on every call (min_seq_len=0) to show where the crossover matters, and, when the
+``sageattention`` package is importable, with ComfyUI's own ``attention_sage`` (the reference
+library) on every call, as ``--use-sage-attention`` would run it. Medians of
 several runs after warm-up, peak GPU memory, fallback share by reason, cosine of the patched
 output to the unpatched one, and the same after 4 sampling steps through ``comfy.sample.sample``.
 """
@@ -187,10 +189,27 @@ def host_profile(patcher, x, sigma, kwargs, top: int = 15) -> None:
     pstats.Stats(prof).sort_stats("tottime").print_stats(top)
 
 
+def with_reference_sage(base):
+    """A clone that sends every attention call to ComfyUI's ``attention_sage`` (the reference
+    ``sageattention`` package), through the same override hook our patch uses; None without it."""
+    import comfy.ldm.modules.attention as attention
+
+    if not getattr(attention, "SAGE_ATTENTION_IS_AVAILABLE", False):
+        return None
+    patcher = base.clone()
+    topts = dict(patcher.model_options.get("transformer_options", {}))
+    topts["optimized_attention_override"] = lambda func, *args, **kwargs: attention.attention_sage(*args, **kwargs)
+    patcher.model_options["transformer_options"] = topts
+    return patcher
+
+
 def bench_model(name: str, runs: int, profile_host: bool = False) -> list:
     base = build(name)
     variants = {"unpatched": base, "patched (defaults)": patch_model(base, SageSettings()),
                 "patched (kernel on every call)": patch_model(base, SageSettings(min_seq_len=0))}
+    reference = with_reference_sage(base)
+    if reference is not None:
+        variants["reference sageattention"] = reference
     x, sigma, kwargs = forward_inputs(base, name)
     if profile_host:
         for label in ("unpatched", "patched (defaults)"):
