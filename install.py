@@ -81,6 +81,9 @@ def print_report(report: dict, selftest) -> None:
     if off:
         print(f"{len(off)} variant(s) turned off (the runtime will not pick them): {', '.join(off)}")
     if report.get("mode") == "gpu":
+        line = selftest.format_long_sequence_kernel(report.get("long_sequence_kernel"))
+        if line:
+            print(line)
         print(selftest.format_crossover(report.get("crossover")))
     if report.get("sdpa_probe"):
         p = report["sdpa_probe"]

@@ -323,14 +323,19 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
     return out, lse
 
 
-_shared_kv_failed = False
+_shared_kv_error: Optional[str] = None  # why the Gluon kernel could not run here (then never tried again)
+
+
+def shared_kv_error() -> Optional[str]:
+    """None while Hopper's Gluon kernel works (or was never needed), else why it failed in this process."""
+    return _shared_kv_error
 
 
 def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, oh, dims, p_log2: float) -> bool:
     """Hopper's Gluon kernel on the quantized tensors; False (and the portable kernel from then on,
     logged once) if this Triton cannot build or launch it."""
-    global _shared_kv_failed
-    if _shared_kv_failed or not hopper_gluon.AVAILABLE or interpreter_enabled():
+    global _shared_kv_error
+    if _shared_kv_error is not None or not hopper_gluon.AVAILABLE or interpreter_enabled():
         return False
     H, H_KV, LQ, LK, D = dims
     g = hopper_gluon
@@ -344,9 +349,9 @@ def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, oh, dims, p_log2: float
     except Exception as e:  # noqa: BLE001 - a compiler error must not break the user's run
         if _recorded is not None:
             raise
-        _shared_kv_failed = True
-        logger.warning("Hopper Gluon kernel unavailable with this Triton (%s: %s); the portable kernel runs "
-                       "every call instead (a few %% slower from 8K tokens)", type(e).__name__, str(e)[:300])
+        _shared_kv_error = f"{type(e).__name__}: {str(e)[:300]}"
+        logger.warning("Hopper Gluon kernel unavailable with this Triton (%s); the portable kernel runs "
+                       "every call instead (a few %% slower from 8K tokens)", _shared_kv_error)
         return False
 
 

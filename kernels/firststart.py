@@ -31,6 +31,7 @@ PACK_DIR = Path(__file__).resolve().parent.parent
 MAX_RESTARTS = 3
 STEP_TIMEOUT = 600.0  # one variant (two head dims) or the speed test; a GPU hang is stopped after this
 WORKER_TIMEOUT = 3600.0  # the whole stage
+LONG_SEQUENCE_STEP = "long-sequence kernel"  # the worker step that builds and checks it (GPU only)
 ENV_NO_AUTOSETUP = "SAGETRITON_NO_AUTOSETUP"
 ENV_SETUP_DELAY = "SAGETRITON_SETUP_DELAY"  # seconds after start-up before the background self-test (default 10)
 
@@ -97,6 +98,10 @@ def worker_main(out_path: str, mode: str, show_progress: bool = True) -> int:
         _write_json(path, state)
         if bar:
             bar.update(1)
+    if mode == "gpu" and "long_sequence_kernel" not in state:
+        state["current"] = LONG_SEQUENCE_STEP
+        _write_json(path, state)
+        state["long_sequence_kernel"] = selftest.long_sequence_kernel(arch, device, dtype)
     if mode == "gpu" and "crossover" not in state:
         state["current"] = "crossover"
         _write_json(path, state)
@@ -170,6 +175,8 @@ def run_worker_stage(mode: str, out_path: Path, echo: bool = True, sdpa_default_
             break
         if current == "crossover":
             state["crossover"] = {"seq_len": None, "error": f"speed measurement crashed: {how}"}
+        elif current == LONG_SEQUENCE_STEP:
+            state["long_sequence_kernel"] = {"ok": False, "error": f"crashed the process: {how}"}
         else:
             state.setdefault("variants", {})[current] = {"build": {"ok": False, "error": f"crashed the process: {how}"}}
         state["current"] = None
@@ -219,6 +226,7 @@ def run_setup(arch: ArchInfo, mode: str, echo: bool = True, on_progress=None, do
     report["variants"] = state.get("variants", {})
     report["disabled_variants"] = disabled_from(report["variants"])
     report["crossover"] = state.get("crossover")
+    report["long_sequence_kernel"] = state.get("long_sequence_kernel")
     if state.get("crashes"):
         report["worker_crashes"] = state["crashes"]
     if state.get("error"):

@@ -200,6 +200,13 @@ def sdpa_default_safe(arch: Optional[ArchInfo] = None) -> Optional[bool]:
     return (r or {}).get("sdpa_default_safe")
 
 
+def long_sequence_kernel_failed(arch: Optional[ArchInfo] = None) -> bool:
+    """Whether the long-sequence kernel (``KernelConfig.shared_kv_min_len``) failed its self-test here.
+    Running out of memory during the test says nothing about the kernel."""
+    r = (current_report(arch) or {}).get("long_sequence_kernel") or {}
+    return r.get("ok") is False and not r.get("oom")
+
+
 def is_variant_disabled(cfg, arch: Optional[ArchInfo] = None) -> bool:
     """Whether the variant a ``KernelConfig`` selects failed here (for the dispatcher)."""
     return variant_name(cfg.qk_quant_gran, cfg.pv_precision, cfg.pv_accum_dtype) in disabled_variants(arch)

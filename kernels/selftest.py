@@ -120,6 +120,40 @@ def accuracy(variant: dict, shapes, device, dtype) -> dict:
     return out
 
 
+def long_sequence_kernel(arch: ArchInfo, device, dtype) -> Optional[dict]:
+    """Build and check the kernel that serves long sequences where the default config has one
+    (Hopper's Gluon shared-K/V kernel, ``KernelConfig.shared_kv_min_len``); None elsewhere.
+
+    The runtime falls back to the portable kernel by itself if it cannot build the Gluon kernel; this
+    makes that happen here, once, in front of the user, and catches wrong numbers, which no fallback
+    would. A failure turns the long-sequence kernel off, not the variant. Never raises."""
+    from . import api, hopper_gluon
+
+    cfg = default_config(arch, 128)
+    if not cfg.shared_kv_min_len or getattr(device, "type", None) != "cuda":
+        return None
+    result = {"min_tokens": cfg.shared_kv_min_len}
+    if not hopper_gluon.AVAILABLE:
+        return {**result, "ok": False, "error": "this Triton has no Gluon (triton.experimental.gluon)"}
+    t0 = time.perf_counter()
+    # Odd lengths on purpose: a partial last CTA of query rows and a masked last key tile.
+    acc = accuracy(default_variant(arch), [(1, 2, cfg.shared_kv_min_len + 37, 1101, 128)], device, dtype)
+    result.update(acc, seconds=round(time.perf_counter() - t0, 2))
+    if api.shared_kv_error() is not None:
+        result.update(ok=False, error=api.shared_kv_error())
+    return result
+
+
+def format_long_sequence_kernel(r: Optional[dict]) -> Optional[str]:
+    if not r:
+        return None
+    where = f"from {r.get('min_tokens', '?')} query tokens"
+    if r.get("ok"):
+        return f"long-sequence kernel (Gluon, {where}): ok, cosine {r['cosine']:.5f}, rel L1 {r['rel_l1']:.4f}"
+    return (f"long-sequence kernel (Gluon, {where}): OFF, the portable kernel serves those calls "
+            f"({(r.get('error') or '?')[:160]})")
+
+
 def is_oom(e: BaseException) -> bool:
     """Out of GPU memory (another program, or ComfyUI sampling next to the first-start self-test): says nothing
     about the kernel, so the variant is not turned off for it."""

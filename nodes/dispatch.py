@@ -205,6 +205,10 @@ class PatchState:
             if self.report.variant_failed(arch, cfg):
                 cfg, note = self._working_variant(arch, cfg)
                 notes.append(note)
+            if cfg is not None and cfg.shared_kv_min_len and self.report.long_sequence_kernel_failed(arch):
+                cfg = cfg.replace(shared_kv_min_len=0)
+                notes.append(f"the long-sequence (Gluon) kernel failed the install self-test on {arch.arch}; "
+                             "the portable kernel serves every call")
             for note in notes:
                 self._note(note)
             self._configs[key] = (cfg, self._min_seq_len(arch, cfg, head_dim) if cfg is not None else 0)

@@ -24,6 +24,9 @@ class NoReport:
     def sdpa_default_safe(self, arch: ArchInfo) -> Optional[bool]:
         return None
 
+    def long_sequence_kernel_failed(self, arch: ArchInfo) -> bool:
+        return False
+
 
 class InstallReport(NoReport):
     """The report written by install.py (or the first start) for the running GPU."""
@@ -51,3 +54,6 @@ class InstallReport(NoReport):
 
     def sdpa_default_safe(self, arch):
         return self._ask("sdpa_default_safe", arch)
+
+    def long_sequence_kernel_failed(self, arch):
+        return bool(self._ask("long_sequence_kernel_failed", arch))

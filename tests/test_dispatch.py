@@ -326,8 +326,9 @@ def test_short_calls_take_the_shape_only_shortcut_with_the_same_result(seed):
 class MeasuredReport(NoReport):
     """Answers shaped like kernels.report's for a GPU where install.py measured things."""
 
-    def __init__(self, crossover=None, failed=(), sdpa_safe=None):
+    def __init__(self, crossover=None, failed=(), sdpa_safe=None, long_failed=False):
         self._crossover, self._failed, self._sdpa_safe = crossover, set(failed), sdpa_safe
+        self._long_failed = long_failed
 
     def crossover(self, arch, cfg, head_dim=128):
         return self._crossover(head_dim) if callable(self._crossover) else self._crossover
@@ -337,6 +338,9 @@ class MeasuredReport(NoReport):
 
     def sdpa_default_safe(self, arch):
         return self._sdpa_safe
+
+    def long_sequence_kernel_failed(self, arch):
+        return self._long_failed
 
 
 def test_measured_crossover_replaces_the_table_value():
@@ -363,6 +367,17 @@ def test_variant_that_failed_the_self_test_is_replaced_by_a_working_one(caplog):
     assert state.run.kernel == 1
     assert (state.last_config.qk_quant_gran, state.last_config.pv_precision) == ("per_block", "fp16")
     assert any("per_thread/fp16/fp32 failed the install self-test" in r.getMessage() for r in caplog.records)
+
+
+def test_long_sequence_kernel_that_failed_the_self_test_is_not_configured(caplog):
+    hopper = arch_from_properties(SimpleNamespace(name="NVIDIA H200", major=9, minor=0), is_hip=False)
+    assert run_state(SageSettings()).config_for(hopper, 128)[0].shared_kv_min_len == 8192
+    state = run_state(SageSettings(), report=MeasuredReport(long_failed=True))
+    with caplog.at_level(logging.WARNING, logger="SageTriton"):
+        cfg, _ = state.config_for(hopper, 128)
+    assert cfg.shared_kv_min_len == 0 and cfg.pv_precision == "fp8"  # same variant, portable kernel only
+    assert any("long-sequence (Gluon) kernel failed the install self-test on sm90" in r.getMessage()
+               for r in caplog.records)
 
 
 def test_no_working_variant_means_fallback():

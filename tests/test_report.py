@@ -139,3 +139,13 @@ def test_crossover_from_timings(pack):
     assert c["seq_len"] is None and c["kernel_never_faster"]
     assert crossover_from_timings([t(256, 1, 2)])["seq_len"] == 256
     assert crossover_from_timings([])["kernel_never_faster"] is False
+
+
+@pytest.mark.parametrize("entry, failed", [(None, False), ({"ok": True, "cosine": 0.9993}, False),
+                                           ({"ok": False, "error": "inaccurate"}, True),
+                                           ({"ok": False, "error": "out of memory", "oom": True}, False)])
+def test_long_sequence_kernel_verdict(rep, rdna4, monkeypatch, entry, failed):
+    r = _report(rep, rdna4, long_sequence_kernel=entry)
+    rep.save_report(r)
+    monkeypatch.setattr(rep, "report_key", lambda arch, *a: r["key"])
+    assert rep.long_sequence_kernel_failed(rdna4) is failed

@@ -55,3 +55,37 @@ def test_speed_table_and_crossover_on_cpu(st):
     assert r["by_head_dim"]["16"]["head_dim"] == 16 and len(r["by_head_dim"]["16"]["timings"]) == 2
     text = st.format_crossover(r)
     assert "tokens" in text and "crossover:" in text and "head_dim 16, batch 2 x 1 heads" in text
+
+
+def test_long_sequence_kernel_is_checked_only_where_the_default_config_has_one(st, monkeypatch):
+    """Hopper's Gluon kernel is built and checked at install time; a build error the runtime would
+    swallow (falling back to the portable kernel) or wrong numbers turn it off in the report."""
+    from types import SimpleNamespace
+
+    from sagetriton.kernels import api, hopper_gluon
+    from sagetriton.kernels.arch import ArchInfo
+
+    hopper = ArchInfo("nvidia", "sm90", "hopper", fp8="e4m3fn")
+    rdna4 = ArchInfo("amd", "gfx1201", "rdna4", fp8="e4m3fn")
+    gpu = SimpleNamespace(type="cuda")
+    assert st.long_sequence_kernel(rdna4, gpu, torch.bfloat16) is None  # no long-sequence kernel there
+    assert st.long_sequence_kernel(hopper, torch.device("cpu"), torch.float16) is None  # nothing to build
+
+    seen = []
+    monkeypatch.setattr(st, "accuracy", lambda v, shapes, device, dtype: seen.append(shapes) or
+                        {"ok": True, "cosine": 0.99925, "rel_l1": 0.038})
+    monkeypatch.setattr(hopper_gluon, "AVAILABLE", True)
+    monkeypatch.setattr(api, "_shared_kv_error", None)
+    ok = st.long_sequence_kernel(hopper, gpu, torch.bfloat16)
+    (b, h, lq, lk, d), = seen[0]
+    assert ok["ok"] and ok["min_tokens"] == 8192 and lq > 8192 and lk % 128 and d == 128
+    assert "ok, cosine 0.99925" in st.format_long_sequence_kernel(ok)
+
+    # The runtime swallowed a compiler error and ran the portable kernel: accurate, but reported as off.
+    monkeypatch.setattr(api, "_shared_kv_error", "CompilationError: at 3:4")
+    off = st.long_sequence_kernel(hopper, gpu, torch.bfloat16)
+    assert off["ok"] is False and "CompilationError" in off["error"]
+    assert "OFF, the portable kernel serves those calls" in st.format_long_sequence_kernel(off)
+    monkeypatch.setattr(hopper_gluon, "AVAILABLE", False)
+    assert "no Gluon" in st.long_sequence_kernel(hopper, gpu, torch.bfloat16)["error"]
+    assert st.format_long_sequence_kernel(None) is None
