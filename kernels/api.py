@@ -16,7 +16,7 @@ import triton
 
 from . import attention as attn
 from . import hopper_gluon, quant
-from .arch import FP8_MAX, KernelConfig, detect_arch, interpreter_enabled, resolve_config
+from .arch import FP8_MAX, KernelConfig, arch_for_device, interpreter_enabled, resolve_config
 from .log import logger
 
 _FP8_TORCH = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
@@ -386,14 +386,6 @@ def _register_op():
 
 
 attention_op = _register_op()
-_arch_cache: dict = {}
-
-
-def _arch_for(device: torch.device):
-    key = (device.type, device.index)
-    if key not in _arch_cache:
-        _arch_cache[key] = detect_arch(device)
-    return _arch_cache[key]
 
 
 @functools.lru_cache(maxsize=256)
@@ -422,7 +414,7 @@ def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: s
     log-sum-exp per (B, Hq, Lq) in fp32.
     """
     _check_inputs(q, k, v, tensor_layout, attn_mask, is_causal)
-    cfg = _resolved_config(_arch_for(q.device), q.shape[-1], qk_quant_gran, pv_precision, pv_accum_dtype)
+    cfg = _resolved_config(arch_for_device(q.device), q.shape[-1], qk_quant_gran, pv_precision, pv_accum_dtype)
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(q.shape[-1])
     # The custom op is what torch.compile traces (and what refuses autograd); plain eager calls skip

@@ -178,6 +178,19 @@ def detect_arch(device=None) -> ArchInfo:
     return arch_from_properties(props, is_hip=torch.version.hip is not None)
 
 
+_device_archs: dict = {}
+
+
+def arch_for_device(device) -> ArchInfo:
+    """``detect_arch`` once per device for the whole process: the kernel API and every patched model
+    ask on each call, and reading device properties is not free."""
+    key = (device.type, device.index)
+    info = _device_archs.get(key)
+    if info is None:
+        info = _device_archs[key] = detect_arch(device)
+    return info
+
+
 def tma_available() -> bool:
     """Host-side tensor descriptors exist in triton >= 3.4 (torch >= 2.8)."""
     try:

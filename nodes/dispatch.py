@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..kernels.arch import ArchInfo, KernelConfig, detect_arch, interpreter_enabled, resolve_config
+from ..kernels.arch import ArchInfo, KernelConfig, arch_for_device, interpreter_enabled, resolve_config
 from ..kernels.log import logger
 from . import fallback as fb
 from .install_report import NoReport
@@ -182,7 +182,6 @@ class PatchState:
         self.last_arch: Optional[ArchInfo] = None
         self.last_min_seq_len: Optional[int] = None
         self._configs: dict[tuple, tuple[Optional[KernelConfig], int]] = {}
-        self._archs: dict[str, ArchInfo] = {}
         self._step_cache: Optional[tuple[tuple, bool]] = None
         # head_dim -> (min key length, reason): calls known to go to ComfyUI's own attention by length
         # alone skip argument binding (short self- and cross-attention is most calls in a UNet).
@@ -190,12 +189,7 @@ class PatchState:
 
     # --- configuration -------------------------------------------------------------------------
     def arch_for(self, device: torch.device) -> ArchInfo:
-        if self.arch_override is not None:
-            return self.arch_override
-        key = str(device)
-        if key not in self._archs:
-            self._archs[key] = detect_arch(device)
-        return self._archs[key]
+        return self.arch_override if self.arch_override is not None else arch_for_device(device)
 
     def config_for(self, arch: ArchInfo, head_dim: int) -> tuple[Optional[KernelConfig], int]:
         """Resolved kernel config (None: no variant works here) and the key-length threshold."""
