@@ -101,6 +101,8 @@ def worker_main(out_path: str, mode: str, show_progress: bool = True) -> int:
     if mode == "gpu" and "long_sequence_kernel" not in state:
         state["current"] = LONG_SEQUENCE_STEP
         _write_json(path, state)
+        if bar:
+            bar.set_postfix_str(LONG_SEQUENCE_STEP)
         state["long_sequence_kernel"] = selftest.long_sequence_kernel(arch, device, dtype)
     if mode == "gpu" and "crossover" not in state:
         state["current"] = "crossover"
