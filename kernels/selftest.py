@@ -170,30 +170,38 @@ def _short_error(e: BaseException) -> str:
 
 
 def time_call(fn, device, iters: int = 10, warmup: int = 3, repeats: int = 3) -> float:
-    """Milliseconds per call, from ``iters`` calls back to back (median of ``repeats``).
+    """Milliseconds per call: the median of ``iters × repeats`` calls, on a GPU each timed alone
+    right after the L2 cache was overwritten.
 
-    Back to back, as inside a model forward: the GPU works through the queue while Python launches
-    the next call, so host-side launch cost only counts where it exceeds the GPU time.
+    That is the state inside a model forward: the layers between two attention calls evict their
+    inputs from L2 (timed back to back instead, SDPA read warm caches and the H200's crossover came
+    out at 6,144 tokens, while Flux's 4,608-token calls made the whole forward 1.02x faster with the
+    kernel; bench/NOTES.md). Calls are queued without waiting, so host-side launch cost only counts
+    where it exceeds the GPU time, as in a forward.
     """
     import torch
 
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
+    if device.type != "cuda":
+        times = []
+        for _ in range(iters * repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    else:
+        l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or (64 << 20)
+        scratch = torch.empty(2 * l2 // 4, dtype=torch.int32, device=device)
+        events = []
+        for _ in range(iters * repeats):
+            scratch.zero_()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            for _ in range(iters):
-                fn()
+            fn()
             end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / iters)
-        else:
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            times.append((time.perf_counter() - t0) * 1e3 / iters)
+            events.append((start, end))
+        torch.cuda.synchronize(device)
+        times = [start.elapsed_time(end) for start, end in events]
     times.sort()
     return times[len(times) // 2]
 
