@@ -66,6 +66,7 @@ def status_payload(device=None) -> dict:
         "variants": (r or {}).get("variants", {}),
         "disabled_variants": (r or {}).get("disabled_variants", []),
         "crossover": (r or {}).get("crossover"),
+        "long_sequence_kernel": (r or {}).get("long_sequence_kernel"),  # Hopper's Gluon kernel: self-test
         # What the dispatcher uses for "min_seq_len: measured": the report's crossover, else the table's.
         "min_seq_len_resolved": rep.measured_crossover(arch) or default_config(arch, 128).min_seq_len,
         "sdpa_default_safe": (r or {}).get("sdpa_default_safe"),

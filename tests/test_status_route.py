@@ -2,7 +2,7 @@
 from comfy_server import comfy_server
 
 EXPECTED_KEYS = {"device", "arch", "vendor", "defaults", "variants", "crossover", "sdpa_default_safe", "stats",
-                 "last_run", "setup", "report", "disabled_variants"}
+                 "last_run", "setup", "report", "disabled_variants", "long_sequence_kernel"}
 
 
 def test_payload_without_server(pack, tmp_path, monkeypatch):
@@ -20,12 +20,14 @@ def test_payload_without_server(pack, tmp_path, monkeypatch):
     # A saved report shows up (variants, crossover, sdpa_default_safe) once the cache is refreshed.
     r = rep.new_report(rep.report_key(CPU_ARCH))
     r.update(variants={"per_warp/fp16/fp32": {"build": {"ok": True}, "selftest": {"ok": True, "cosine": 0.9999}}},
-             crossover={"seq_len": 2048}, sdpa_default_safe=True, disabled_variants=["per_block/fp8/fp16"])
+             crossover={"seq_len": 2048}, sdpa_default_safe=True, disabled_variants=["per_block/fp8/fp16"],
+             long_sequence_kernel={"ok": False, "error": "CompilationError"})
     rep.save_report(r)
     p = status_payload("cpu")
     assert p["report"]["found"] and p["crossover"]["seq_len"] == 2048 and p["sdpa_default_safe"] is True
     assert p["min_seq_len_resolved"] == 2048
     assert p["disabled_variants"] == ["per_block/fp8/fp16"] and "per_warp/fp16/fp32" in p["variants"]
+    assert p["long_sequence_kernel"] == {"ok": False, "error": "CompilationError"}
     rep.invalidate_cache()
 
 
