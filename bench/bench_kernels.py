@@ -58,22 +58,23 @@ def accuracy(fn, q, k, v):
     return cosine(out, ref), rel_l1(out, ref)
 
 
+def kernel_fn(cfg):
+    """``(q, k, v) -> out`` through our kernel with ``cfg`` (HND, no mask, K smoothing on)."""
+    return lambda q, k, v: attention_forward(q, k, v, "HND", False, None, None, False, cfg, True, False)[0]
+
+
 def kernel_rows(arch, D):
     """(label, fn) for the per-arch default and each granularity / PV precision variant."""
     base = default_config(arch, D)
-    rows = [("sage default", lambda q, k, v, c=base: attention_forward(q, k, v, "HND", False, None, None,
-                                                                         False, c, True, False)[0])]
+    rows = [("sage default", kernel_fn(base))]
     if base.shared_kv_min_len:  # the portable kernel alone, beside the default that switches to Gluon
-        portable = base.replace(shared_kv_min_len=0)
-        rows.append(("sage portable kernel", lambda q, k, v, c=portable: attention_forward(
-            q, k, v, "HND", False, None, None, False, c, True, False)[0]))
+        rows.append(("sage portable kernel", kernel_fn(base.replace(shared_kv_min_len=0))))
     pvs = ("fp16", "fp8") if arch.fp8 else ("fp16",)
     for gran, pv in itertools.product(("per_block", "per_warp", "per_thread"), pvs):
         c, _ = resolve_config(arch, D, gran, pv)  # what Sage Settings gives for this choice
         if c == base:
             continue
-        rows.append((f"sage {gran} {pv}", lambda q, k, v, c=c: attention_forward(
-            q, k, v, "HND", False, None, None, False, c, True, False)[0]))
+        rows.append((f"sage {gran} {pv}", kernel_fn(c)))
     return rows, base
 
 
@@ -151,8 +152,7 @@ def sweep(arch, shapes, dtype, tiles=TILES, variants=TILE_VARIANTS):
         for bm, bn, w, s in tiles:
             for pv, tma in variants:
                 c = base.replace(block_m=bm, block_n=bn, num_warps=w, num_stages=s, pv_precision=pv, use_tma=tma)
-                fn = lambda q, k, v, c=c: attention_forward(q, k, v, "HND", False, None, None, False, c, True,
-                                                             False)[0]
+                fn = kernel_fn(c)
                 try:
                     ms = timed(fn, sets)
                     cos, _ = accuracy(fn, *sets[0])

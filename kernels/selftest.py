@@ -139,8 +139,9 @@ def long_sequence_kernel(arch: ArchInfo, device, dtype) -> Optional[dict]:
     # Odd lengths on purpose: a partial last CTA of query rows and a masked last key tile.
     acc = accuracy(default_variant(arch), [(1, 2, cfg.shared_kv_min_len + 37, 1101, 128)], device, dtype)
     result.update(acc, seconds=round(time.perf_counter() - t0, 2))
-    if api.shared_kv_error() is not None:
-        result.update(ok=False, error=api.shared_kv_error())
+    error = api.shared_kv_error()
+    if error is not None:
+        result.update(ok=False, error=error)
     return result
 
 
