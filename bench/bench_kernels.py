@@ -69,7 +69,7 @@ def kernel_rows(arch, D):
     rows = [("sage default", kernel_fn(base))]
     if base.shared_kv_min_len:  # the portable kernel alone, beside the default that switches to Gluon
         rows.append(("sage portable kernel", kernel_fn(base.replace(shared_kv_min_len=0))))
-    pvs = ("fp16", "fp8") if arch.fp8 else ("fp16",)
+    pvs = ("fp16", "fp8", "fp8+residual") if arch.fp8 else ("fp16",)
     for gran, pv in itertools.product(("per_block", "per_warp", "per_thread"), pvs):
         c, _ = resolve_config(arch, D, gran, pv)  # what Sage Settings gives for this choice
         if c == base:

@@ -55,17 +55,20 @@ def shared_kv_cases() -> list:
     results = []
     n = cfg.shared_kv_min_len
     try:
-        for name, (q, k, v), smooth_v in (
-                ("odd lengths", qkv(B=1, H=4, LQ=n + 77, LK=n + 129), False),
-                ("GQA 8/2, Lk > Lq", qkv(B=1, H=8, HKV=2, LQ=n, LK=n + 1000), False),
-                ("smooth_v", qkv(B=1, H=4, LQ=n, LK=n), True),
-                ("short K (77 keys)", qkv(B=1, H=4, LQ=n, LK=77), False),
-                ("head_dim 96 (padded to 128)", qkv(B=1, H=4, LQ=n, D=96), False)):
+        residual = cfg.with_pv_choice("fp8+residual")
+        for name, (q, k, v), smooth_v, c_run in (
+                ("odd lengths", qkv(B=1, H=4, LQ=n + 77, LK=n + 129), False, cfg),
+                ("GQA 8/2, Lk > Lq", qkv(B=1, H=8, HKV=2, LQ=n, LK=n + 1000), False, cfg),
+                ("smooth_v", qkv(B=1, H=4, LQ=n, LK=n), True, cfg),
+                ("short K (77 keys)", qkv(B=1, H=4, LQ=n, LK=77), False, cfg),
+                ("head_dim 96 (padded to 128)", qkv(B=1, H=4, LQ=n, D=96), False, cfg),
+                ("fp8+residual, odd lengths", qkv(B=1, H=4, LQ=n + 77, LK=n + 129), False, residual),
+                ("fp8+residual, GQA 8/2", qkv(B=1, H=8, HKV=2, LQ=n, LK=n + 1000), False, residual)):
             ran.clear()
-            out, _ = api.attention_forward(q, k, v, "HND", False, None, None, False, cfg, True, smooth_v)
+            out, _ = api.attention_forward(q, k, v, "HND", False, None, None, False, c_run, True, smooth_v)
             used = ran == [True]
             portable, _ = api.attention_forward(q, k, v, "HND", False, None, None, False,
-                                                cfg.replace(shared_kv_min_len=0), True, smooth_v)
+                                                c_run.replace(shared_kv_min_len=0), True, smooth_v)
             same = torch.equal(out, portable)
             c = cosine(out, ref.exact_attention(q, k, v)[0])
             ok = used and same and c >= 0.999
@@ -82,9 +85,11 @@ def main():
         sys.exit("gpu_check.py needs a GPU")
     print(environment())
     results = []
-    for gran, pv, acc in itertools.product(("per_block", "per_warp", "per_thread"), ("fp16", "fp8"),
+    for gran, pv, acc in itertools.product(("per_block", "per_warp", "per_thread"), ("fp16", "fp8", "fp8+residual"),
                                            ("fp32", "fp16+fp32")):
-        results.append(case(f"{gran} {pv} {acc}", *qkv(), qk_quant_gran=gran, pv_precision=pv, pv_accum_dtype=acc))
+        # fp8+residual must beat plain fp8's ~0.9993 (bench/fp8_accuracy_floor.py)
+        results.append(case(f"{gran} {pv} {acc}", *qkv(), min_cos=0.9995 if pv == "fp8+residual" else 0.999,
+                            qk_quant_gran=gran, pv_precision=pv, pv_accum_dtype=acc))
     for D in (40, 64, 80, 96, 120, 128, 160, 256):
         results.append(case(f"head_dim {D}", *qkv(D=D, LQ=777)))
     for dtype in (torch.float16, torch.float32):
@@ -106,9 +111,9 @@ def main():
     from sagetriton.kernels.api import attention_forward
     from sagetriton.kernels.arch import default_config, detect_arch
 
-    for pv in ("fp16", "fp8"):
-        cfg = default_config(detect_arch(), 128).replace(pv_precision=pv, use_tma=True,
-                                                         pv_accum_dtype="fp16+fp32" if pv == "fp16" else "fp32")
+    for pv in ("fp16", "fp8", "fp8+residual"):
+        cfg = default_config(detect_arch(), 128).with_pv_choice(pv).replace(
+            use_tma=True, pv_accum_dtype="fp16+fp32" if pv == "fp16" else "fp32")
         q, k, v = qkv(LQ=1000, LK=1001)
         out, _ = attention_forward(q, k, v, "HND", False, None, None, False, cfg, True, False)
         c = cosine(out, ref.exact_attention(q, k, v)[0])

@@ -215,7 +215,8 @@ def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int, final):
         # Stored (D_PAD, L) per head: FP8 MMAs want P·V's B operand K-major (tokens contiguous).
         # Rows padded to whole operand-order chunks (16 bytes at least, as tensor descriptors need).
         l_pad = triton.cdiv(L, quant.KEY_PERM_CHUNK) * quant.KEY_PERM_CHUNK
-        out = torch.empty((B * H, d_pad, l_pad), dtype=out_dtype, device=v.device)
+        rows = 2 * d_pad if cfg.v_residual else d_pad  # the residual's channel rows follow V's
+        out = torch.empty((B * H, rows, l_pad), dtype=out_dtype, device=v.device)
         stride_l, stride_d = 1, l_pad
     else:
         out_dtype, mode, p_scale = torch.float16, (attn.PV_16BIT_TILE if tile16 else attn.PV_16BIT), 1.0
@@ -226,8 +227,8 @@ def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int, final):
     block = 64
     _launch(quant.convert_v_kernel, (triton.cdiv(L, block), B * H), (
         v, *v.stride(), scale, mean, out, out.stride(0), stride_l, stride_d, H, L, l_pad, D,
-    ), dict(BLOCK=block, D_PAD=d_pad, HAS_MEAN=smooth_v, INTERPRETER=interpreter_enabled(), KEY_PERM=fp8),
-        num_warps=4)
+    ), dict(BLOCK=block, D_PAD=d_pad, HAS_MEAN=smooth_v, INTERPRETER=interpreter_enabled(), KEY_PERM=fp8,
+            RESIDUAL=fp8 and cfg.v_residual), num_warps=4)
     # Kernel-side strides of the converted V as (B, H, L, D_PAD).
     strides = (H * out.stride(0), out.stride(0), stride_l, stride_d)
     return out, strides, scale, mean if smooth_v else None, mode, p_scale
@@ -286,7 +287,8 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
             and not return_lse and k_scalar and pv_mode == attn.PV_FP8 and cfg.use_tma
             and d_pad == hopper_gluon.HEAD_DIM and cfg.block_n == hopper_gluon.BLOCK_N
             and cfg.block_m == hopper_gluon.ROWS):
-        if _run_shared_kv(q8, qs, k8, ks, v_op, v_scale, v_mean, oh, (H, H_KV, LQ, LK, D), math.log2(p_scale)):
+        if _run_shared_kv(q8, qs, k8, ks, v_op, v_scale, v_mean, oh, (H, H_KV, LQ, LK, D), math.log2(p_scale),
+                          cfg.v_residual):
             return out, lse
 
     k_desc = v_desc = None
@@ -317,7 +319,7 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
         HAS_VSCALE=v_scale is not None, HAS_VMEAN=v_mean is not None, HAS_QBIAS=qbias is not None,
         K_SCALAR=k_scalar, RETURN_LSE=return_lse, EVEN_D=(D == d_pad) or (v_op is not vh),
         INTERPRETER=interpreter_enabled(), K_TMA=k_desc is not None, V_TMA=v_desc is not None,
-        V_T=pv_mode == attn.PV_FP8,
+        V_T=pv_mode == attn.PV_FP8, V_RES=pv_mode == attn.PV_FP8 and cfg.v_residual,
     ), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}))
     return out, lse
@@ -331,7 +333,7 @@ def shared_kv_error() -> Optional[str]:
     return _shared_kv_error
 
 
-def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, oh, dims, p_log2: float) -> bool:
+def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, oh, dims, p_log2: float, v_residual: bool) -> bool:
     """Hopper's Gluon kernel on the quantized tensors; False (and the portable kernel from then on,
     logged once) if this Triton cannot build or launch it."""
     global _shared_kv_error
@@ -344,7 +346,7 @@ def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, oh, dims, p_log2: float
             *g.descriptors(q8, k8, v_t), qs, ks, v_scale if v_scale is not None else qs,
             v_mean if v_mean is not None else qs, oh, *oh.stride(), H, H_KV, LQ, LK, D,
         ), dict(P_LOG2=p_log2, STAGES=g.STAGES, HAS_VSCALE=v_scale is not None, HAS_VMEAN=v_mean is not None,
-                REGISTERS=g.REGISTERS), num_warps=4)
+                REGISTERS=g.REGISTERS, V_RES=v_residual), num_warps=4)
         return True
     except Exception as e:  # noqa: BLE001 - a compiler error must not break the user's run
         if _recorded is not None:
@@ -359,17 +361,17 @@ def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: s
                     sm_scale: float, attn_mask: Optional[torch.Tensor], return_lse: bool,
                     qk_quant_gran: str, pv_precision: str, pv_accum_dtype: str, fp8_format: str,
                     block_m: int, block_n: int, num_warps: int, num_stages: int, use_tma: bool,
-                    max_registers: int, shared_kv_min_len: int, smooth_k: bool,
+                    max_registers: int, shared_kv_min_len: int, v_residual: bool, smooth_k: bool,
                     smooth_v: bool) -> tuple[torch.Tensor, torch.Tensor]:
     cfg = KernelConfig(qk_quant_gran, pv_precision, pv_accum_dtype, fp8_format or None,
                        block_m, block_n, num_warps, num_stages, use_tma=use_tma, max_registers=max_registers,
-                       shared_kv_min_len=shared_kv_min_len)
+                       shared_kv_min_len=shared_kv_min_len, v_residual=v_residual)
     return attention_forward(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v)
 
 
 def _attention_fake(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, qk_quant_gran, pv_precision,
                     pv_accum_dtype, fp8_format, block_m, block_n, num_warps, num_stages, use_tma, max_registers,
-                    shared_kv_min_len, smooth_k, smooth_v):
+                    shared_kv_min_len, v_residual, smooth_k, smooth_v):
     B = q.shape[0]
     H, LQ = (q.shape[1], q.shape[2]) if layout == "HND" else (q.shape[2], q.shape[1])
     lse_shape = (B, H, LQ) if return_lse else (0,)
@@ -423,8 +425,8 @@ def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: s
         out, lse = attention_op(q, k, v, tensor_layout, bool(is_causal), float(sm_scale), attn_mask,
                                 bool(return_lse), cfg.qk_quant_gran, cfg.pv_precision, cfg.pv_accum_dtype,
                                 cfg.fp8_format or "", cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages,
-                                cfg.use_tma, cfg.max_registers, cfg.shared_kv_min_len, bool(smooth_k),
-                                bool(smooth_v))
+                                cfg.use_tma, cfg.max_registers, cfg.shared_kv_min_len, cfg.v_residual,
+                                bool(smooth_k), bool(smooth_v))
     else:
         out, lse = attention_forward(q, k, v, tensor_layout, bool(is_causal), sm_scale, attn_mask,
                                      bool(return_lse), cfg, bool(smooth_k), bool(smooth_v))

@@ -14,7 +14,11 @@ from typing import Optional
 from .log import logger
 
 QK_QUANT_GRANS = ("per_block", "per_warp", "per_thread")
-PV_PRECISIONS = ("fp16", "fp8")
+# fp8+residual: fp8 P·V plus a second fp8 MMA with V's rounding error (more accurate, slower).
+PV_PRECISIONS = ("fp16", "fp8", "fp8+residual")
+# fp8+residual doubles P·V's tensor work and V's traffic: it needs longer sequences to beat SDPA. On the
+# H200 the crossover at head_dim 128 moves from 4,608 to about 8,192 tokens (bench/NOTES.md, attempt 23).
+RESIDUAL_CROSSOVER_FACTOR = 2
 PV_ACCUM_DTYPES = ("fp32", "fp16+fp32", "fp16")
 
 # Largest finite value of each fp8 flavour, used to scale V and P into range.
@@ -53,6 +57,18 @@ class KernelConfig:
     # Query length from which Hopper's Gluon kernel runs instead (three warpgroups share each K/V
     # tile, ``kernels.hopper_gluon``); 0: never.
     shared_kv_min_len: int = 0
+    # FP8 P·V only: also multiply P by V's fp8 rounding residual (the "fp8+residual" choice).
+    v_residual: bool = False
+
+    def pv_choice(self) -> str:
+        """The user-visible P·V precision this config runs (a ``PV_PRECISIONS`` name)."""
+        return "fp8+residual" if self.v_residual else self.pv_precision
+
+    def with_pv_choice(self, choice: str) -> KernelConfig:
+        """This config with the P·V precision named ``choice`` (a ``PV_PRECISIONS`` name)."""
+        if choice == "fp8+residual":
+            return self.replace(pv_precision="fp8", v_residual=True)
+        return self.replace(pv_precision=choice, v_residual=False)
 
     def group_sizes(self) -> tuple[int, int]:
         """Tokens sharing one Q scale and one K scale for this granularity."""
@@ -238,6 +254,8 @@ def supported_choices(arch: ArchInfo) -> dict:
         "pv_precision": {
             "fp16": (True, ""),
             "fp8": (fp8_ok, "" if fp8_ok else f"{arch.arch} has no fp8 matrix instructions; fp8 → fp16 on this GPU"),
+            "fp8+residual": (fp8_ok, "" if fp8_ok else f"{arch.arch} has no fp8 matrix instructions; "
+                             "fp8+residual → fp16 on this GPU"),
         },
         "pv_accum_dtype": {a: (True, "") for a in PV_ACCUM_DTYPES},
         # The nodes' fallback choice: on RDNA4 torch SDPA's default path can abort the process.
@@ -271,7 +289,13 @@ def resolve_config(arch: ArchInfo, head_dim: int = 128, qk_quant_gran: Optional[
     if pv_precision is not None:
         ok, why = supported_choices(arch)["pv_precision"][pv_precision]
         if ok:
-            cfg = cfg.replace(pv_precision=pv_precision)
+            cfg = cfg.with_pv_choice(pv_precision)
+            if cfg.v_residual:
+                cfg = cfg.replace(min_seq_len=cfg.min_seq_len * RESIDUAL_CROSSOVER_FACTOR)
+                if not cfg.use_tma:
+                    # The second V tile lives in registers with mma/wmma/mfma: at 64 keys per tile the
+                    # cross-compiled sm89/sm120/gfx1201 kernels spilled (18-58), at 32 none do.
+                    cfg = cfg.replace(block_n=min(cfg.block_n, 32))
         else:
             cfg = cfg.replace(pv_precision="fp16")
             notes.append(why)

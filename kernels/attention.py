@@ -57,7 +57,7 @@ def _attn_tile(
     BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, BOUNDARY: tl.constexpr, IS_CAUSAL: tl.constexpr,
     MASK_KIND: tl.constexpr, PV_MODE: tl.constexpr, P_LOG2: tl.constexpr, EVEN_D: tl.constexpr,
     K_SCALAR: tl.constexpr, INTERPRETER: tl.constexpr, K_TMA: tl.constexpr, V_TMA: tl.constexpr,
-    V_T: tl.constexpr,
+    V_T: tl.constexpr, V_RES: tl.constexpr,
 ):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_PAD)
@@ -94,9 +94,39 @@ def _attn_tile(
     acc = acc * alpha[:, None]
 
     v_ptrs = v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_d[None, :] * stride_vd
+    v = _load_v(v_desc, v_ptrs, bhk, 0, start_n, offs_n, offs_d, LK, D, BLOCK_N, D_PAD, BOUNDARY, PV_MODE, EVEN_D,
+                V_TMA, V_T)
+
+    if PV_MODE == 0:
+        if v.dtype == tl.float32:  # fp32 inputs: P·V in bf16 (fp16 could overflow on large V)
+            v = v.to(tl.bfloat16)
+        p16 = p.to(v.dtype)
+        if INTERPRETER and v.dtype == tl.bfloat16:
+            # The CPU interpreter's bf16 dot is wrong; the same bf16 values multiplied in fp32 are exact.
+            acc = tl.dot(p16.to(tl.float32), v.to(tl.float32), acc)
+        else:
+            acc = tl.dot(p16, v, acc)
+    elif PV_MODE == 1:
+        acc += tl.dot(p.to(tl.float16), v.to(tl.float16), out_dtype=tl.float16).to(tl.float32)
+    else:
+        # V's tokens are stored in the MMA operand order; P is relabelled to match (no shuffles).
+        p8 = mma_operand_order(to_fp8(p, v.dtype, INTERPRETER), BLOCK_N)
+        pv = tl.dot(p8, v)
+        if V_RES:  # V's fp8 rounding residual, D_PAD rows below V: a second MMA into the same tile sum
+            pv = tl.dot(p8, _load_v(v_desc, v_ptrs + D_PAD * stride_vd, bhk, D_PAD, start_n, offs_n, offs_d, LK, D,
+                                    BLOCK_N, D_PAD, BOUNDARY, PV_MODE, EVEN_D, V_TMA, V_T), pv)
+        acc += pv
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _load_v(v_desc, v_ptrs, bhk, row0, start_n, offs_n, offs_d, LK, D, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
+            BOUNDARY: tl.constexpr, PV_MODE: tl.constexpr, EVEN_D: tl.constexpr, V_TMA: tl.constexpr,
+            V_T: tl.constexpr):
+    """One (BLOCK_N, D_PAD) V tile; ``row0`` is the first channel row of a descriptor load."""
     if V_TMA:
         if V_T:
-            v = tl.trans(v_desc.load([bhk, 0, start_n]).reshape(D_PAD, BLOCK_N))
+            v = tl.trans(v_desc.load([bhk, row0, start_n]).reshape(D_PAD, BLOCK_N))
         else:
             v = v_desc.load([bhk, start_n, 0]).reshape(BLOCK_N, D_PAD)
     elif BOUNDARY:
@@ -112,22 +142,7 @@ def _attn_tile(
             v = tl.load(v_ptrs)
         else:
             v = tl.load(v_ptrs, mask=offs_d[None, :] < D, other=0.0)
-
-    if PV_MODE == 0:
-        if v.dtype == tl.float32:  # fp32 inputs: P·V in bf16 (fp16 could overflow on large V)
-            v = v.to(tl.bfloat16)
-        p16 = p.to(v.dtype)
-        if INTERPRETER and v.dtype == tl.bfloat16:
-            # The CPU interpreter's bf16 dot is wrong; the same bf16 values multiplied in fp32 are exact.
-            acc = tl.dot(p16.to(tl.float32), v.to(tl.float32), acc)
-        else:
-            acc = tl.dot(p16, v, acc)
-    elif PV_MODE == 1:
-        acc += tl.dot(p.to(tl.float16), v.to(tl.float16), out_dtype=tl.float16).to(tl.float32)
-    else:
-        # V's tokens are stored in the MMA operand order; P is relabelled to match (no shuffles).
-        acc += tl.dot(mma_operand_order(to_fp8(p, v.dtype, INTERPRETER), BLOCK_N), v)
-    return acc, l_i, m_new
+    return v
 
 
 @triton.jit
@@ -142,7 +157,7 @@ def attention_kernel(
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PV_MODE: tl.constexpr, P_LOG2: tl.constexpr,
     HAS_VSCALE: tl.constexpr, HAS_VMEAN: tl.constexpr, HAS_QBIAS: tl.constexpr,
     K_SCALAR: tl.constexpr, RETURN_LSE: tl.constexpr, EVEN_D: tl.constexpr, INTERPRETER: tl.constexpr,
-    K_TMA: tl.constexpr, V_TMA: tl.constexpr, V_T: tl.constexpr,
+    K_TMA: tl.constexpr, V_TMA: tl.constexpr, V_T: tl.constexpr, V_RES: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -180,13 +195,13 @@ def attention_kernel(
             acc, l_i, m_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, mask_base, KDesc, VDesc, bhk,
             stride_vn, stride_vd, stride_mm, stride_mn, LQ, LK, D,
             BLOCK_N, D_PAD, False, IS_CAUSAL, MASK_KIND, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
-            K_TMA, V_TMA, V_T)
+            K_TMA, V_TMA, V_T, V_RES)
     for start_n in range(full_end, hi, BLOCK_N):
         acc, l_i, m_i = _attn_tile(
             acc, l_i, m_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, mask_base, KDesc, VDesc, bhk,
             stride_vn, stride_vd, stride_mm, stride_mn, LQ, LK, D,
             BLOCK_N, D_PAD, True, IS_CAUSAL, MASK_KIND, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
-            K_TMA, V_TMA, V_T)
+            K_TMA, V_TMA, V_T, V_RES)
 
     # A fully masked row has l_i == 0: SDPA returns 0 there, and so do we.
     live = l_i > 0

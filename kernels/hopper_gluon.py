@@ -14,9 +14,10 @@ row max, one FMA per logit into exp2, P rounded to fp8 and relabelled into MMA o
 (``quant.mma_operand_order``; V is stored that way), a fresh fp32 P·V accumulator per tile added into
 the running output. Outputs are bit-identical to the portable kernel (bench/gpu_check.py checks it).
 
-Scope: FP8 P·V, head_dim padded to 128, per-tile K scales, no mask, not causal, no LSE. It wins from
-8K query tokens (bench/results/sm90_shared_kv_ab.json); ``api`` sends it nothing else. Gluon ships
-inside the triton package (3.5+); without it ``AVAILABLE`` is False and the portable kernel runs.
+Scope: FP8 P·V (with fp8+residual, a second MMA with V's rounding error into the same tile sum),
+head_dim padded to 128, per-tile K scales, no mask, not causal, no LSE. It wins from 8K query
+tokens (bench/results/sm90_shared_kv_ab.json); ``api`` sends it nothing else. Gluon ships inside
+the triton package (3.5+); without it ``AVAILABLE`` is False and the portable kernel runs.
 """
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ if AVAILABLE:
         return gl.reshape(x, (M, N))
 
     @gluon.jit
-    def _fill(k_desc, v_desc, k_smem, v_smem, kv_ready, kv_empty, t, n_tiles, bhk, LK, STAGES: gl.constexpr):
+    def _fill(k_desc, v_desc, k_smem, v_smem, vres_smem, kv_ready, kv_empty, t, n_tiles, bhk, LK,
+              STAGES: gl.constexpr, V_RES: gl.constexpr):
         """Start the TMA copies of K and Vᵀ tile ``t`` into slot t % STAGES once every warpgroup has
         released the tile that slot held (no-op past the last tile)."""
         BN: gl.constexpr = k_smem.type.shape[1]
@@ -64,13 +66,17 @@ if AVAILABLE:
             st = t % STAGES
             mbarrier.wait(kv_empty.index(st), ((t // STAGES) & 1) ^ 1)
             bar = kv_ready.index(st)
-            mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+            mbarrier.expect(bar, k_desc.block_type.nbytes + (1 + V_RES) * v_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(k_desc, [bhk * LK + t * BN, 0], bar, k_smem.index(st))
-            tma.async_copy_global_to_shared(v_desc, [bhk * D_PAD, t * BN], bar, v_smem.index(st))
+            v_row = bhk * (1 + V_RES) * D_PAD  # with V_RES, V's rounding residual follows each head's V
+            tma.async_copy_global_to_shared(v_desc, [v_row, t * BN], bar, v_smem.index(st))
+            if V_RES:
+                tma.async_copy_global_to_shared(v_desc, [v_row + D_PAD, t * BN], bar, vres_smem.index(st))
 
     @gluon.jit
-    def _tile(q, k_smem, v_smem, kv_ready, kv_empty, s, pv, acc, m_i, l_i, qs, ks_base, j, LK,
-              P_LOG2: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr, p_layout: gl.constexpr):
+    def _tile(q, k_smem, v_smem, vres_smem, kv_ready, kv_empty, s, pv, acc, m_i, l_i, qs, ks_base, j, LK,
+              P_LOG2: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr, p_layout: gl.constexpr,
+              V_RES: gl.constexpr):
         """One K/V tile of one warpgroup. ``s`` and ``pv`` are the previous tile's (dead) results,
         handed back as the MMAs' ignored accumulators so no zero tile stays live in registers."""
         BN: gl.constexpr = k_smem.type.shape[1]
@@ -93,18 +99,20 @@ if AVAILABLE:
         alpha = gl.exp2(m_i - m_use)
         l_i = l_i * alpha + gl.sum(p, axis=1)
         p8 = gl.convert_layout(_operand_order(p.to(v_smem.dtype)), p_layout)  # no data movement
-        pv = warpgroup_mma_wait(0, deps=(warpgroup_mma(p8, v_smem.index(st).permute((1, 0)), pv, use_acc=False,
-                                                       is_async=True),))
+        pv = warpgroup_mma(p8, v_smem.index(st).permute((1, 0)), pv, use_acc=False, is_async=True)
+        if V_RES:  # P times V's fp8 rounding residual, into the same tile sum
+            pv = warpgroup_mma(p8, vres_smem.index(st).permute((1, 0)), pv, is_async=True)
+        pv = warpgroup_mma_wait(0, deps=(pv,))
         mbarrier.arrive(kv_empty.index(st), count=1)
         acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv
         return s, pv, acc, m_new, l_i
 
     @gluon.jit
     def _warpgroup(args, descs, C: gl.constexpr, P_LOG2: gl.constexpr, STAGES: gl.constexpr,
-                   HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr):
+                   HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr):
         """Rows C·64.. of this CTA's 192 query rows, over the whole key sequence. Warpgroup 0 also
         loads Q and keeps the K/V ring STAGES - 1 tiles ahead of itself."""
-        (q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, Out,
+        (q_smem, k_smem, v_smem, vres_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, Out,
          stride_ob, stride_oh, stride_om, stride_od, H, H_KV, LQ, LK, D) = args
         q_desc, k_desc, v_desc = descs
         NCONS: gl.constexpr = q_smem.type.shape[0]
@@ -134,7 +142,7 @@ if AVAILABLE:
             for i in gl.static_range(NCONS):
                 tma.async_copy_global_to_shared(q_desc, [bh * LQ + cta_row0 + i * ROWS, 0], q_bar, q_smem.index(i))
             for t in gl.static_range(STAGES - 1):
-                _fill(k_desc, v_desc, k_smem, v_smem, kv_ready, kv_empty, t, n_tiles, bhk, LK, STAGES)
+                _fill(k_desc, v_desc, k_smem, v_smem, vres_smem, kv_ready, kv_empty, t, n_tiles, bhk, LK, STAGES, V_RES)
 
         offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
         # Q scales already hold sm_scale·log2(e): logits come out in base-2 units.
@@ -150,15 +158,16 @@ if AVAILABLE:
         n_full = LK // BN
         for j in range(n_full):
             if C == 0:
-                _fill(k_desc, v_desc, k_smem, v_smem, kv_ready, kv_empty, j + STAGES - 1, n_tiles, bhk, LK, STAGES)
-            s, pv, acc, m_i, l_i = _tile(q, k_smem, v_smem, kv_ready, kv_empty, s, pv, acc, m_i, l_i, qs, ks_base,
-                                         j, LK, P_LOG2, STAGES, False, p_layout)
+                _fill(k_desc, v_desc, k_smem, v_smem, vres_smem, kv_ready, kv_empty, j + STAGES - 1, n_tiles, bhk, LK,
+                      STAGES, V_RES)
+            s, pv, acc, m_i, l_i = _tile(q, k_smem, v_smem, vres_smem, kv_ready, kv_empty, s, pv, acc, m_i, l_i, qs,
+                                         ks_base, j, LK, P_LOG2, STAGES, False, p_layout, V_RES)
         if n_full < n_tiles:
             if C == 0:
-                _fill(k_desc, v_desc, k_smem, v_smem, kv_ready, kv_empty, n_full + STAGES - 1, n_tiles, bhk, LK,
-                      STAGES)
-            s, pv, acc, m_i, l_i = _tile(q, k_smem, v_smem, kv_ready, kv_empty, s, pv, acc, m_i, l_i, qs, ks_base,
-                                         n_full, LK, P_LOG2, STAGES, True, p_layout)
+                _fill(k_desc, v_desc, k_smem, v_smem, vres_smem, kv_ready, kv_empty, n_full + STAGES - 1, n_tiles,
+                      bhk, LK, STAGES, V_RES)
+            s, pv, acc, m_i, l_i = _tile(q, k_smem, v_smem, vres_smem, kv_ready, kv_empty, s, pv, acc, m_i, l_i, qs,
+                                         ks_base, n_full, LK, P_LOG2, STAGES, True, p_layout, V_RES)
 
         # A row with no live key has l_i == 0: SDPA returns 0 there, and so do we.
         live = l_i > 0
@@ -179,18 +188,18 @@ if AVAILABLE:
     # they would reach the partitions as runtime values.
     @gluon.jit
     def _warpgroup0(args, descs, P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr,
-                    HAS_VMEAN: gl.constexpr):
-        _warpgroup(args, descs, 0, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN)
+                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr):
+        _warpgroup(args, descs, 0, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES)
 
     @gluon.jit
     def _warpgroup1(args, descs, P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr,
-                    HAS_VMEAN: gl.constexpr):
-        _warpgroup(args, descs, 1, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN)
+                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr):
+        _warpgroup(args, descs, 1, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES)
 
     @gluon.jit
     def _warpgroup2(args, descs, P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr,
-                    HAS_VMEAN: gl.constexpr):
-        _warpgroup(args, descs, 2, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN)
+                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr):
+        _warpgroup(args, descs, 2, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES)
 
     @gluon.jit
     def shared_kv_attention_kernel(
@@ -199,7 +208,7 @@ if AVAILABLE:
         stride_ob, stride_oh, stride_om, stride_od,
         H, H_KV, LQ, LK, D,
         P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr,
-        REGISTERS: gl.constexpr,
+        REGISTERS: gl.constexpr, V_RES: gl.constexpr,
     ):
         NCONS: gl.constexpr = 3  # = CONSUMERS: one warp_specialize partition per warpgroup below
         ROWS: gl.constexpr = q_desc.block_type.shape[0]
@@ -208,6 +217,10 @@ if AVAILABLE:
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [NCONS, ROWS, D_PAD], q_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, D_PAD], k_desc.layout)
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, D_PAD, BN], v_desc.layout)
+        if V_RES:
+            vres_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, D_PAD, BN], v_desc.layout)
+        else:
+            vres_smem = v_smem  # never read
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -216,19 +229,20 @@ if AVAILABLE:
             mbarrier.init(kv_ready.index(i), count=1)
             mbarrier.init(kv_empty.index(i), count=NCONS)  # every warpgroup releases each tile
         fence_async_shared()
-        args = (q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, Out,
+        args = (q_smem, k_smem, v_smem, vres_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, Out,
                 stride_ob, stride_oh, stride_om, stride_od, H, H_KV, LQ, LK, D)
         descs = (q_desc, k_desc, v_desc)
         gl.warp_specialize([
-            (_warpgroup0, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN)),
-            (_warpgroup1, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN)),
-            (_warpgroup2, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN)),
+            (_warpgroup0, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES)),
+            (_warpgroup1, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES)),
+            (_warpgroup2, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES)),
         ], [4, 4], [REGISTERS, REGISTERS])
 
     def descriptors(q8, k8, v_t):
         """TMA descriptors over the quantized tensors as 2-D views: q8, k8 int8 (B*H, L, D_PAD), v_t
-        fp8 (B*H_KV, D_PAD, L_PAD) in operand order. Reads past a head's rows land in the next head
-        (masked in the kernel) or past the tensor (zero-filled by the TMA unit)."""
+        fp8 (B*H_KV, D_PAD, L_PAD) in operand order (2·D_PAD rows with V's residual). Reads past a
+        head's rows land in the next head (masked in the kernel) or past the tensor (zero-filled by
+        the TMA unit)."""
         d_pad = q8.shape[-1]
         fp8 = gl.float8e4nv if str(v_t.dtype).endswith("e4m3fn") else gl.float8e4b8
 

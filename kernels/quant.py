@@ -33,6 +33,20 @@ def to_fp8(x, dtype: tl.constexpr, FIX_ROUNDING: tl.constexpr):
     return x.to(dtype)
 
 
+# Adding 1.5·2²³ to a float of magnitude below 2²² rounds it to an integer (to nearest even) held
+# in the low mantissa bits, whose low byte is then that integer as two's-complement int8.
+_ROUNDING_BIAS = tl.constexpr(12582912.0)
+
+
+@triton.jit
+def round_to_int8(y):
+    """``y`` clamped to ±127 and rounded to the nearest integer, as int8, without a float → int
+    conversion per element (quarter-rate on NVIDIA GPUs, and the quantization kernels were partly
+    bound by it and by a division per element: bench/NOTES.md, attempt 22)."""
+    y = tl.minimum(tl.maximum(y, -127.0), 127.0) + _ROUNDING_BIAS
+    return y.to(tl.int32, bitcast=True).to(tl.int8)
+
+
 @triton.jit
 def _group_max(row_max, BLOCK: tl.constexpr, GROUP: tl.constexpr):
     """Max over consecutive groups of GROUP rows, broadcast back to every row of the group."""
@@ -212,9 +226,7 @@ def quantize_int8_kernel(
 
     amax = _group_max(tl.max(tl.abs(x), axis=1), BLOCK, GROUP)
     scale = tl.where(amax > 0, amax / 127.0, 1.0)
-    y = x / scale[:, None]
-    y = tl.where(y >= 0, y + 0.5, y - 0.5)  # round half away from zero; the cast truncates
-    q = tl.minimum(tl.maximum(y, -127.0), 127.0).to(tl.int8)
+    q = round_to_int8(x * (1.0 / scale)[:, None])
 
     out_ptrs = Out + bh.to(tl.int64) * L * D_PAD + offs_l[:, None].to(tl.int64) * D_PAD + offs_d[None, :]
     tl.store(out_ptrs, q, mask=row_ok[:, None])
@@ -255,12 +267,13 @@ def convert_v_kernel(
     Out, stride_ob, stride_ol, stride_od,  # (B*H, L, D_PAD) in any order of the last two
     H, L, L_OUT, D,
     BLOCK: tl.constexpr, D_PAD: tl.constexpr, HAS_MEAN: tl.constexpr, INTERPRETER: tl.constexpr,
-    KEY_PERM: tl.constexpr,
+    KEY_PERM: tl.constexpr, RESIDUAL: tl.constexpr,
 ):
     """V minus its mean (smooth_v), divided by its per-channel scale, cast to Out's dtype.
 
     With ``KEY_PERM`` the tokens are stored in MMA operand order and the L_OUT - L padding rows are
-    written as zeros.
+    written as zeros. With ``RESIDUAL`` (fp8 only) the rounding error of each value is stored too,
+    rounded to fp8 in turn, D_PAD channel rows below V: V ≈ hi + lo to about 7 mantissa bits.
     """
     bh, offs_l, row_ok, offs_d, v = _row_tile(V, stride_vb, stride_vh, stride_vl, stride_vd, H, L, D, BLOCK, D_PAD)
     d_ok = offs_d < D
@@ -275,4 +288,8 @@ def convert_v_kernel(
     if Out.dtype.element_ty == tl.float16:
         tl.store(o_ptrs, v.to(tl.float16), mask=offs_l[:, None] < L_OUT)
     else:
-        tl.store(o_ptrs, to_fp8(v, Out.dtype.element_ty, INTERPRETER), mask=offs_l[:, None] < L_OUT)
+        v8 = to_fp8(v, Out.dtype.element_ty, INTERPRETER)
+        tl.store(o_ptrs, v8, mask=offs_l[:, None] < L_OUT)
+        if RESIDUAL:  # what rounding to fp8 lost, itself in fp8, D_PAD channel rows further on
+            tl.store(o_ptrs + D_PAD * stride_od, to_fp8(v - v8.to(tl.float32), Out.dtype.element_ty, INTERPRETER),
+                     mask=offs_l[:, None] < L_OUT)

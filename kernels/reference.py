@@ -44,7 +44,7 @@ def _quantize_groups(x: torch.Tensor, group: int):
     amax = xp.abs().amax(dim=-1).reshape(B, H, -1, group).amax(dim=-1)
     scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
     scale = scale.repeat_interleave(group, dim=-1)[..., :L]
-    xi = torch.clamp(torch.round(x / scale[..., None]), -127, 127)  # round half to even vs away: rare ties
+    xi = torch.clamp(torch.round(x / scale[..., None]), -127, 127)  # the kernel multiplies by 1/scale: rare ties differ
     return xi, scale
 
 
@@ -105,6 +105,8 @@ def quantized_reference(q, k, v, cfg: KernelConfig, layout="HND", is_causal=Fals
         fmax = FP8_MAX[cfg.fp8_format]
         vs = torch.where(vc.abs().amax(dim=2, keepdim=True) > 0, vc.abs().amax(dim=2, keepdim=True) / fmax, 1.0)
         v8 = (vc / vs).to(_FP8[cfg.fp8_format]).float()
+        if cfg.v_residual:  # the rounding error, itself rounded to fp8, joins V
+            v8 = v8 + (vc / vs - v8).to(_FP8[cfg.fp8_format]).float()
         pv = ((p * fmax).to(_FP8[cfg.fp8_format]).float() @ _expand_kv(v8, H)) * _expand_kv(vs, H) / fmax
     else:
         pv_dtype = torch.float16 if q.dtype == torch.float16 or cfg.pv_accum_dtype != "fp32" else torch.bfloat16

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from .arch import ArchInfo
+from .arch import RESIDUAL_CROSSOVER_FACTOR, ArchInfo
 from .log import logger
 
 SCHEMA = 1
@@ -209,13 +209,17 @@ def long_sequence_kernel_failed(arch: Optional[ArchInfo] = None) -> bool:
 
 def is_variant_disabled(cfg, arch: Optional[ArchInfo] = None) -> bool:
     """Whether the variant a ``KernelConfig`` selects failed here (for the dispatcher)."""
-    return variant_name(cfg.qk_quant_gran, cfg.pv_precision, cfg.pv_accum_dtype) in disabled_variants(arch)
+    return variant_name(cfg.qk_quant_gran, cfg.pv_choice(), cfg.pv_accum_dtype) in disabled_variants(arch)
 
 
 def crossover_for(arch: ArchInfo, cfg=None, head_dim: int = 128) -> Optional[int]:
     """Dispatcher hook ``(ArchInfo, KernelConfig, head_dim) -> measured crossover or None``.
 
     Measured for the default variant per head size; used for every variant of that size (the
-    quantization overhead that sets it is the same).
+    quantization overhead that sets it is the same), scaled for fp8+residual, whose second P·V
+    MMA needs longer sequences (``arch.RESIDUAL_CROSSOVER_FACTOR``).
     """
-    return measured_crossover(arch, head_dim)
+    measured = measured_crossover(arch, head_dim)
+    if measured is not None and getattr(cfg, "v_residual", False):
+        return measured * RESIDUAL_CROSSOVER_FACTOR
+    return measured

@@ -156,7 +156,7 @@ def device_supported(device: torch.device) -> bool:
 
 
 def _variant_key(arch: ArchInfo, cfg: KernelConfig, settings: SageSettings, call: AttentionCall, mask) -> tuple:
-    return (arch.arch, cfg.qk_quant_gran, cfg.pv_precision, cfg.pv_accum_dtype, settings.smooth_k, settings.smooth_v,
+    return (arch.arch, cfg.qk_quant_gran, cfg.pv_choice(), cfg.pv_accum_dtype, settings.smooth_k, settings.smooth_v,
             call.q.dtype, call.head_dim, None if mask is None else mask.dtype)
 
 
@@ -213,12 +213,12 @@ class PatchState:
 
     def _working_variant(self, arch: ArchInfo, cfg: KernelConfig) -> tuple[Optional[KernelConfig], str]:
         """The closest variant that passed the install self-test, safest choices first."""
-        name = f"{cfg.qk_quant_gran}/{cfg.pv_precision}/{cfg.pv_accum_dtype}"
+        name = f"{cfg.qk_quant_gran}/{cfg.pv_choice()}/{cfg.pv_accum_dtype}"
         failed = f"kernel variant {name} failed the install self-test on {arch.arch}"
         for gran in dict.fromkeys((cfg.qk_quant_gran, "per_warp", "per_thread", "per_block")):
-            for pv in dict.fromkeys((cfg.pv_precision, "fp16")):
+            for pv in dict.fromkeys((cfg.pv_choice(), "fp16")):
                 for acc in dict.fromkeys((cfg.pv_accum_dtype, "fp32")):
-                    alt = cfg.replace(qk_quant_gran=gran, pv_precision=pv, pv_accum_dtype=acc)
+                    alt = cfg.with_pv_choice(pv).replace(qk_quant_gran=gran, pv_accum_dtype=acc)
                     if alt != cfg and not self.report.variant_failed(arch, alt):
                         return alt, f"{failed}; using {gran}/{pv}/{acc}"
         return None, f"{failed}, and so did every fallback variant"
@@ -315,7 +315,7 @@ class PatchState:
 
         q, k, v, layout = kernel_inputs(call)
         out = sageattn(q, k, v, tensor_layout=layout, is_causal=False, sm_scale=call.extra.get("scale"),
-                       attn_mask=mask, qk_quant_gran=cfg.qk_quant_gran, pv_precision=cfg.pv_precision,
+                       attn_mask=mask, qk_quant_gran=cfg.qk_quant_gran, pv_precision=cfg.pv_choice(),
                        pv_accum_dtype=cfg.pv_accum_dtype, smooth_k=self.settings.smooth_k,
                        smooth_v=self.settings.smooth_v)
         return comfy_output(out, layout, call)

@@ -20,7 +20,7 @@ WRAPPER_KEY = "sagetriton_run_summary"
 def describe_config(cfg: Optional[KernelConfig], arch: Optional[ArchInfo], min_seq_len: Optional[int]) -> str:
     if cfg is None:
         return "kernel config not resolved (no call reached the kernel checks)"
-    pv = f"{cfg.pv_precision}" + (f"({cfg.fp8_format})" if cfg.pv_precision == "fp8" else "")
+    pv = cfg.pv_choice() + (f"({cfg.fp8_format})" if cfg.pv_precision == "fp8" else "")
     where = f" on {arch.arch}" if arch is not None else ""
     return f"{cfg.qk_quant_gran} QK, {pv} PV, {cfg.pv_accum_dtype} accum, min_seq_len {min_seq_len}{where}"
 

@@ -83,6 +83,40 @@ def test_default_attention_kernel_fits_without_spills(check_targets_json, target
         assert "shared_kv_kernel" not in r  # Gluon's Hopper kernel is built for sm90 only
 
 
+RESIDUAL_TARGETS = ("sm89", "sm90", "sm120", "gfx1201", "gfx942")
+_RESIDUAL_SCRIPT = """
+import json, sys
+from pack_loader import import_pack
+import_pack()
+from sagetriton.kernels import api, crosscompile as cc
+from sagetriton.kernels.arch import resolve_config
+out = {}
+for name in sys.argv[1:]:
+    arch = cc.parse_target(name).arch_info()  # the config Sage Settings' "fp8+residual" resolves to there
+    specs = lambda cfg, d: api.compile_specs(resolve_config(arch, d, pv_precision="fp8+residual")[0], d)
+    out[name] = cc.compile_target(cc.parse_target(name), 128, specs)
+print(json.dumps(out))
+"""
+
+
+def test_fp8_residual_variant_fits_without_spills():
+    """fp8+residual adds a second P·V MMA and a second V tile per step (shared memory, TMA ring):
+    it must still build with fp8 matrix instructions, in registers, on the fp8 families."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(PACK_DIR / "tests"), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", _RESIDUAL_SCRIPT, *RESIDUAL_TARGETS], capture_output=True,
+                          text=True, cwd=str(PACK_DIR), timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    for target, r in results.items():
+        assert r["ok"] is True, (target, r.get("error"))
+        assert r["spills"] == 0 and 0 < r["shared"] <= SHARED_LIMIT[target], (target, r)
+        if target == "sm90":
+            assert r["registers"] <= 168
+            g = r["shared_kv_kernel"]
+            assert g["spills"] == 0 and 0 < g["registers"] <= 168 and 0 < g["shared"] <= SHARED_LIMIT[target], g
+
+
 # ---- the scanning and target parsing, without compiling
 
 

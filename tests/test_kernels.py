@@ -254,19 +254,59 @@ def test_fake_tensor_shapes():
     with FakeTensorMode():
         q = torch.empty(2, 100, 4, 64, dtype=torch.bfloat16)
         out, lse = kernels.api.attention_op(q, q, q, "NHD", False, 0.125, None, True, "per_warp", "fp16",
-                                            "fp32", "", 64, 64, 4, 1, False, 0, 0, True, False)
+                                            "fp32", "", 64, 64, 4, 1, False, 0, 0, False, True, False)
         assert out.shape == q.shape and out.dtype == q.dtype
         assert lse.shape == (2, 4, 100) and lse.dtype == torch.float32
 
 
-@pytest.mark.parametrize("pv", ["fp16", "fp8"])
+@pytest.mark.parametrize("pv", ["fp16", "fp8", "fp8+residual"])
 def test_tensor_descriptor_path(seed, pv):
     """The Hopper TMA variant computes the same function (the interpreter emulates descriptors)."""
     q, k, v = make_qkv(LQ=70, LK=90, D=48)
-    cfg = KernelConfig("per_warp", pv, "fp16+fp32", "e4m3fn" if pv == "fp8" else None, 64, 64, 4, 1,
-                       use_tma=True)
+    cfg = KernelConfig("per_warp", "fp16", "fp16+fp32", "e4m3fn" if pv != "fp16" else None, 64, 64, 4, 1,
+                       use_tma=True).with_pv_choice(pv)
     out, _ = kernels.attention_forward(q, k, v, "HND", False, None, None, False, cfg, True, False)
     check(out, q, k, v)
+
+
+@pytest.mark.parametrize("gran,smooth_v,shape", [
+    ("per_block", False, dict(LQ=200, LK=256)),
+    ("per_warp", True, dict(LQ=70, LK=90, H=4, H_KV=2)),  # odd key length (padding chunk), GQA
+    ("per_thread", False, dict(LQ=130, LK=200, D=40, layout="NHD")),
+])
+def test_fp8_residual_is_closer_to_exact(seed, gran, smooth_v, shape):
+    """fp8+residual: P times V's fp8 rounding error as a second fp8 product. It must agree with the
+    same arithmetic in torch and beat plain fp8 against fp64 (the 3-bit mantissa of V is most of
+    fp8 P·V's error: bench/fp8_accuracy_floor.py)."""
+    q, k, v = make_qkv(**shape)
+    layout = shape.get("layout", "HND")
+    exact, _ = ref.exact_attention(q, k, v, layout=layout)
+    outs = {pv: sageattn(q, k, v, tensor_layout=layout, qk_quant_gran=gran, pv_precision=pv, smooth_v=smooth_v)
+            for pv in ("fp8", "fp8+residual")}
+    cos = {pv: cosine(out, exact) for pv, out in outs.items()}
+    l1 = {pv: ref.rel_l1(out, exact) for pv, out in outs.items()}
+    assert cos["fp8+residual"] >= 0.9995 and cos["fp8+residual"] > cos["fp8"], cos
+    assert l1["fp8+residual"] < 0.85 * l1["fp8"], l1
+    cfg = KernelConfig(gran, "fp8", "fp32", "e4m3fn", 64, 64, 4, 1, v_residual=True)
+    qref, _ = ref.quantized_reference(q, k, v, cfg, layout=layout, smooth_v=smooth_v)
+    assert cosine(outs["fp8+residual"], qref) >= 0.9995
+
+
+def test_fp8_residual_resolves_to_fp8_with_a_later_crossover():
+    """The choice keeps the fp8 kernels (Gluon included), doubles the table's crossover, and falls
+    back to fp16 with a note where the GPU has no fp8."""
+    from sagetriton.kernels.arch import RESIDUAL_CROSSOVER_FACTOR, ArchInfo, resolve_config
+
+    hopper = ArchInfo("nvidia", "sm90", "hopper", fp8="e4m3fn")
+    base = resolve_config(hopper, 128)[0]
+    cfg, notes = resolve_config(hopper, 128, pv_precision="fp8+residual")
+    assert (cfg.pv_precision, cfg.v_residual, cfg.pv_choice(), notes) == ("fp8", True, "fp8+residual", [])
+    assert cfg.min_seq_len == base.min_seq_len * RESIDUAL_CROSSOVER_FACTOR
+    assert cfg.shared_kv_min_len == base.shared_kv_min_len and cfg.max_registers == base.max_registers
+    assert not resolve_config(hopper, 128, pv_precision="fp8")[0].v_residual
+    rdna3 = ArchInfo("amd", "gfx1100", "rdna3")
+    cfg, notes = resolve_config(rdna3, 128, pv_precision="fp8+residual")
+    assert (cfg.pv_precision, cfg.v_residual) == ("fp16", False) and "fp8+residual → fp16" in notes[0]
 
 
 def test_hopper_gluon_kernel_is_configured_only_where_it_applies():
@@ -310,6 +350,19 @@ def test_register_cap_reaches_the_attention_launch(target, head_dim, cap):
     (attn,) = [s for s in specs if s["name"] == "attention_kernel"]
     assert attn["options"].get("maxnreg") == cap
     assert all("maxnreg" not in s["options"] for s in specs if s["name"] != "attention_kernel")
+
+
+def test_int8_rounding_is_nearest_even_with_exact_ties():
+    """The quantizer rounds by adding 1.5·2²³ instead of converting per element: negative values,
+    ties (to even), the ±127 ends and values just off a tie land where torch.round puts them."""
+    from sagetriton.kernels import api
+
+    vals = torch.tensor([127.0, -127.0, -126.5, -0.5, 0.5, 1.5, 2.5, -2.5, 126.5, -3.7, 3.49999976, 0.0, -0.0, 64.25])
+    x = vals.repeat(16, 1)[None, None]  # (1, 1, 16, 14): every row's max |x| is 127, so the scale is exactly 1
+    q8, scale = api._quantize_qk(x, 16, 16, 16, 1.0)
+    assert torch.equal(scale, torch.ones_like(scale))
+    assert q8[0, :, :14].tolist() == [torch.round(vals).to(torch.int8).tolist()] * 16
+    assert (q8[0, :, 14:] == 0).all()  # head-dim padding
 
 
 def _stats_and_finalize(q, k, v, smooth_v):

@@ -5,7 +5,7 @@ from sagetriton.nodes.settings import SageSettings
 
 SETTINGS_INPUTS = {
     "qk_quant_gran": (["auto", "per_block", "per_warp", "per_thread"], "auto"),
-    "pv_precision": (["auto", "fp16", "fp8"], "auto"),
+    "pv_precision": (["auto", "fp16", "fp8", "fp8+residual"], "auto"),
     "pv_accum_dtype": (["auto", "fp32", "fp16+fp32", "fp16"], "auto"),
     "smooth_k": ("BOOLEAN", True),
     "smooth_v": ("BOOLEAN", False),

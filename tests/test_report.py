@@ -42,7 +42,10 @@ def test_roundtrip_and_runtime_api(rep, rdna4, tmp_path, monkeypatch):
 
     assert rep.is_variant_disabled(KernelConfig("per_thread", "fp8", "fp16"), rdna4)
     assert not rep.is_variant_disabled(KernelConfig("per_warp", "fp8", "fp32"), rdna4)
+    assert not rep.is_variant_disabled(KernelConfig("per_thread", "fp8", "fp16", v_residual=True), rdna4)
     assert rep.crossover_for(rdna4, KernelConfig()) == 1024
+    # fp8+residual's second P·V product: the measured crossover scaled
+    assert rep.crossover_for(rdna4, KernelConfig(v_residual=True)) == 1024 * rep.RESIDUAL_CROSSOVER_FACTOR
 
 
 def test_crossover_per_head_dim_picks_the_nearest_measured_size(rep, rdna4, monkeypatch):
