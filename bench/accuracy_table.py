@@ -36,8 +36,8 @@ def main(argv=None):
     exact, _ = reference.exact_attention(q, k, v)
     rows = []
     for gran, pv, acc, smooth_k, smooth_v in itertools.product(
-            ("per_block", "per_warp", "per_thread"), ("fp16", "fp8"), ("fp32", "fp16+fp32"), (True, False),
-            (False, True)):
+            ("per_block", "per_warp", "per_thread"), ("fp16", "fp8", "fp8+residual"), ("fp32", "fp16+fp32"),
+            (True, False), (False, True)):
         out = sageattn(q, k, v, qk_quant_gran=gran, pv_precision=pv, pv_accum_dtype=acc, smooth_k=smooth_k,
                        smooth_v=smooth_v)
         rows.append(dict(qk_quant_gran=gran, pv_precision=pv, pv_accum_dtype=acc, smooth_k=smooth_k,

@@ -206,7 +206,8 @@ def with_reference_sage(base):
 def bench_model(name: str, runs: int, profile_host: bool = False) -> list:
     base = build(name)
     variants = {"unpatched": base, "patched (defaults)": patch_model(base, SageSettings()),
-                "patched (kernel on every call)": patch_model(base, SageSettings(min_seq_len=0))}
+                "patched (kernel on every call)": patch_model(base, SageSettings(min_seq_len=0)),
+                "patched (fp8+residual)": patch_model(base, SageSettings(pv_precision="fp8+residual"))}
     reference = with_reference_sage(base)
     if reference is not None:
         variants["reference sageattention"] = reference

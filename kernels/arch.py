@@ -17,8 +17,15 @@ QK_QUANT_GRANS = ("per_block", "per_warp", "per_thread")
 # fp8+residual: fp8 P·V plus a second fp8 MMA with V's rounding error (more accurate, slower).
 PV_PRECISIONS = ("fp16", "fp8", "fp8+residual")
 # fp8+residual doubles P·V's tensor work and V's traffic: it needs longer sequences to beat SDPA. On the
-# H200 the crossover at head_dim 128 moves from 4,608 to about 8,192 tokens (bench/NOTES.md, attempt 23).
+# H200 it gives 1.04x SDPA from 8K tokens at head_dim 128 (the default variant's crossover is 4,608),
+# and stays below SDPA up to 32K at head_dim 64, where SDPA is then both faster and exact
+# (bench/NOTES.md, attempt 23).
 RESIDUAL_CROSSOVER_FACTOR = 2
+
+
+def residual_crossover_factor(head_dim: int) -> int:
+    """How much later than the default variant fp8+residual pays off, per head size."""
+    return RESIDUAL_CROSSOVER_FACTOR if head_dim > 64 else 8 * RESIDUAL_CROSSOVER_FACTOR
 PV_ACCUM_DTYPES = ("fp32", "fp16+fp32", "fp16")
 
 # Largest finite value of each fp8 flavour, used to scale V and P into range.
@@ -291,7 +298,7 @@ def resolve_config(arch: ArchInfo, head_dim: int = 128, qk_quant_gran: Optional[
         if ok:
             cfg = cfg.with_pv_choice(pv_precision)
             if cfg.v_residual:
-                cfg = cfg.replace(min_seq_len=cfg.min_seq_len * RESIDUAL_CROSSOVER_FACTOR)
+                cfg = cfg.replace(min_seq_len=cfg.min_seq_len * residual_crossover_factor(head_dim))
                 if not cfg.use_tma:
                     # The second V tile lives in registers with mma/wmma/mfma: at 64 keys per tile the
                     # cross-compiled sm89/sm120/gfx1201 kernels spilled (18-58), at 32 none do.

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from .arch import RESIDUAL_CROSSOVER_FACTOR, ArchInfo
+from .arch import ArchInfo, residual_crossover_factor
 from .log import logger
 
 SCHEMA = 1
@@ -217,9 +217,9 @@ def crossover_for(arch: ArchInfo, cfg=None, head_dim: int = 128) -> Optional[int
 
     Measured for the default variant per head size; used for every variant of that size (the
     quantization overhead that sets it is the same), scaled for fp8+residual, whose second P·V
-    MMA needs longer sequences (``arch.RESIDUAL_CROSSOVER_FACTOR``).
+    MMA needs longer sequences (``arch.residual_crossover_factor``).
     """
     measured = measured_crossover(arch, head_dim)
     if measured is not None and getattr(cfg, "v_residual", False):
-        return measured * RESIDUAL_CROSSOVER_FACTOR
+        return measured * residual_crossover_factor(head_dim)
     return measured

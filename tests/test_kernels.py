@@ -295,13 +295,14 @@ def test_fp8_residual_is_closer_to_exact(seed, gran, smooth_v, shape):
 def test_fp8_residual_resolves_to_fp8_with_a_later_crossover():
     """The choice keeps the fp8 kernels (Gluon included), doubles the table's crossover, and falls
     back to fp16 with a note where the GPU has no fp8."""
-    from sagetriton.kernels.arch import RESIDUAL_CROSSOVER_FACTOR, ArchInfo, resolve_config
+    from sagetriton.kernels.arch import ArchInfo, resolve_config
 
     hopper = ArchInfo("nvidia", "sm90", "hopper", fp8="e4m3fn")
-    base = resolve_config(hopper, 128)[0]
+    base, base_64 = resolve_config(hopper, 128)[0], resolve_config(hopper, 64)[0]
     cfg, notes = resolve_config(hopper, 128, pv_precision="fp8+residual")
     assert (cfg.pv_precision, cfg.v_residual, cfg.pv_choice(), notes) == ("fp8", True, "fp8+residual", [])
-    assert cfg.min_seq_len == base.min_seq_len * RESIDUAL_CROSSOVER_FACTOR
+    assert cfg.min_seq_len == base.min_seq_len * 2
+    assert resolve_config(hopper, 64, pv_precision="fp8+residual")[0].min_seq_len == 16 * base_64.min_seq_len
     assert cfg.shared_kv_min_len == base.shared_kv_min_len and cfg.max_registers == base.max_registers
     assert not resolve_config(hopper, 128, pv_precision="fp8")[0].v_residual
     rdna3 = ArchInfo("amd", "gfx1100", "rdna3")

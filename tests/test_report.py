@@ -45,7 +45,8 @@ def test_roundtrip_and_runtime_api(rep, rdna4, tmp_path, monkeypatch):
     assert not rep.is_variant_disabled(KernelConfig("per_thread", "fp8", "fp16", v_residual=True), rdna4)
     assert rep.crossover_for(rdna4, KernelConfig()) == 1024
     # fp8+residual's second P·V product: the measured crossover scaled
-    assert rep.crossover_for(rdna4, KernelConfig(v_residual=True)) == 1024 * rep.RESIDUAL_CROSSOVER_FACTOR
+    assert rep.crossover_for(rdna4, KernelConfig(v_residual=True)) == 1024 * 2
+    assert rep.crossover_for(rdna4, KernelConfig(v_residual=True), 64) == 1024 * 16  # never paid off at 64
 
 
 def test_crossover_per_head_dim_picks_the_nearest_measured_size(rep, rdna4, monkeypatch):
