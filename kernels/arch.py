@@ -16,6 +16,7 @@ from .log import logger
 QK_QUANT_GRANS = ("per_block", "per_warp", "per_thread")
 # fp8+residual: fp8 P·V plus a second fp8 MMA with V's rounding error (more accurate, slower).
 PV_PRECISIONS = ("fp16", "fp8", "fp8+residual")
+PV_ACCUM_DTYPES = ("fp32", "fp16+fp32", "fp16")
 # fp8+residual doubles P·V's tensor work and V's traffic: it needs longer sequences to beat SDPA. On the
 # H200 it gives 1.04x SDPA from 8K tokens at head_dim 128 (the default variant's crossover is 4,608),
 # and stays below SDPA up to 32K at head_dim 64, where SDPA is then both faster and exact
@@ -26,7 +27,7 @@ RESIDUAL_CROSSOVER_FACTOR = 2
 def residual_crossover_factor(head_dim: int) -> int:
     """How much later than the default variant fp8+residual pays off, per head size."""
     return RESIDUAL_CROSSOVER_FACTOR if head_dim > 64 else 8 * RESIDUAL_CROSSOVER_FACTOR
-PV_ACCUM_DTYPES = ("fp32", "fp16+fp32", "fp16")
+
 
 # Largest finite value of each fp8 flavour, used to scale V and P into range.
 FP8_MAX = {"e4m3fn": 448.0, "e4m3fnuz": 240.0}
