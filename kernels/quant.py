@@ -40,9 +40,8 @@ _ROUNDING_BIAS = tl.constexpr(12582912.0)
 
 @triton.jit
 def round_to_int8(y):
-    """``y`` clamped to ±127 and rounded to the nearest integer, as int8, without a float → int
-    conversion per element (quarter-rate on NVIDIA GPUs, and the quantization kernels were partly
-    bound by it and by a division per element: bench/NOTES.md, attempt 22)."""
+    """``y`` clamped to ±127 and rounded to the nearest integer (ties to even, as torch.round), as
+    int8, with one add instead of a float → int conversion per element (bench/NOTES.md, attempt 24)."""
     y = tl.minimum(tl.maximum(y, -127.0), 127.0) + _ROUNDING_BIAS
     return y.to(tl.int32, bitcast=True).to(tl.int8)
 
