@@ -17,16 +17,16 @@ QK_QUANT_GRANS = ("per_block", "per_warp", "per_thread")
 # fp8+residual: fp8 P·V plus a second fp8 MMA with V's rounding error (more accurate, slower).
 PV_PRECISIONS = ("fp16", "fp8", "fp8+residual")
 PV_ACCUM_DTYPES = ("fp32", "fp16+fp32", "fp16")
-# fp8+residual doubles P·V's tensor work and V's traffic: it needs longer sequences to beat SDPA. On the
-# H200 it gives 1.04x SDPA from 8K tokens at head_dim 128 (the default variant's crossover is 4,608),
-# and stays below SDPA up to 32K at head_dim 64, where SDPA is then both faster and exact
-# (bench/NOTES.md, attempt 23).
-RESIDUAL_CROSSOVER_FACTOR = 2
 
 
 def residual_crossover_factor(head_dim: int) -> int:
-    """How much later than the default variant fp8+residual pays off, per head size."""
-    return RESIDUAL_CROSSOVER_FACTOR if head_dim > 64 else 8 * RESIDUAL_CROSSOVER_FACTOR
+    """How much later than the default variant fp8+residual pays off, per head size.
+
+    Its second P·V MMA doubles P·V's tensor work and V's traffic. On the H200 it gives 1.04x SDPA
+    from 8K tokens at head_dim 128 (the default variant's crossover is 4,608) and stays below SDPA
+    up to 32K at head_dim 64, where SDPA is then both faster and exact (bench/NOTES.md, attempt 23).
+    """
+    return 2 if head_dim > 64 else 16
 
 
 # Largest finite value of each fp8 flavour, used to scale V and P into range.

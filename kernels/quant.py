@@ -284,11 +284,12 @@ def convert_v_kernel(
         v = tl.trans(mma_operand_order(tl.trans(v), BLOCK))
     o_ptrs = (Out + bh.to(tl.int64) * stride_ob + offs_l[:, None].to(tl.int64) * stride_ol
               + offs_d[None, :] * stride_od)
+    keep = offs_l[:, None] < L_OUT
     if Out.dtype.element_ty == tl.float16:
-        tl.store(o_ptrs, v.to(tl.float16), mask=offs_l[:, None] < L_OUT)
+        tl.store(o_ptrs, v.to(tl.float16), mask=keep)
     else:
         v8 = to_fp8(v, Out.dtype.element_ty, INTERPRETER)
-        tl.store(o_ptrs, v8, mask=offs_l[:, None] < L_OUT)
+        tl.store(o_ptrs, v8, mask=keep)
         if RESIDUAL:  # what rounding to fp8 lost, itself in fp8, D_PAD channel rows further on
             tl.store(o_ptrs + D_PAD * stride_od, to_fp8(v - v8.to(tl.float32), Out.dtype.element_ty, INTERPRETER),
-                     mask=offs_l[:, None] < L_OUT)
+                     mask=keep)
