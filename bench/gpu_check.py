@@ -40,8 +40,9 @@ def case(name, q, k, v, min_cos=0.999, **kw):
 
 
 def shared_kv_cases() -> list:
-    """Hopper's Gluon kernel (long sequences) must give the portable kernel's bits, and be the one
-    that ran. Elsewhere (or without Gluon) these cases are skipped."""
+    """Hopper's Gluon kernel (long sequences) must agree with the portable kernel and be the one that
+    ran. Not bit for bit: its row sums add the fp8-rounded P (on the tensor cores), the portable
+    kernel's the fp32 P. Elsewhere (or without Gluon) these cases are skipped."""
     from sagetriton.kernels import api
     from sagetriton.kernels.arch import default_config, detect_arch
 
@@ -69,11 +70,11 @@ def shared_kv_cases() -> list:
             used = ran == [True]
             portable, _ = api.attention_forward(q, k, v, "HND", False, None, None, False,
                                                 c_run.replace(shared_kv_min_len=0), True, smooth_v)
-            same = torch.equal(out, portable)
+            agree = cosine(out, portable)
             c = cosine(out, ref.exact_attention(q, k, v)[0])
-            ok = used and same and c >= 0.999
+            ok = used and agree >= 0.99995 and c >= (0.9995 if c_run.v_residual else 0.999)
             print(f"{'ok ' if ok else 'BAD'} {'shared-K/V Gluon kernel: ' + name:60s} cos={c:.6f} "
-                  f"ran={used} bit-identical to portable={same}", flush=True)
+                  f"ran={used} cos to portable={agree:.7f}", flush=True)
             results.append(ok)
     finally:
         api._run_shared_kv = real

@@ -12,7 +12,10 @@ portable kernel (168, so 3 × 128 threads fill the register file).
 The math is the portable kernel's, in the same order: INT8 Q·Kᵀ with one K scale per tile, integer
 row max, one FMA per logit into exp2, P rounded to fp8 and relabelled into MMA operand order
 (``quant.mma_operand_order``; V is stored that way), a fresh fp32 P·V accumulator per tile added into
-the running output. Outputs are bit-identical to the portable kernel (bench/gpu_check.py checks it).
+the running output. One difference: the softmax's row sums come from the tensor cores (an MMA of the
+fp8 P with a block of ones), which takes 64 adds and two shuffles per thread and tile off the
+softmax (bench/NOTES.md attempt 25). They sum the fp8-rounded P that the numerator uses, so outputs
+differ from the portable kernel's by that rounding (bench/gpu_check.py: cosine between them ≥ 0.99995).
 
 Scope: FP8 P·V (with fp8+residual, a second MMA with V's rounding error into the same tile sum),
 head_dim padded to 128, per-tile K scales, no mask, not causal, no LSE. It wins from 8K query
@@ -74,13 +77,16 @@ if AVAILABLE:
                 tma.async_copy_global_to_shared(v_desc, [v_row + D_PAD, t * BN], bar, vres_smem.index(st))
 
     @gluon.jit
-    def _tile(q, k_smem, v_smem, vres_smem, kv_ready, kv_empty, s, pv, acc, m_i, l_i, qs, ks_base, j, LK,
-              P_LOG2: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr, p_layout: gl.constexpr,
-              V_RES: gl.constexpr):
-        """One K/V tile of one warpgroup. ``s`` and ``pv`` are the previous tile's (dead) results,
-        handed back as the MMAs' ignored accumulators so no zero tile stays live in registers."""
+    def _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s, pv, rs, acc, m_i, l_acc, qs,
+              ks_base, j, LK, P_LOG2: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
+              p_layout: gl.constexpr, V_RES: gl.constexpr):
+        """One K/V tile of one warpgroup. ``s``, ``pv`` and ``rs`` are the previous tile's (dead)
+        results, handed back as the MMAs' ignored accumulators so no zero tile stays live in registers.
+        The row sums of P come from the tensor cores (P times a column block of ones, ``rs``), not
+        from 64 adds and two shuffles per thread: ``l_acc`` holds them, every column the same."""
         BN: gl.constexpr = k_smem.type.shape[1]
         row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+        row_l: gl.constexpr = gl.SliceLayout(1, l_acc.type.layout)
         st = j % STAGES
         mbarrier.wait(kv_ready.index(st), (j // STAGES) & 1)
         s = warpgroup_mma_wait(0, deps=(warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s, use_acc=False,
@@ -97,33 +103,37 @@ if AVAILABLE:
             m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
             p = gl.exp2(s.to(gl.float32) * row_scale[:, None] - (m_use - P_LOG2)[:, None])
         alpha = gl.exp2(m_i - m_use)
-        l_i = l_i * alpha + gl.sum(p, axis=1)
         p8 = gl.convert_layout(_operand_order(p.to(v_smem.dtype)), p_layout)  # no data movement
         pv = warpgroup_mma(p8, v_smem.index(st).permute((1, 0)), pv, use_acc=False, is_async=True)
         if V_RES:  # P times V's fp8 rounding residual, into the same tile sum
             pv = warpgroup_mma(p8, vres_smem.index(st).permute((1, 0)), pv, is_async=True)
-        pv = warpgroup_mma_wait(0, deps=(pv,))
+        rs = warpgroup_mma(p8, ones_smem.permute((1, 0)), rs, use_acc=False, is_async=True)
+        pv, rs = warpgroup_mma_wait(0, deps=(pv, rs))
         mbarrier.arrive(kv_empty.index(st), count=1)
         acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv
-        return s, pv, acc, m_new, l_i
+        l_acc = l_acc * gl.convert_layout(alpha, row_l)[:, None] + rs
+        return s, pv, rs, acc, m_new, l_acc
 
     @gluon.jit
     def _warpgroup(args, descs, C: gl.constexpr, P_LOG2: gl.constexpr, STAGES: gl.constexpr,
                    HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr):
         """Rows C·64.. of this CTA's 192 query rows, over the whole key sequence. Warpgroup 0 also
         loads Q and keeps the K/V ring STAGES - 1 tiles ahead of itself."""
-        (q_smem, k_smem, v_smem, vres_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, Out,
+        (q_smem, k_smem, v_smem, vres_smem, ones_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, Out,
          stride_ob, stride_oh, stride_om, stride_od, H, H_KV, LQ, LK, D) = args
         q_desc, k_desc, v_desc = descs
         NCONS: gl.constexpr = q_smem.type.shape[0]
         ROWS: gl.constexpr = q_smem.type.shape[1]
         D_PAD: gl.constexpr = q_smem.type.shape[2]
         BN: gl.constexpr = k_smem.type.shape[1]
+        ONES_N: gl.constexpr = ones_smem.type.shape[0]
         # int8 and fp8 warpgroup MMAs have K = 32; one warpgroup's 4 warps stack along M.
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BN, 32])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, D_PAD, 32])
+        l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, ONES_N, 32])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -153,31 +163,35 @@ if AVAILABLE:
         pv = gl.zeros([ROWS, D_PAD], gl.float32, o_layout)
         acc = gl.zeros([ROWS, D_PAD], gl.float32, o_layout)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
-        l_i = gl.zeros([ROWS], gl.float32, row_s)
+        rs = gl.zeros([ROWS, ONES_N], gl.float32, l_layout)
+        l_acc = gl.zeros([ROWS, ONES_N], gl.float32, l_layout)
         mbarrier.wait(q_bar, 0)
         n_full = LK // BN
         for j in range(n_full):
             if C == 0:
                 _fill(k_desc, v_desc, k_smem, v_smem, vres_smem, kv_ready, kv_empty, j + STAGES - 1, n_tiles, bhk, LK,
                       STAGES, V_RES)
-            s, pv, acc, m_i, l_i = _tile(q, k_smem, v_smem, vres_smem, kv_ready, kv_empty, s, pv, acc, m_i, l_i, qs,
-                                         ks_base, j, LK, P_LOG2, STAGES, False, p_layout, V_RES)
+            s, pv, rs, acc, m_i, l_acc = _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s, pv, rs,
+                                               acc, m_i, l_acc, qs, ks_base, j, LK, P_LOG2, STAGES, False, p_layout,
+                                               V_RES)
         if n_full < n_tiles:
             if C == 0:
                 _fill(k_desc, v_desc, k_smem, v_smem, vres_smem, kv_ready, kv_empty, n_full + STAGES - 1, n_tiles,
                       bhk, LK, STAGES, V_RES)
-            s, pv, acc, m_i, l_i = _tile(q, k_smem, v_smem, vres_smem, kv_ready, kv_empty, s, pv, acc, m_i, l_i, qs,
-                                         ks_base, n_full, LK, P_LOG2, STAGES, True, p_layout, V_RES)
+            s, pv, rs, acc, m_i, l_acc = _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s, pv, rs,
+                                               acc, m_i, l_acc, qs, ks_base, n_full, LK, P_LOG2, STAGES, True,
+                                               p_layout, V_RES)
 
         # A row with no live key has l_i == 0: SDPA returns 0 there, and so do we.
+        l_i = gl.convert_layout(gl.max(l_acc, axis=1), row_o)  # every column holds the row sum
         live = l_i > 0
-        out = acc / gl.convert_layout(gl.where(live, l_i, 1.0), row_o)[:, None]
+        out = acc / gl.where(live, l_i, 1.0)[:, None]
         offs_d = gl.arange(0, D_PAD, layout=col_o)
         d_ok = offs_d < D
         if HAS_VSCALE:
             out = out * gl.load(VScale + bhk * D + offs_d, mask=d_ok, other=0.0)[None, :]
         if HAS_VMEAN:
-            out = out + gl.where(gl.convert_layout(live, row_o)[:, None],
+            out = out + gl.where(live[:, None],
                                  gl.load(VMean + bhk * D + offs_d, mask=d_ok, other=0.0)[None, :], 0.0)
         offs_mo = row0 + gl.arange(0, ROWS, layout=row_o)
         o_ptrs = (Out + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
@@ -211,6 +225,7 @@ if AVAILABLE:
         REGISTERS: gl.constexpr, V_RES: gl.constexpr,
     ):
         NCONS: gl.constexpr = 3  # = CONSUMERS: one warp_specialize partition per warpgroup below
+        ONES_N: gl.constexpr = 8  # columns of the row-sum MMA: the smallest N of a warpgroup MMA
         ROWS: gl.constexpr = q_desc.block_type.shape[0]
         D_PAD: gl.constexpr = q_desc.block_type.shape[1]
         BN: gl.constexpr = k_desc.block_type.shape[0]
@@ -221,6 +236,14 @@ if AVAILABLE:
             vres_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, D_PAD, BN], v_desc.layout)
         else:
             vres_smem = v_smem  # never read
+        # B operand of the row-sum MMA: ONES_N columns of ones, K-major like Vᵀ (the smallest MMA N is 8)
+        ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ONES_N, BN], v_desc.dtype)
+        # 1.0 is byte 0x38 in e4m3 (this kernel only runs on NVIDIA's e4m3fn). Triton 3.6 has no fp8
+        # constants, and an fp16 constant tile converted to fp8 stored wrong bytes there (H200), so the
+        # bits are written directly.
+        ones = gl.full([ONES_N, BN], 0x38, gl.int8, gl.BlockedLayout([1, 16], [1, 32], [4, 1], [1, 0]))
+        ones_smem = gl.allocate_shared_memory(v_desc.dtype, [ONES_N, BN], ones_layout,
+                                              ones.to(v_desc.dtype, bitcast=True))
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -229,7 +252,7 @@ if AVAILABLE:
             mbarrier.init(kv_ready.index(i), count=1)
             mbarrier.init(kv_empty.index(i), count=NCONS)  # every warpgroup releases each tile
         fence_async_shared()
-        args = (q_smem, k_smem, v_smem, vres_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, Out,
+        args = (q_smem, k_smem, v_smem, vres_smem, ones_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, Out,
                 stride_ob, stride_oh, stride_om, stride_od, H, H_KV, LQ, LK, D)
         descs = (q_desc, k_desc, v_desc)
         gl.warp_specialize([
