@@ -18,8 +18,8 @@ softmax (bench/NOTES.md attempt 25). They sum the fp8-rounded P that the numerat
 differ from the portable kernel's by that rounding (bench/gpu_check.py: cosine between them ≥ 0.99995).
 
 Scope: FP8 P·V (with fp8+residual, a second MMA with V's rounding error into the same tile sum),
-head_dim padded to 128, per-tile K scales, no mask, not causal, no LSE. It wins from 8K query
-tokens (bench/results/sm90_shared_kv_ab.json); ``api`` sends it nothing else. Gluon ships inside
+head_dim padded to 128, per-tile K scales, no mask, not causal, no LSE. It wins from 6K query
+tokens (bench/results/sm90_gluon_min_len_ab.json); ``api`` sends it nothing else. Gluon ships inside
 the triton package (3.5+); without it ``AVAILABLE`` is False and the portable kernel runs.
 """
 from __future__ import annotations
