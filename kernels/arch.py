@@ -22,8 +22,8 @@ PV_ACCUM_DTYPES = ("fp32", "fp16+fp32", "fp16")
 def residual_crossover_factor(head_dim: int) -> int:
     """How much later than the default variant fp8+residual pays off, per head size.
 
-    Its second P·V MMA doubles P·V's tensor work and V's traffic. On the H200 it gives 1.04x SDPA
-    from 8K tokens at head_dim 128 (the default variant's crossover is 4,608) and stays below SDPA
+    Its second P·V MMA doubles P·V's tensor work and V's traffic. On the H200 it gives 1.06x SDPA
+    at 8K tokens at head_dim 128 (the default variant's crossover is 4,608) and stays below SDPA
     up to 32K at head_dim 64, where SDPA is then both faster and exact (bench/NOTES.md, attempt 23).
     """
     return 2 if head_dim > 64 else 16

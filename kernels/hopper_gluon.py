@@ -236,7 +236,7 @@ if AVAILABLE:
             vres_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, D_PAD, BN], v_desc.layout)
         else:
             vres_smem = v_smem  # never read
-        # B operand of the row-sum MMA: ONES_N columns of ones, K-major like Vᵀ (the smallest MMA N is 8)
+        # B operand of the row-sum MMA: ONES_N columns of ones, K-major like Vᵀ.
         ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ONES_N, BN], v_desc.dtype)
         # 1.0 is byte 0x38 in e4m3 (this kernel only runs on NVIDIA's e4m3fn). Triton 3.6 has no fp8
         # constants, and an fp16 constant tile converted to fp8 stored wrong bytes there (H200), so the
