@@ -44,7 +44,9 @@ def _quantize_groups(x: torch.Tensor, group: int):
     amax = xp.abs().amax(dim=-1).reshape(B, H, -1, group).amax(dim=-1)
     scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
     scale = scale.repeat_interleave(group, dim=-1)[..., :L]
-    xi = torch.clamp(torch.round(x / scale[..., None]), -127, 127)  # the kernel multiplies by 1/scale: rare ties differ
+    # Multiplied by 1/scale as the kernel does: dividing rounds near-ties differently (a whole INT8
+    # step, which can move a row's LSE by a few 1e-2 nats when it hits the row's largest logit).
+    xi = torch.clamp(torch.round(x * (1.0 / scale[..., None])), -127, 127)
     return xi, scale
 
 
