@@ -19,6 +19,8 @@ from sagetriton.kernels import sageattn  # noqa: E402
 
 # fp8+residual must beat plain fp8's ~0.9993 against exact attention (bench/fp8_accuracy_floor.py).
 RESIDUAL_MIN_COS = 0.9995
+# Gluon kernel with a split last wave against the portable kernel (shared_kv_cases).
+SPLIT_MIN_AGREE = 0.9995
 
 
 def qkv(B=2, H=4, LQ=1000, LK=None, D=128, HKV=None, dtype=torch.bfloat16):
@@ -40,6 +42,16 @@ def case(name, q, k, v, min_cos=0.999, **kw):
     ok = c >= min_cos and out.dtype == q.dtype and not torch.isnan(out).any()
     print(f"{'ok ' if ok else 'BAD'} {name:60s} cos={c:.6f}", flush=True)
     return ok
+
+
+def _split_plan(q, k):
+    """How the Gluon kernel's CTAs ran for these inputs: (whole CTAs, key shares per tail CTA)."""
+    from sagetriton.kernels import api, tail_split
+    from sagetriton.kernels import hopper_gluon as g
+
+    B, H, LQ, _ = q.shape
+    n_cta = -(-LQ // (g.CONSUMERS * g.ROWS)) * B * H
+    return tail_split.plan_tail(n_cta, api.sm_count(q.device), -(-k.shape[2] // g.BLOCK_N))
 
 
 def shared_kv_cases() -> list:
@@ -67,7 +79,12 @@ def shared_kv_cases() -> list:
                 ("short K (77 keys)", qkv(B=1, H=4, LQ=n, LK=77), False, cfg),
                 ("head_dim 96 (padded to 128)", qkv(B=1, H=4, LQ=n, D=96), False, cfg),
                 ("fp8+residual, odd lengths", qkv(B=1, H=4, LQ=n + 77, LK=n + 129), False, residual),
-                ("fp8+residual, GQA 8/2", qkv(B=1, H=8, HKV=2, LQ=n, LK=n + 1000), False, residual)):
+                ("fp8+residual, GQA 8/2", qkv(B=1, H=8, HKV=2, LQ=n, LK=n + 1000), False, residual),
+                # Partial last waves (kernels/tail_split.py): split CTAs only, whole + split, many shares.
+                ("tail split, 2 heads, odd lengths", qkv(B=1, H=2, LQ=n + 77, LK=n + 129), False, cfg),
+                ("tail split after whole waves, GQA 10/2, smooth_v", qkv(B=1, H=10, HKV=2, LQ=n + 77), True, cfg),
+                ("tail split, 1 head, 4x the keys", qkv(B=1, H=1, LQ=n, LK=4 * n), False, cfg),
+                ("tail split, fp8+residual", qkv(B=1, H=2, LQ=n + 77, LK=n + 129), False, residual)):
             ran.clear()
             out, _ = api.attention_forward(q, k, v, "HND", False, None, None, False, c_run, True, smooth_v)
             used = ran == [True]
@@ -75,9 +92,14 @@ def shared_kv_cases() -> list:
                                                 c_run.replace(shared_kv_min_len=0), True, smooth_v)
             agree = cosine(out, portable)
             c = cosine(out, ref.exact_attention(q, k, v)[0])
-            ok = used and agree >= 0.99995 and c >= (RESIDUAL_MIN_COS if c_run.v_residual else 0.999)
+            plan = _split_plan(q, k)
+            # A key share rounds P to fp8 against its own row max, not the running max over every key:
+            # an independent fp8 rounding for those rows, as far from the portable kernel as either is
+            # from fp64 at most. Whole CTAs differ only by the row sums' rounding.
+            min_agree = SPLIT_MIN_AGREE if plan[1] > 1 else 0.99995
+            ok = used and agree >= min_agree and c >= (RESIDUAL_MIN_COS if c_run.v_residual else 0.999)
             print(f"{'ok ' if ok else 'BAD'} {'shared-K/V Gluon kernel: ' + name:60s} cos={c:.6f} "
-                  f"ran={used} cos to portable={agree:.7f}", flush=True)
+                  f"ran={used} cos to portable={agree:.7f} (whole CTAs, shares) = {plan}", flush=True)
             results.append(ok)
     finally:
         api._run_shared_kv = real

@@ -15,7 +15,7 @@ import torch
 import triton
 
 from . import attention as attn
-from . import hopper_gluon, quant
+from . import hopper_gluon, quant, tail_split
 from .arch import FP8_MAX, KernelConfig, arch_for_device, interpreter_enabled, resolve_config
 from .log import logger
 
@@ -79,7 +79,12 @@ def compile_specs(cfg: KernelConfig, head_dim: int = 128, dtype=torch.bfloat16, 
     global _recorded
     specs: list = []
     for length in sorted({seq_len, max(seq_len, cfg.shared_kv_min_len)}):
-        q = torch.empty((1, 2, length, head_dim), dtype=dtype, device="meta")
+        heads = 2
+        if cfg.shared_kv_min_len and length >= cfg.shared_kv_min_len:  # record the Gluon kernel's both launches
+            g = hopper_gluon
+            heads = tail_split.heads_with_split_tail(triton.cdiv(length, g.CONSUMERS * g.ROWS),
+                                                     triton.cdiv(length, g.BLOCK_N), sm_count(torch.device("meta")))
+        q = torch.empty((1, heads, length, head_dim), dtype=dtype, device="meta")
         _recorded = []
         try:
             attention_forward(q, q, q, "HND", False, None, None, False, cfg, True, False)
@@ -341,13 +346,22 @@ def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, oh, dims, p_log2: float
         return False
     H, H_KV, LQ, LK, D = dims
     g = hopper_gluon
+    cta_rows, d_pad = g.CONSUMERS * g.ROWS, q8.shape[-1]
+    n_cta = triton.cdiv(LQ, cta_rows) * q8.shape[0]
+    n_whole, splits = tail_split.plan_tail(n_cta, sm_count(q8.device), triton.cdiv(LK, g.BLOCK_N))
+    n_units = (n_cta - n_whole) * splits
+    # Split shares' fp32 output rows, then their (row max, row sum) pairs.
+    part = torch.empty((n_units * cta_rows * (d_pad + 2),), dtype=torch.float32, device=q8.device) if n_units else qs
+    flags = dict(HAS_VSCALE=v_scale is not None, HAS_VMEAN=v_mean is not None)
+    v_scale = v_scale if v_scale is not None else qs
+    v_mean = v_mean if v_mean is not None else qs
+    args = (*g.descriptors(q8, k8, v_t), qs, ks, v_scale, v_mean, oh, *oh.stride(), H, H_KV, LQ, LK, D)
+    consts = dict(P_LOG2=p_log2, STAGES=g.STAGES, **flags, REGISTERS=g.REGISTERS, V_RES=v_residual)
     try:
-        _launch(g.shared_kv_attention_kernel, (triton.cdiv(LQ, g.CONSUMERS * g.ROWS), q8.shape[0]), (
-            *g.descriptors(q8, k8, v_t), qs, ks, v_scale if v_scale is not None else qs,
-            v_mean if v_mean is not None else qs, oh, *oh.stride(), H, H_KV, LQ, LK, D,
-        ), dict(P_LOG2=p_log2, STAGES=g.STAGES, HAS_VSCALE=v_scale is not None, HAS_VMEAN=v_mean is not None,
-                REGISTERS=g.REGISTERS, V_RES=v_residual), num_warps=4)
-        return True
+        if n_whole:
+            _launch(g.shared_kv_attention_kernel, (n_whole,), args, consts, num_warps=4)
+        if n_units:
+            _launch(g.shared_kv_split_kernel, (n_units,), (*args, n_whole, splits, part), consts, num_warps=4)
     except Exception as e:  # noqa: BLE001 - a compiler error must not break the user's run
         if _recorded is not None:
             raise
@@ -355,6 +369,27 @@ def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, oh, dims, p_log2: float
         logger.warning("Hopper Gluon kernel unavailable with this Triton (%s); the portable kernel runs "
                        "every call instead (a few %% slower from 6K tokens)", _shared_kv_error)
         return False
+    if n_units:
+        block_r = 64
+        _launch(tail_split.merge_splits_kernel, ((n_cta - n_whole) * (cta_rows // block_r),), (
+            part, part[n_units * cta_rows * d_pad:], v_scale, v_mean, oh, *oh.stride(), H, H_KV, LQ, D, n_whole,
+            splits,
+        ), dict(CTA_ROWS=cta_rows, BLOCK_R=block_r, D_PAD=d_pad, **flags), num_warps=4)
+    return True
+
+
+_sm_counts: dict = {}
+
+
+def sm_count(device) -> int:
+    """SMs of ``device`` (the Gluon kernel runs one CTA per SM); 132, an H100/H200's, where there is
+    none (cross-compiling on meta tensors). Asked once per device."""
+    if device.type != "cuda":
+        return 132
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _sm_counts:
+        _sm_counts[key] = torch.cuda.get_device_properties(key).multi_processor_count
+    return _sm_counts[key]
 
 
 def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str, is_causal: bool,

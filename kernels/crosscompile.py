@@ -142,7 +142,8 @@ def launch_source(spec: dict, target: Target):
 
 
 # Attention kernel name -> where compile_target reports its registers, spills and shared memory.
-_ATTENTION_KERNELS = {"attention_kernel": None, "shared_kv_attention_kernel": "shared_kv_kernel"}
+_ATTENTION_KERNELS = {"attention_kernel": None, "shared_kv_attention_kernel": "shared_kv_kernel",
+                      "shared_kv_split_kernel": "shared_kv_split_kernel"}
 
 
 def _compile_one(spec: dict, target: Target) -> dict:

@@ -17,6 +17,10 @@ fp8 P with a block of ones), which takes 64 adds and two shuffles per thread and
 softmax (bench/NOTES.md attempt 25). They sum the fp8-rounded P that the numerator uses, so outputs
 differ from the portable kernel's by that rounding (bench/gpu_check.py: cosine between them ≥ 0.99995).
 
+One CTA per SM and equal work per CTA: when the last wave is partial, ``shared_kv_split_kernel``
+runs its CTAs in key shares instead and ``tail_split.merge_splits_kernel`` combines them
+(``kernels/tail_split.py``).
+
 Scope: FP8 P·V (with fp8+residual, a second MMA with V's rounding error into the same tile sum),
 head_dim padded to 128, per-tile K scales, no mask, not causal, no LSE. It wins from 6K query
 tokens (bench/results/sm90_gluon_min_len_ab.json); ``api`` sends it nothing else. Gluon ships inside
@@ -59,41 +63,43 @@ if AVAILABLE:
         return gl.reshape(x, (M, N))
 
     @gluon.jit
-    def _fill(k_desc, v_desc, k_smem, v_smem, vres_smem, kv_ready, kv_empty, t, n_tiles, bhk, LK,
+    def _fill(k_desc, v_desc, k_smem, v_smem, vres_smem, kv_ready, kv_empty, i, n_local, k_row0, v_row, v_col0,
               STAGES: gl.constexpr, V_RES: gl.constexpr):
-        """Start the TMA copies of K and Vᵀ tile ``t`` into slot t % STAGES once every warpgroup has
-        released the tile that slot held (no-op past the last tile)."""
+        """Start the TMA copies of this CTA's ``i``-th K and Vᵀ tile (K rows from ``k_row0``, Vᵀ columns
+        from ``v_col0``) into slot i % STAGES once every warpgroup has released the tile that slot held
+        (no-op past its ``n_local`` tiles)."""
         BN: gl.constexpr = k_smem.type.shape[1]
         D_PAD: gl.constexpr = k_smem.type.shape[2]
-        if t < n_tiles:
-            st = t % STAGES
-            mbarrier.wait(kv_empty.index(st), ((t // STAGES) & 1) ^ 1)
+        if i < n_local:
+            st = i % STAGES
+            mbarrier.wait(kv_empty.index(st), ((i // STAGES) & 1) ^ 1)
             bar = kv_ready.index(st)
             mbarrier.expect(bar, k_desc.block_type.nbytes + (1 + V_RES) * v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [bhk * LK + t * BN, 0], bar, k_smem.index(st))
-            v_row = bhk * (1 + V_RES) * D_PAD  # with V_RES, V's rounding residual follows each head's V
-            tma.async_copy_global_to_shared(v_desc, [v_row, t * BN], bar, v_smem.index(st))
-            if V_RES:
-                tma.async_copy_global_to_shared(v_desc, [v_row + D_PAD, t * BN], bar, vres_smem.index(st))
+            tma.async_copy_global_to_shared(k_desc, [k_row0 + i * BN, 0], bar, k_smem.index(st))
+            tma.async_copy_global_to_shared(v_desc, [v_row, v_col0 + i * BN], bar, v_smem.index(st))
+            if V_RES:  # V's rounding residual follows each head's V
+                tma.async_copy_global_to_shared(v_desc, [v_row + D_PAD, v_col0 + i * BN], bar, vres_smem.index(st))
 
     @gluon.jit
     def _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s, pv, rs, acc, m_i, l_acc, qs,
-              ks_base, j, LK, P_LOG2: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
+              ks_base, i, key0, LK, P_LOG2: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
               p_layout: gl.constexpr, V_RES: gl.constexpr):
-        """One K/V tile of one warpgroup. ``s``, ``pv`` and ``rs`` are the previous tile's (dead)
+        """The ``i``-th K/V tile of this CTA's key range (``key0``: its first key; ``ks_base``: its
+        first tile's K scale) for one warpgroup. ``s``, ``pv`` and
+        ``rs`` are the previous tile's (dead)
         results, handed back as the MMAs' ignored accumulators so no zero tile stays live in registers.
         The row sums of P come from the tensor cores (P times a column block of ones, ``rs``), not
         from 64 adds and two shuffles per thread: ``l_acc`` holds them, every column the same."""
         BN: gl.constexpr = k_smem.type.shape[1]
         row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
         row_l: gl.constexpr = gl.SliceLayout(1, l_acc.type.layout)
-        st = j % STAGES
-        mbarrier.wait(kv_ready.index(st), (j // STAGES) & 1)
+        st = i % STAGES
+        mbarrier.wait(kv_ready.index(st), (i // STAGES) & 1)
         s = warpgroup_mma_wait(0, deps=(warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s, use_acc=False,
                                                       is_async=True),))
-        row_scale = qs * gl.load(ks_base + j)
+        row_scale = qs * gl.load(ks_base + i)
         if MASKED:  # the last tile: keys past LK belong to the next head (or are zero-filled)
-            offs_n = j * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s.type.layout))
+            offs_n = key0 + i * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s.type.layout))
             x = gl.where((offs_n < LK)[None, :], s.to(gl.float32) * row_scale[:, None], float("-inf"))
             m_new = gl.maximum(m_i, gl.max(x, axis=1))
             m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -116,11 +122,11 @@ if AVAILABLE:
 
     @gluon.jit
     def _warpgroup(args, descs, C: gl.constexpr, P_LOG2: gl.constexpr, STAGES: gl.constexpr,
-                   HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr):
+                   HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr):
         """Rows C·64.. of this CTA's 192 query rows, over the whole key sequence. Warpgroup 0 also
         loads Q and keeps the K/V ring STAGES - 1 tiles ahead of itself."""
         (q_smem, k_smem, v_smem, vres_smem, ones_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, Out,
-         stride_ob, stride_oh, stride_om, stride_od, H, H_KV, LQ, LK, D) = args
+         stride_ob, stride_oh, stride_om, stride_od, H, H_KV, LQ, LK, D, n_whole, splits, Part) = args
         q_desc, k_desc, v_desc = descs
         NCONS: gl.constexpr = q_smem.type.shape[0]
         ROWS: gl.constexpr = q_smem.type.shape[1]
@@ -139,25 +145,41 @@ if AVAILABLE:
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
 
-        pid_m = gl.program_id(0)
-        bh = gl.program_id(1)
+        # CTAs of the whole kernel take every key. Those of the split kernel take a 1/splits share of the
+        # keys of tail CTA n_whole + pid // splits and leave unnormalized rows in Part for the merge.
+        pid = gl.program_id(0)
+        n_tiles = gl.cdiv(LK, BN)
+        if SPLIT:
+            cta = n_whole + pid // splits
+            t0 = (pid % splits) * n_tiles // splits
+            t1 = (pid % splits + 1) * n_tiles // splits
+        else:
+            cta = pid
+            t0 = 0
+            t1 = n_tiles
+        n_m = gl.cdiv(LQ, NCONS * ROWS)
+        pid_m = cta % n_m
+        bh = cta // n_m
         b = bh // H
         h = bh % H
         bhk = b * H_KV + h // (H // H_KV)  # GQA: consecutive query heads share one KV head
         cta_row0 = pid_m * (NCONS * ROWS)
         row0 = cta_row0 + C * ROWS
-        n_tiles = gl.cdiv(LK, BN)
+        n_local = t1 - t0
+        k_row0 = bhk * LK + t0 * BN
+        v_row = bhk * (1 + V_RES) * D_PAD  # Vᵀ's rows of this head (then its residual's, with V_RES)
         if C == 0:
             mbarrier.expect(q_bar, NCONS * q_desc.block_type.nbytes)
             for i in gl.static_range(NCONS):
                 tma.async_copy_global_to_shared(q_desc, [bh * LQ + cta_row0 + i * ROWS, 0], q_bar, q_smem.index(i))
-            for t in gl.static_range(STAGES - 1):
-                _fill(k_desc, v_desc, k_smem, v_smem, vres_smem, kv_ready, kv_empty, t, n_tiles, bhk, LK, STAGES, V_RES)
+            for i in gl.static_range(STAGES - 1):
+                _fill(k_desc, v_desc, k_smem, v_smem, vres_smem, kv_ready, kv_empty, i, n_local, k_row0, v_row,
+                      t0 * BN, STAGES, V_RES)
 
         offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
         # Q scales already hold sm_scale·log2(e): logits come out in base-2 units.
         qs = gl.load(QS + bh.to(gl.int64) * LQ + offs_m, mask=offs_m < LQ, other=0.0)
-        ks_base = KS + bhk.to(gl.int64) * n_tiles
+        ks_base = KS + bhk.to(gl.int64) * n_tiles + t0
         q = q_smem.index(C)
         s = gl.zeros([ROWS, BN], gl.int32, s_layout)
         pv = gl.zeros([ROWS, D_PAD], gl.float32, o_layout)
@@ -166,64 +188,67 @@ if AVAILABLE:
         rs = gl.zeros([ROWS, ONES_N], gl.float32, l_layout)
         l_acc = gl.zeros([ROWS, ONES_N], gl.float32, l_layout)
         mbarrier.wait(q_bar, 0)
-        n_full = LK // BN
-        for j in range(n_full):
+        n_full = gl.minimum(t1, LK // BN) - t0  # whole tiles; a partial last one follows if t1 reaches it
+        for i in range(n_full):
             if C == 0:
-                _fill(k_desc, v_desc, k_smem, v_smem, vres_smem, kv_ready, kv_empty, j + STAGES - 1, n_tiles, bhk, LK,
-                      STAGES, V_RES)
+                _fill(k_desc, v_desc, k_smem, v_smem, vres_smem, kv_ready, kv_empty, i + STAGES - 1, n_local, k_row0,
+                      v_row, t0 * BN, STAGES, V_RES)
             s, pv, rs, acc, m_i, l_acc = _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s, pv, rs,
-                                               acc, m_i, l_acc, qs, ks_base, j, LK, P_LOG2, STAGES, False, p_layout,
-                                               V_RES)
-        if n_full < n_tiles:
-            if C == 0:
-                _fill(k_desc, v_desc, k_smem, v_smem, vres_smem, kv_ready, kv_empty, n_full + STAGES - 1, n_tiles,
-                      bhk, LK, STAGES, V_RES)
-            s, pv, rs, acc, m_i, l_acc = _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s, pv, rs,
-                                               acc, m_i, l_acc, qs, ks_base, n_full, LK, P_LOG2, STAGES, True,
+                                               acc, m_i, l_acc, qs, ks_base, i, t0 * BN, LK, P_LOG2, STAGES, False,
                                                p_layout, V_RES)
+        if n_full < n_local:
+            if C == 0:
+                _fill(k_desc, v_desc, k_smem, v_smem, vres_smem, kv_ready, kv_empty, n_full + STAGES - 1, n_local,
+                      k_row0, v_row, t0 * BN, STAGES, V_RES)
+            s, pv, rs, acc, m_i, l_acc = _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s, pv, rs,
+                                               acc, m_i, l_acc, qs, ks_base, n_full, t0 * BN, LK, P_LOG2, STAGES,
+                                               True, p_layout, V_RES)
 
-        # A row with no live key has l_i == 0: SDPA returns 0 there, and so do we.
         l_i = gl.convert_layout(gl.max(l_acc, axis=1), row_o)  # every column holds the row sum
-        live = l_i > 0
-        out = acc / gl.where(live, l_i, 1.0)[:, None]
         offs_d = gl.arange(0, D_PAD, layout=col_o)
-        d_ok = offs_d < D
-        if HAS_VSCALE:
-            out = out * gl.load(VScale + bhk * D + offs_d, mask=d_ok, other=0.0)[None, :]
-        if HAS_VMEAN:
-            out = out + gl.where(live[:, None],
-                                 gl.load(VMean + bhk * D + offs_d, mask=d_ok, other=0.0)[None, :], 0.0)
-        offs_mo = row0 + gl.arange(0, ROWS, layout=row_o)
-        o_ptrs = (Out + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
-                  + offs_mo[:, None].to(gl.int64) * stride_om + offs_d[None, :] * stride_od)
-        gl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(offs_mo < LQ)[:, None] & d_ok[None, :])
+        if SPLIT:  # a share of the keys: raw sums, then (row max, row sum) after all the shares' sums
+            prow = ((pid * NCONS + C) * ROWS + gl.arange(0, ROWS, layout=row_o)).to(gl.int64)
+            gl.store(Part + prow[:, None] * D_PAD + offs_d[None, :], acc)
+            part_ml = Part + gl.num_programs(0).to(gl.int64) * (NCONS * ROWS * D_PAD)
+            gl.store(part_ml + prow * 2, gl.convert_layout(m_i, row_o))
+            gl.store(part_ml + prow * 2 + 1, l_i)
+        else:
+            # A row with no live key has l_i == 0: SDPA returns 0 there, and so do we.
+            live = l_i > 0
+            out = acc / gl.where(live, l_i, 1.0)[:, None]
+            d_ok = offs_d < D
+            if HAS_VSCALE:
+                out = out * gl.load(VScale + bhk * D + offs_d, mask=d_ok, other=0.0)[None, :]
+            if HAS_VMEAN:
+                out = out + gl.where(live[:, None],
+                                     gl.load(VMean + bhk * D + offs_d, mask=d_ok, other=0.0)[None, :], 0.0)
+            offs_mo = row0 + gl.arange(0, ROWS, layout=row_o)
+            o_ptrs = (Out + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
+                      + offs_mo[:, None].to(gl.int64) * stride_om + offs_d[None, :] * stride_od)
+            gl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(offs_mo < LQ)[:, None] & d_ok[None, :])
 
     # Partitions differ only in C. Constexprs travel as annotated parameters: inside the args tuple
     # they would reach the partitions as runtime values.
     @gluon.jit
     def _warpgroup0(args, descs, P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr,
-                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr):
-        _warpgroup(args, descs, 0, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES)
+                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr):
+        _warpgroup(args, descs, 0, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT)
 
     @gluon.jit
     def _warpgroup1(args, descs, P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr,
-                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr):
-        _warpgroup(args, descs, 1, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES)
+                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr):
+        _warpgroup(args, descs, 1, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT)
 
     @gluon.jit
     def _warpgroup2(args, descs, P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr,
-                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr):
-        _warpgroup(args, descs, 2, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES)
+                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr):
+        _warpgroup(args, descs, 2, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT)
 
     @gluon.jit
-    def shared_kv_attention_kernel(
-        q_desc, k_desc, v_desc,  # int8 Q (B*H*LQ, D_PAD), int8 K (B*H_KV*LK, D_PAD), fp8 Vᵀ (B*H_KV*D_PAD, L_PAD)
-        QS, KS, VScale, VMean, Out,
-        stride_ob, stride_oh, stride_om, stride_od,
-        H, H_KV, LQ, LK, D,
-        P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr,
-        REGISTERS: gl.constexpr, V_RES: gl.constexpr,
-    ):
+    def _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, Out, stride_ob, stride_oh, stride_om, stride_od,
+                   H, H_KV, LQ, LK, D, n_whole, splits, Part, P_LOG2: gl.constexpr, STAGES: gl.constexpr,
+                   HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr, REGISTERS: gl.constexpr, V_RES: gl.constexpr,
+                   SPLIT: gl.constexpr):
         NCONS: gl.constexpr = 3  # = CONSUMERS: one warp_specialize partition per warpgroup below
         ONES_N: gl.constexpr = 8  # columns of the row-sum MMA: the smallest N of a warpgroup MMA
         ROWS: gl.constexpr = q_desc.block_type.shape[0]
@@ -253,13 +278,41 @@ if AVAILABLE:
             mbarrier.init(kv_empty.index(i), count=NCONS)  # every warpgroup releases each tile
         fence_async_shared()
         args = (q_smem, k_smem, v_smem, vres_smem, ones_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, Out,
-                stride_ob, stride_oh, stride_om, stride_od, H, H_KV, LQ, LK, D)
+                stride_ob, stride_oh, stride_om, stride_od, H, H_KV, LQ, LK, D, n_whole, splits, Part)
         descs = (q_desc, k_desc, v_desc)
         gl.warp_specialize([
-            (_warpgroup0, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES)),
-            (_warpgroup1, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES)),
-            (_warpgroup2, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES)),
+            (_warpgroup0, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT)),
+            (_warpgroup1, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT)),
+            (_warpgroup2, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT)),
         ], [4, 4], [REGISTERS, REGISTERS])
+
+    @gluon.jit
+    def shared_kv_attention_kernel(
+        q_desc, k_desc, v_desc,  # int8 Q (B*H*LQ, D_PAD), int8 K (B*H_KV*LK, D_PAD), fp8 Vᵀ (B*H_KV*D_PAD, L_PAD)
+        QS, KS, VScale, VMean, Out,
+        stride_ob, stride_oh, stride_om, stride_od,
+        H, H_KV, LQ, LK, D,
+        P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr,
+        REGISTERS: gl.constexpr, V_RES: gl.constexpr,
+    ):
+        """CTA i: query rows 192·(i mod ceil(LQ/192)) of head i div ceil(LQ/192), every key."""
+        _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, Out, stride_ob, stride_oh, stride_om, stride_od,
+                   H, H_KV, LQ, LK, D, 0, 1, QS, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, REGISTERS, V_RES, False)
+
+    @gluon.jit
+    def shared_kv_split_kernel(
+        q_desc, k_desc, v_desc, QS, KS, VScale, VMean, Out,
+        stride_ob, stride_oh, stride_om, stride_od,
+        H, H_KV, LQ, LK, D,
+        n_whole, splits, Part,
+        P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr,
+        REGISTERS: gl.constexpr, V_RES: gl.constexpr,
+    ):
+        """The CTAs from ``n_whole`` on, each cut into ``splits`` key shares (``tail_split``): program i is
+        share i mod splits of CTA n_whole + i div splits. Writes Part, never Out."""
+        _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, Out, stride_ob, stride_oh, stride_om, stride_od,
+                   H, H_KV, LQ, LK, D, n_whole, splits, Part, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, REGISTERS,
+                   V_RES, True)
 
     def descriptors(q8, k8, v_t):
         """TMA descriptors over the quantized tensors as 2-D views: q8, k8 int8 (B*H, L, D_PAD), v_t

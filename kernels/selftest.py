@@ -127,7 +127,7 @@ def long_sequence_kernel(arch: ArchInfo, device, dtype) -> Optional[dict]:
     The runtime falls back to the portable kernel by itself if it cannot build the Gluon kernel; this
     makes that happen here, once, in front of the user, and catches wrong numbers, which no fallback
     would. A failure turns the long-sequence kernel off, not the variant. Never raises."""
-    from . import api, hopper_gluon
+    from . import api, hopper_gluon, tail_split
 
     cfg = default_config(arch, 128)
     if not cfg.shared_kv_min_len or getattr(device, "type", None) != "cuda":
@@ -136,8 +136,12 @@ def long_sequence_kernel(arch: ArchInfo, device, dtype) -> Optional[dict]:
     if not hopper_gluon.AVAILABLE:
         return {**result, "ok": False, "error": "this Triton has no Gluon (triton.experimental.gluon)"}
     t0 = time.perf_counter()
-    # Odd lengths on purpose: a partial last CTA of query rows and a masked last key tile.
-    acc = accuracy(default_variant(arch), [(1, 2, cfg.shared_kv_min_len + 37, 1101, 128)], device, dtype)
+    # Odd lengths on purpose: a partial last CTA of query rows and a masked last key tile. Heads
+    # enough for whole CTAs and a split last wave (tail_split) on this GPU: both kernels and the merge.
+    lq, lk, g = cfg.shared_kv_min_len + 37, 1101, hopper_gluon
+    heads = tail_split.heads_with_split_tail(-(-lq // (g.CONSUMERS * g.ROWS)), -(-lk // g.BLOCK_N),
+                                             api.sm_count(device))
+    acc = accuracy(default_variant(arch), [(1, heads, lq, lk, 128)], device, dtype)
     result.update(acc, seconds=round(time.perf_counter() - t0, 2))
     error = api.shared_kv_error()
     if error is not None:

@@ -65,6 +65,7 @@ def test_long_sequence_kernel_is_checked_only_where_the_default_config_has_one(s
 
     from sagetriton.kernels import api, hopper_gluon
     from sagetriton.kernels.arch import ArchInfo
+    from sagetriton.kernels.tail_split import plan_tail
 
     hopper = ArchInfo("nvidia", "sm90", "hopper", fp8="e4m3fn")
     rdna4 = ArchInfo("amd", "gfx1201", "rdna4", fp8="e4m3fn")
@@ -77,9 +78,13 @@ def test_long_sequence_kernel_is_checked_only_where_the_default_config_has_one(s
                         {"ok": True, "cosine": 0.99925, "rel_l1": 0.038})
     monkeypatch.setattr(hopper_gluon, "AVAILABLE", True)
     monkeypatch.setattr(api, "_shared_kv_error", None)
+    monkeypatch.setattr(api, "sm_count", lambda device: 132)
     ok = st.long_sequence_kernel(hopper, gpu, torch.bfloat16)
     (b, h, lq, lk, d), = seen[0]
     assert ok["ok"] and ok["min_tokens"] == 6144 and lq > 6144 and lk % 128 and d == 128
+    # Whole CTAs and a split last wave (kernels/tail_split.py): both kernels and the merge run.
+    n_whole, splits = plan_tail(b * h * -(-lq // 192), 132, -(-lk // 128))
+    assert n_whole > 0 and splits > 1
     assert "ok, cosine 0.99925" in st.format_long_sequence_kernel(ok)
 
     # The runtime swallowed a compiler error and ran the portable kernel: accurate, but reported as off.
