@@ -15,6 +15,7 @@ import torch
 
 from ..kernels.arch import ArchInfo, KernelConfig, arch_for_device, interpreter_enabled, resolve_config
 from ..kernels.log import logger
+from ..kernels.selftest import CROSSOVER_BATCH, CROSSOVER_HEADS
 from . import fallback as fb
 from .install_report import NoReport
 from .schedule import is_full_precision_step
@@ -29,7 +30,12 @@ PASSIVE_KWARGS = frozenset({"transformer_options", "_inside_attn_wrapper"})
 HANDLED_KWARGS = frozenset({"scale", "enable_gqa", "low_precision_attention"})
 
 # Fallback reasons that are routing policy, not problems: logged at INFO, the others at WARNING.
-POLICY_REASONS = ("key length <", "full-precision step", "accuracy-critical call")
+POLICY_REASONS = ("key length <", "work per call <", "full-precision step", "accuracy-critical call")
+# The crossover (install.py's measurement, or the arch table's) is where the kernel beat SDPA for
+# calls of this many batch x heads: calls with less work per call are outside what was measured. On
+# the H200 the kernel won by 2 % at 4,096 tokens and head_dim 64 with 2 x 24 heads, yet SDXL's
+# 4,096-token calls (2 x 10 heads) made its forward 10 % slower (bench/NOTES.md, crossover).
+CROSSOVER_CALL_HEADS = CROSSOVER_BATCH * CROSSOVER_HEADS
 
 # Kernel variants that failed to compile or run: disabled until ComfyUI restarts. key -> cause.
 _disabled_variants: dict[tuple, str] = {}
@@ -304,6 +310,9 @@ class PatchState:
             if fb.resolve_fallback_kind(self.settings.fallback, arch) == "comfy":
                 self._short_calls[call.head_dim] = (min_len, reason)
             return reason, None
+        if (self.settings.min_seq_len == MIN_SEQ_LEN_MEASURED
+                and call.batch * call.heads * call.q_len * call.k_len < CROSSOVER_CALL_HEADS * min_len * min_len):
+            return f"work per call < {CROSSOVER_CALL_HEADS} x {min_len}² (batch x heads x Lq x Lk)", None
         key = _variant_key(arch, cfg, self.settings, call, mask)
         if key in _disabled_variants:
             return "kernel failed (variant disabled until restart)", None

@@ -344,19 +344,32 @@ class MeasuredReport(NoReport):
 
 
 def test_measured_crossover_replaces_the_table_value():
-    state = run_state(SageSettings(), report=MeasuredReport(crossover=20))
-    q, k, v = random_qkv(lq=8, lk=16, d=16)
-    call_override(state, q, k, v)
-    call_override(state, *random_qkv(lq=8, lk=24, d=16))
-    assert state.run.kernel == 1 and dict(state.run.fallback) == {"key length < 20": 1}
-    assert state.last_min_seq_len == 20
+    state = run_state(SageSettings(), report=MeasuredReport(crossover=10))
+    call_override(state, *random_qkv(lq=36, lk=8, d=16))
+    call_override(state, *random_qkv(lq=36, lk=36, d=16))  # 2 x 2 heads x 36²: more work than 48 x 10²
+    assert state.run.kernel == 1 and dict(state.run.fallback) == {"key length < 10": 1}
+    assert state.last_min_seq_len == 10
 
 
 def test_crossover_is_looked_up_per_head_size():
-    state = run_state(SageSettings(), report=MeasuredReport(crossover=lambda d: 12 if d <= 16 else 40))
-    call_override(state, *random_qkv(lq=8, lk=16, d=16))
-    call_override(state, *random_qkv(lq=8, lk=16, d=32))
+    state = run_state(SageSettings(), report=MeasuredReport(crossover=lambda d: 4 if d <= 16 else 40))
+    call_override(state, *random_qkv(lq=16, lk=16, d=16))
+    call_override(state, *random_qkv(lq=16, lk=16, d=32))
     assert state.run.kernel == 1 and dict(state.run.fallback) == {"key length < 40": 1}
+
+
+def test_calls_with_less_work_than_the_crossover_measurement_fall_back():
+    """The crossover was measured with 2 x 24 heads: past it in length but with less work per call (SDXL's
+    2 x 10 heads at 4,096 tokens), host time can outweigh the kernel's gain, so those calls go to SDPA."""
+    state = run_state(SageSettings(), report=MeasuredReport(crossover=10))
+    call_override(state, *random_qkv(b=1, h=4, lq=16, lk=16, d=16))  # 4 x 16² < 48 x 10²
+    call_override(state, *random_qkv(b=2, h=6, lq=20, lk=20, d=16))  # 12 x 20² = 48 x 10²
+    assert state.run.kernel == 1
+    assert dict(state.run.fallback) == {"work per call < 48 x 10² (batch x heads x Lq x Lk)": 1}
+    # A key length the user set is taken as given, whatever the work per call.
+    state = run_state(SageSettings(min_seq_len=10), report=MeasuredReport(crossover=10))
+    call_override(state, *random_qkv(b=1, h=4, lq=16, lk=16, d=16))
+    assert state.run.kernel == 1 and not state.run.fallback
 
 
 def test_variant_that_failed_the_self_test_is_replaced_by_a_working_one(caplog):

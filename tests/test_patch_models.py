@@ -226,13 +226,14 @@ def test_install_report_sets_crossover_and_avoids_failed_variants(tiny, no_insta
 
     report = no_install_report
     measured = report.new_report(report.report_key(CPU_ARCH))
-    measured["crossover"] = {"seq_len": 16}  # wan21: 32 keys in self-attention, 8 text tokens in cross-attention
+    # wan21: 2 x 2 heads x 32² in self-attention (more work than 48 x 9²), 8 text tokens in cross-attention.
+    measured["crossover"] = {"seq_len": 9}
     measured["disabled_variants"] = [report.variant_name("per_warp", "fp16", "fp32")]  # the CPU row's default
     report.save_report(measured)
 
     t = tiny("wan21")
     sample(t, patch_model(t.patcher), steps=1)
     run = stats.last_run()
-    assert run["kernel"] > 0 and run["fallback"] == {"key length < 16": run["kernel"]}
+    assert run["kernel"] > 0 and run["fallback"] == {"key length < 9": run["kernel"]}
     assert run["config"]["qk_quant_gran"] != "per_warp"
     assert any("failed the install self-test" in note for note in run["notes"])
