@@ -50,7 +50,8 @@ class SageTritonSettings:
             "min_seq_len": ("INT", {
                 "default": -1, "min": -1, "max": 1 << 20, "step": 1,
                 "tooltip": "Use the kernel only when the key length is at least this. -1 = the crossover measured "
-                           "for this GPU (below it PyTorch attention is faster), 0 = always use the kernel."}),
+                           "for this GPU (below it PyTorch attention is faster; calls with less work than that "
+                           "measurement, e.g. few heads, stay on PyTorch too), 0 = always use the kernel."}),
             "fallback": (list(FALLBACK_CHOICES), {
                 "default": "auto",
                 "tooltip": "Attention for calls the kernel does not take. auto = ComfyUI's own attention (math-only "
