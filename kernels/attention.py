@@ -146,6 +146,20 @@ def _load_v(v_desc, v_ptrs, bhk, row0, start_n, offs_n, offs_d, LK, D, BLOCK_N: 
 
 
 @triton.jit
+def finish_rows(acc, l_sum, VScale, VMean, bhk, offs_d, D, HAS_VSCALE: tl.constexpr, HAS_VMEAN: tl.constexpr):
+    """Output rows from the P·V sums and row sums: normalized, then V's per-channel scale and mean
+    restored. A row with no live key (fully masked) has l_sum == 0: SDPA returns 0 there, and so do we."""
+    live = l_sum > 0
+    out = acc / tl.where(live, l_sum, 1.0)[:, None]
+    d_ok = offs_d < D
+    if HAS_VSCALE:
+        out = out * tl.load(VScale + bhk * D + offs_d, mask=d_ok, other=0.0)[None, :]
+    if HAS_VMEAN:
+        out = out + tl.where(live[:, None], tl.load(VMean + bhk * D + offs_d, mask=d_ok, other=0.0)[None, :], 0.0)
+    return out
+
+
+@triton.jit
 def attention_kernel(
     Q8, QS, K8, KS, V, VScale, VMean, QBias,
     Out, Lse, Mask, KDesc, VDesc,
@@ -203,14 +217,9 @@ def attention_kernel(
             BLOCK_N, D_PAD, True, IS_CAUSAL, MASK_KIND, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
             K_TMA, V_TMA, V_T, V_RES)
 
-    # A fully masked row has l_i == 0: SDPA returns 0 there, and so do we.
+    out = finish_rows(acc, l_i, VScale, VMean, bhk, offs_d, D, HAS_VSCALE, HAS_VMEAN)
     live = l_i > 0
-    out = acc / tl.where(live, l_i, 1.0)[:, None]
     d_ok = offs_d < D
-    if HAS_VSCALE:
-        out = out * tl.load(VScale + bhk * D + offs_d, mask=d_ok, other=0.0)[None, :]
-    if HAS_VMEAN:
-        out = out + tl.where(live[:, None], tl.load(VMean + bhk * D + offs_d, mask=d_ok, other=0.0)[None, :], 0.0)
     o_ptrs = (Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
               + offs_m[:, None].to(tl.int64) * stride_om + offs_d[None, :] * stride_od)
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])

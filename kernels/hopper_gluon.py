@@ -28,6 +28,9 @@ the triton package (3.5+); without it ``AVAILABLE`` is False and the portable ke
 """
 from __future__ import annotations
 
+from .attention import finish_rows  # Triton functions: Gluon inlines them like its own
+from .quant import mma_operand_order
+
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -52,15 +55,6 @@ HEAD_DIM = 128  # padded head dim this kernel is built for
 REGISTERS = 168  # per thread: 3 warpgroups × 128 threads × 168 fill the 64K register file
 
 if AVAILABLE:
-
-    @gluon.jit
-    def _operand_order(x):
-        """``quant.mma_operand_order`` for Gluon tensors (a Triton function cannot be called here)."""
-        M: gl.constexpr = x.type.shape[0]
-        N: gl.constexpr = x.type.shape[1]
-        x = gl.reshape(x, (M, N // 32, 2, 2, 4, 2))
-        x = gl.permute(x, (0, 1, 2, 4, 3, 5))
-        return gl.reshape(x, (M, N))
 
     @gluon.jit
     def _fill(k_desc, v_desc, k_smem, v_smem, vres_smem, kv_ready, kv_empty, i, n_local, k_row0, v_row, v_col0,
@@ -109,7 +103,7 @@ if AVAILABLE:
             m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
             p = gl.exp2(s.to(gl.float32) * row_scale[:, None] - (m_use - P_LOG2)[:, None])
         alpha = gl.exp2(m_i - m_use)
-        p8 = gl.convert_layout(_operand_order(p.to(v_smem.dtype)), p_layout)  # no data movement
+        p8 = gl.convert_layout(mma_operand_order(p.to(v_smem.dtype), BN), p_layout)  # no data movement
         pv = warpgroup_mma(p8, v_smem.index(st).permute((1, 0)), pv, use_acc=False, is_async=True)
         if V_RES:  # P times V's fp8 rounding residual, into the same tile sum
             pv = warpgroup_mma(p8, vres_smem.index(st).permute((1, 0)), pv, is_async=True)
@@ -214,14 +208,8 @@ if AVAILABLE:
             gl.store(part_ml + prow * 2 + 1, l_i)
         else:
             # A row with no live key has l_i == 0: SDPA returns 0 there, and so do we.
-            live = l_i > 0
-            out = acc / gl.where(live, l_i, 1.0)[:, None]
+            out = finish_rows(acc, l_i, VScale, VMean, bhk, offs_d, D, HAS_VSCALE, HAS_VMEAN)
             d_ok = offs_d < D
-            if HAS_VSCALE:
-                out = out * gl.load(VScale + bhk * D + offs_d, mask=d_ok, other=0.0)[None, :]
-            if HAS_VMEAN:
-                out = out + gl.where(live[:, None],
-                                     gl.load(VMean + bhk * D + offs_d, mask=d_ok, other=0.0)[None, :], 0.0)
             offs_mo = row0 + gl.arange(0, ROWS, layout=row_o)
             o_ptrs = (Out + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
                       + offs_mo[:, None].to(gl.int64) * stride_om + offs_d[None, :] * stride_od)

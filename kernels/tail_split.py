@@ -16,6 +16,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .attention import finish_rows
+
 MIN_TILES_PER_SPLIT = 4  # key tiles per share: below this, pipeline fill and the partial writes dominate
 MAX_UNITS_PER_SM = 2  # split CTAs at most two per SM: bounds the workspace (2 × SMs × 96 KB at head_dim 128)
 SPLIT_COST = 0.01  # per extra share, in whole-CTA times: workspace traffic, merge, ring fill
@@ -83,13 +85,8 @@ def merge_splits_kernel(Part, PartML, VScale, VMean, Out, stride_ob, stride_oh, 
     b = bh // H
     h = bh % H
     bhk = b * H_KV + h // (H // H_KV)
-    live = l_sum > 0  # a row with no live key is 0, as in SDPA and the whole CTAs
-    out = acc / tl.where(live, l_sum, 1.0)[:, None]
+    out = finish_rows(acc, l_sum, VScale, VMean, bhk, offs_d, D, HAS_VSCALE, HAS_VMEAN)
     d_ok = offs_d < D
-    if HAS_VSCALE:
-        out = out * tl.load(VScale + bhk * D + offs_d, mask=d_ok, other=0.0)[None, :]
-    if HAS_VMEAN:
-        out = out + tl.where(live[:, None], tl.load(VMean + bhk * D + offs_d, mask=d_ok, other=0.0)[None, :], 0.0)
     rows = (cta % n_m) * CTA_ROWS + rr
     o_ptrs = (Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
               + rows[:, None].to(tl.int64) * stride_om + offs_d[None, :] * stride_od)
