@@ -79,9 +79,8 @@ if AVAILABLE:
               ks_base, i, key0, LK, P_LOG2: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
               p_layout: gl.constexpr, V_RES: gl.constexpr):
         """The ``i``-th K/V tile of this CTA's key range (``key0``: its first key; ``ks_base``: its
-        first tile's K scale) for one warpgroup. ``s``, ``pv`` and
-        ``rs`` are the previous tile's (dead)
-        results, handed back as the MMAs' ignored accumulators so no zero tile stays live in registers.
+        first tile's K scale) for one warpgroup. ``s``, ``pv`` and ``rs`` are the previous tile's
+        (dead) results, handed back as the MMAs' ignored accumulators so no zero tile stays live in registers.
         The row sums of P come from the tensor cores (P times a column block of ones, ``rs``), not
         from 64 adds and two shuffles per thread: ``l_acc`` holds them, every column the same."""
         BN: gl.constexpr = k_smem.type.shape[1]
@@ -117,8 +116,8 @@ if AVAILABLE:
     @gluon.jit
     def _warpgroup(args, descs, C: gl.constexpr, P_LOG2: gl.constexpr, STAGES: gl.constexpr,
                    HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr):
-        """Rows C·64.. of this CTA's 192 query rows, over the whole key sequence. Warpgroup 0 also
-        loads Q and keeps the K/V ring STAGES - 1 tiles ahead of itself."""
+        """Rows C·64.. of this CTA's 192 query rows, over its key range (every key, or one share with
+        SPLIT). Warpgroup 0 also loads Q and keeps the K/V ring STAGES - 1 tiles ahead of itself."""
         (q_smem, k_smem, v_smem, vres_smem, ones_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, Out,
          stride_ob, stride_oh, stride_om, stride_od, H, H_KV, LQ, LK, D, n_whole, splits, Part) = args
         q_desc, k_desc, v_desc = descs
@@ -207,7 +206,6 @@ if AVAILABLE:
             gl.store(part_ml + prow * 2, gl.convert_layout(m_i, row_o))
             gl.store(part_ml + prow * 2 + 1, l_i)
         else:
-            # A row with no live key has l_i == 0: SDPA returns 0 there, and so do we.
             out = finish_rows(acc, l_i, VScale, VMean, bhk, offs_d, D, HAS_VSCALE, HAS_VMEAN)
             d_ok = offs_d < D
             offs_mo = row0 + gl.arange(0, ROWS, layout=row_o)

@@ -19,15 +19,15 @@ import triton.language as tl
 from .attention import finish_rows
 
 MIN_TILES_PER_SPLIT = 4  # key tiles per share: below this, pipeline fill and the partial writes dominate
-MAX_UNITS_PER_SM = 2  # split CTAs at most two per SM: bounds the workspace (2 × SMs × 96 KB at head_dim 128)
+MAX_UNITS_PER_SM = 2  # split CTAs at most two per SM: bounds the workspace (2 × SMs × 100 KB at head_dim 128)
 SPLIT_COST = 0.01  # per extra share, in whole-CTA times: workspace traffic, merge, ring fill
 
 
 def plan_tail(n_cta: int, n_sms: int, n_tiles: int) -> tuple[int, int]:
     """(CTAs that take every key, shares per tail CTA) for ``n_cta`` equal CTAs on ``n_sms`` SMs with
     ``n_tiles`` key tiles each. ``(n_cta, 1)`` when the last wave is full or splitting would not pay."""
-    tail = n_cta % n_sms
-    if tail == 0 or n_sms <= 0:
+    tail = n_cta % n_sms if n_sms > 0 else 0
+    if tail == 0:
         return n_cta, 1
     best, best_cost = 1, 1.0  # the tail's time, in whole-CTA times
     max_splits = min(n_tiles // MIN_TILES_PER_SPLIT, MAX_UNITS_PER_SM * n_sms // tail)
