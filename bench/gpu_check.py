@@ -46,12 +46,11 @@ def case(name, q, k, v, min_cos=0.999, **kw):
 
 def _split_plan(q, k):
     """How the Gluon kernel's CTAs ran for these inputs: (whole CTAs, key shares per tail CTA)."""
-    from sagetriton.kernels import api, tail_split
-    from sagetriton.kernels import hopper_gluon as g
+    from sagetriton.kernels import api, hopper_gluon, tail_split
 
     B, H, LQ, _ = q.shape
-    n_cta = -(-LQ // (g.CONSUMERS * g.ROWS)) * B * H
-    return tail_split.plan_tail(n_cta, api.sm_count(q.device), -(-k.shape[2] // g.BLOCK_N))
+    ctas_per_head, key_tiles = hopper_gluon.grid(LQ, k.shape[2])
+    return tail_split.plan_tail(ctas_per_head * B * H, api.sm_count(q.device), key_tiles)
 
 
 def shared_kv_cases() -> list:

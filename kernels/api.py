@@ -81,9 +81,7 @@ def compile_specs(cfg: KernelConfig, head_dim: int = 128, dtype=torch.bfloat16, 
     for length in sorted({seq_len, max(seq_len, cfg.shared_kv_min_len)}):
         heads = 2
         if cfg.shared_kv_min_len and length >= cfg.shared_kv_min_len:  # record the Gluon kernel's both launches
-            g = hopper_gluon
-            heads = tail_split.heads_with_split_tail(triton.cdiv(length, g.CONSUMERS * g.ROWS),
-                                                     triton.cdiv(length, g.BLOCK_N), sm_count(torch.device("meta")))
+            heads = tail_split.heads_with_split_tail(*hopper_gluon.grid(length, length), sm_count(torch.device("meta")))
         q = torch.empty((1, heads, length, head_dim), dtype=dtype, device="meta")
         _recorded = []
         try:
@@ -347,8 +345,9 @@ def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, oh, dims, p_log2: float
     H, H_KV, LQ, LK, D = dims
     g = hopper_gluon
     cta_rows, d_pad = g.CONSUMERS * g.ROWS, q8.shape[-1]
-    n_cta = triton.cdiv(LQ, cta_rows) * q8.shape[0]
-    n_whole, splits = tail_split.plan_tail(n_cta, sm_count(q8.device), triton.cdiv(LK, g.BLOCK_N))
+    ctas_per_head, key_tiles = g.grid(LQ, LK)
+    n_cta = ctas_per_head * q8.shape[0]
+    n_whole, splits = tail_split.plan_tail(n_cta, sm_count(q8.device), key_tiles)
     n_units = (n_cta - n_whole) * splits
     # Split shares' fp32 output rows, then their (row max, row sum) pairs.
     part = torch.empty((n_units * cta_rows * (d_pad + 2),), dtype=torch.float32, device=q8.device) if n_units else qs

@@ -54,6 +54,11 @@ STAGES = 4  # K/V ring depth: 24 KB of Q + 4 × 32 KB, one CTA per SM
 HEAD_DIM = 128  # padded head dim this kernel is built for
 REGISTERS = 168  # per thread: 3 warpgroups × 128 threads × 168 fill the 64K register file
 
+
+def grid(lq: int, lk: int) -> tuple[int, int]:
+    """(CTAs per head, key tiles per CTA) of a call with ``lq`` query and ``lk`` key tokens."""
+    return -(-lq // (CONSUMERS * ROWS)), -(-lk // BLOCK_N)
+
 if AVAILABLE:
 
     @gluon.jit

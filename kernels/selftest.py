@@ -138,9 +138,8 @@ def long_sequence_kernel(arch: ArchInfo, device, dtype) -> Optional[dict]:
     t0 = time.perf_counter()
     # Odd lengths on purpose: a partial last CTA of query rows and a masked last key tile. Heads
     # enough for whole CTAs and a split last wave (tail_split) on this GPU: both kernels and the merge.
-    lq, lk, g = cfg.shared_kv_min_len + 37, 1101, hopper_gluon
-    heads = tail_split.heads_with_split_tail(-(-lq // (g.CONSUMERS * g.ROWS)), -(-lk // g.BLOCK_N),
-                                             api.sm_count(device))
+    lq, lk = cfg.shared_kv_min_len + 37, 1101
+    heads = tail_split.heads_with_split_tail(*hopper_gluon.grid(lq, lk), api.sm_count(device))
     acc = accuracy(default_variant(arch), [(1, heads, lq, lk, 128)], device, dtype)
     result.update(acc, seconds=round(time.perf_counter() - t0, 2))
     error = api.shared_kv_error()
