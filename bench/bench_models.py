@@ -124,8 +124,9 @@ def forward_inputs(patcher, name: str):
 
 
 def time_variants(variants: dict, x, sigma, kwargs, runs: int, warmup: int = 2) -> dict:
-    """Median seconds per forward of each variant, timed in interleaved rounds (A, B, C, A, B, C, ...)
-    so clock and cache drift hit every variant alike. Also: output, peak memory, calls per forward."""
+    """Median seconds per forward of each variant, timed in interleaved rounds whose order rotates
+    (A, B, C, then B, C, A, ...) so clock and cache drift, and whatever the variant before leaves
+    behind, hit every variant alike. Also: output, peak memory, calls per forward."""
     cuda = DEVICE == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
@@ -157,8 +158,10 @@ def time_variants(variants: dict, x, sigma, kwargs, runs: int, warmup: int = 2) 
             for patcher in variants.values():
                 call(patcher)
             sync()
-        for _ in range(runs):
-            for label, patcher in variants.items():
+        labels = list(variants)
+        for i in range(runs):
+            for label in labels[i % len(labels):] + labels[:i % len(labels)]:
+                patcher = variants[label]
                 sync()
                 t0 = time.perf_counter()
                 call(patcher)
@@ -197,18 +200,33 @@ def with_reference_sage(base):
 
     if not getattr(attention, "SAGE_ATTENTION_IS_AVAILABLE", False):
         return None
+    return with_override(base, lambda func, *args, **kwargs: attention.attention_sage(*args, **kwargs))
+
+
+def with_override(base, override):
+    """A clone whose attention calls go through ``override``, by the hook our patch uses."""
     patcher = base.clone()
     topts = dict(patcher.model_options.get("transformer_options", {}))
-    topts["optimized_attention_override"] = lambda func, *args, **kwargs: attention.attention_sage(*args, **kwargs)
+    topts["optimized_attention_override"] = override
     patcher.model_options["transformer_options"] = topts
     return patcher
 
 
-def bench_model(name: str, runs: int, profile_host: bool = False) -> list:
+def control_variants(base) -> dict:
+    """What the timing itself can tell apart: the same unpatched model timed twice (the noise
+    between two identical variants), and an override that only calls ComfyUI's attention back (the
+    cost of the hook itself, before any decision of ours)."""
+    return {"control: unpatched again": base.clone(),
+            "control: pass-through override": with_override(base, lambda func, *args, **kwargs: func(*args, **kwargs))}
+
+
+def bench_model(name: str, runs: int, profile_host: bool = False, controls: bool = False) -> list:
     base = build(name)
     variants = {"unpatched": base, "patched (defaults)": patch_model(base, SageSettings()),
                 "patched (kernel on every call)": patch_model(base, SageSettings(min_seq_len=0)),
                 "patched (fp8+residual)": patch_model(base, SageSettings(pv_precision="fp8+residual"))}
+    if controls:
+        variants.update(control_variants(base))
     reference = with_reference_sage(base)
     if reference is not None:
         variants["reference sageattention"] = reference
@@ -250,6 +268,8 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=9)
     ap.add_argument("--out", default=None)
     ap.add_argument("--profile-host", action="store_true", help="cProfile one forward, unpatched and patched")
+    ap.add_argument("--controls", action="store_true",
+                    help="also time the unpatched model twice and a pass-through override (noise and hook cost)")
     ap.add_argument("--tiny", action="store_true", help="tiny configs on the CPU: checks this script, times nothing")
     args = ap.parse_args(argv)
     if args.tiny:
@@ -258,7 +278,7 @@ def main(argv=None):
         sys.exit("bench_models.py needs a GPU")
     payload = {"env": environment(), "rows": []}
     for name in args.models.split(","):
-        payload["rows"] += bench_model(name, args.runs, args.profile_host)
+        payload["rows"] += bench_model(name, args.runs, args.profile_host, args.controls)
     print(f"{'model':>6} {'variant':>32} {'s/forward':>10} {'speedup':>8} {'peak GiB':>9} {'cos fwd':>8} "
           f"{'cos 4 steps':>11}  calls")
     for r in payload["rows"]:

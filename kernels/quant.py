@@ -207,37 +207,41 @@ def quantize_int8_kernel(
             _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L_KV, D, K_SUM, V_STATS,
                                V_RANGE, V_POW2, PARTS_PAD, D_PAD)
 
-    # x - x is 0 for finite values and NaN for NaN/Inf: one test for both.
-    finite = (x - x) == 0.0
-    row_bad = tl.max(tl.where(finite, 0, 1), axis=1) > 0
-    x = tl.where(finite, x, 0.0)
-
     if MEAN_MODE == 1:
         mean = tl.load(Final + bh * D + offs_d, mask=offs_d < D, other=0.0)
         x = tl.where(ld_mask, x - mean[None, :], 0.0)
-    elif MEAN_MODE == 2:
-        # q·mean(K): the per-row constant smoothing removed from the logits, needed for the LSE.
-        # Every program needs it before Final exists, so each reduces the K partials itself (the
-        # same code as _finalize_kv_stats, so the same bits).
-        mean = _reduce_parts(Parts, kvh, n_parts, REDUCE_SUM, PARTS_PAD, D_PAD) / L_KV
-        bias = tl.sum(x * mean[None, :], axis=1) * bias_mult
-        tl.store(Bias + bh.to(tl.int64) * L + offs_l, bias, mask=row_ok)
-
-    amax = _group_max(tl.max(tl.abs(x), axis=1), BLOCK, GROUP)
-    scale = tl.where(amax > 0, amax / 127.0, 1.0)
-    q = round_to_int8(x * (1.0 / scale)[:, None])
 
     out_ptrs = Out + bh.to(tl.int64) * L * D_PAD + offs_l[:, None].to(tl.int64) * D_PAD + offs_d[None, :]
-    tl.store(out_ptrs, q, mask=row_ok[:, None])
     if SCALE_PER_BLOCK:
-        # One scale per block (GROUP == BLOCK). A NaN/Inf key poisons its whole block: that changes
-        # nothing, since SDPA turns every query row that sees such a key into NaN anyway.
-        blk_bad = tl.max(tl.where(row_bad & row_ok, 1, 0), axis=0) > 0
-        blk_scale = tl.where(blk_bad, float("nan"), tl.max(scale, axis=0) * scale_mult)
-        tl.store(Scale + bh.to(tl.int64) * tl.cdiv(L, BLOCK) + tl.program_id(0), blk_scale)
+        # One scale per block (GROUP == BLOCK), reduced straight to a scalar; NaN and Inf are found
+        # by that same max instead of a test per element. The per-row path below (row max, group
+        # max, broadcast back to rows) spilled at 128 rows and took twice as long on an H200
+        # (bench/NOTES.md, attempt 29). A NaN/Inf key poisons its whole block: that changes nothing,
+        # since SDPA turns every query row that sees such a key into NaN anyway.
+        amax = tl.reduce(tl.reduce(tl.abs(x), 1, _max_nan), 0, _max_nan)
+        ok = amax < float("inf")  # False for NaN and Inf
+        scale = tl.where(ok & (amax > 0), amax / 127.0, 1.0)
+        tl.store(out_ptrs, round_to_int8(x * (1.0 / scale)), mask=row_ok[:, None])
+        tl.store(Scale + bh.to(tl.int64) * tl.cdiv(L, BLOCK) + tl.program_id(0),
+                 tl.where(ok, scale * scale_mult, float("nan")))
     else:
-        tok_scale = tl.where(row_bad, float("nan"), scale * scale_mult)
-        tl.store(Scale + bh.to(tl.int64) * L + offs_l, tok_scale, mask=row_ok)
+        # Rows holding NaN/Inf are found by their NaN-propagating max and get a NaN scale (their
+        # int8 values then do not matter); the group's shared scale skips them, so the other tokens
+        # of the group stay exact.
+        row_max = tl.reduce(tl.abs(x), 1, _max_nan)
+        row_bad = ~(row_max < float("inf"))
+        if MEAN_MODE == 2:
+            # q·mean(K): the per-row constant smoothing removed from the logits, needed for the LSE.
+            # Every program needs it before Final exists, so each reduces the K partials itself (the
+            # same code as _finalize_kv_stats, so the same bits).
+            mean = _reduce_parts(Parts, kvh, n_parts, REDUCE_SUM, PARTS_PAD, D_PAD) / L_KV
+            bias = tl.sum(x * mean[None, :], axis=1) * bias_mult
+            tl.store(Bias + bh.to(tl.int64) * L + offs_l, bias, mask=row_ok)
+        amax = _group_max(tl.where(row_bad, 0.0, row_max), BLOCK, GROUP)
+        scale = tl.where(amax > 0, amax / 127.0, 1.0)
+        tl.store(out_ptrs, round_to_int8(x * (1.0 / scale)[:, None]), mask=row_ok[:, None])
+        tl.store(Scale + bh.to(tl.int64) * L + offs_l, tl.where(row_bad, float("nan"), scale * scale_mult),
+                 mask=row_ok)
 
 
 # Keys are reordered within chunks of this many (the k-extent of one 8-bit MMA instruction).
