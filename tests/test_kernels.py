@@ -172,6 +172,21 @@ def test_nan_and_inf_propagate_like_sdpa(seed):
     assert torch.equal(torch.isnan(out), torch.isnan(sdpa))
 
 
+@pytest.mark.parametrize("gran", ["per_block", "per_warp", "per_thread"])
+def test_an_inf_key_makes_its_head_nan(seed, gran):
+    """SDPA spares the query rows whose logit for an Inf key is -inf; K smoothing subtracts K's mean,
+    infinite then, so here every row of that head is NaN: never a finite wrong number, and the
+    other heads are untouched (bench/gpu_check.py checks the same on the GPU)."""
+    q, k, v = make_qkv(LQ=40, LK=70, D=32)
+    k[0, 1, 7, 1] = float("inf")
+    out = sageattn(q, k, v, qk_quant_gran=gran)
+    sdpa = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    assert torch.isnan(sdpa[0, 1]).any() and not torch.isnan(sdpa[0, 1]).all()
+    assert torch.isnan(out[0, 1]).all()
+    out[0, 1] = sdpa[0, 1] = 0
+    assert not torch.isnan(out).any() and cosine(out, sdpa) >= 0.999
+
+
 def test_zero_blocks_do_not_divide_by_zero(seed):
     q, k, v = make_qkv(LQ=64, LK=64, D=32)
     q[:, :, :32] = 0
