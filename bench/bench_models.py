@@ -143,7 +143,8 @@ def time_variants(variants: dict, x, sigma, kwargs, runs: int, warmup: int = 2) 
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
             before = attention_stats()
-            out = call(patcher).float()
+            # Kept on the host: outputs left on the GPU would count in the next variants' peaks.
+            out = call(patcher).float().cpu()
             sync()
             after = attention_stats()
             calls = {"kernel": after["kernel"] - before["kernel"],
