@@ -359,8 +359,9 @@ def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, oh, dims, p_log2: float
     try:
         if n_whole:
             _launch(g.shared_kv_attention_kernel, (n_whole,), args, consts, num_warps=4)
-        if n_units:
-            _launch(g.shared_kv_split_kernel, (n_units,), (*args, n_whole, splits, part), consts, num_warps=4)
+        if n_units:  # launch_pdl: may start while the whole CTAs finish (it reads none of their output)
+            _launch(g.shared_kv_split_kernel, (n_units,), (*args, n_whole, splits, part), consts, num_warps=4,
+                    launch_pdl=bool(n_whole))
     except Exception as e:  # noqa: BLE001 - a compiler error must not break the user's run
         if _recorded is not None:
             raise

@@ -271,6 +271,12 @@ if AVAILABLE:
         args = (q_smem, k_smem, v_smem, vres_smem, ones_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, Out,
                 stride_ob, stride_oh, stride_om, stride_od, H, H_KV, LQ, LK, D, n_whole, splits, Part)
         descs = (q_desc, k_desc, v_desc)
+        if not SPLIT:
+            # Programmatic dependent launch: once every whole CTA has started, the split kernel
+            # (launched with launch_pdl) may take each SM as its whole CTA ends, instead of waiting
+            # for the last one. It needs nothing this kernel writes, so it never waits on it.
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)
         gl.warp_specialize([
             (_warpgroup0, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT)),
             (_warpgroup1, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT)),
