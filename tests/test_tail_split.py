@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 from sagetriton.kernels import tail_split
+from sagetriton.kernels.arch import default_config
 from sagetriton.kernels.tail_split import plan_tail
 
 
@@ -49,6 +50,36 @@ def test_heads_for_one_call_that_runs_both_kernels():
     for fewer in range(2, heads):
         n_whole, splits = plan_tail(33 * fewer, 132, 9)
         assert n_whole == 0 or splits == 1
+
+
+def test_the_split_launch_overlaps_the_whole_one(monkeypatch):
+    """Hopper calls recorded on meta tensors, as the cross-compile check builds them: after whole
+    CTAs, the split kernel is a programmatic dependent launch and the whole kernel triggers it, so
+    key shares start as SMs free up (bench/NOTES.md, attempt 30). With no whole CTAs before it, the
+    split kernel would follow the quantization kernels, whose output it reads: an ordinary launch."""
+    import inspect
+
+    from sagetriton.kernels import api, crosscompile, hopper_gluon
+
+    if not hopper_gluon.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    monkeypatch.setattr(api, "interpreter_enabled", lambda: False)  # nothing runs: launches are recorded
+    cfg = default_config(crosscompile.parse_target("sm90").arch_info(), 128)
+    assert "griddepcontrol.launch_dependents" in inspect.getsource(hopper_gluon._attention.fn)
+
+    def launches(heads):
+        q = torch.empty((1, heads, cfg.shared_kv_min_len, 128), dtype=torch.bfloat16, device="meta")
+        monkeypatch.setattr(api, "_recorded", [])
+        api.attention_forward(q, q, q, "HND", False, None, None, False, cfg, True, False)
+        return {s["name"]: s["options"] for s in api._recorded}
+
+    both = launches(tail_split.heads_with_split_tail(*hopper_gluon.grid(cfg.shared_kv_min_len, cfg.shared_kv_min_len),
+                                                     132))
+    assert both["shared_kv_split_kernel"].get("launch_pdl") is True
+    assert not both["shared_kv_attention_kernel"].get("launch_pdl")
+    split_only = launches(2)  # 64 CTAs on 132 SMs: every CTA split
+    assert "shared_kv_attention_kernel" not in split_only
+    assert split_only["shared_kv_split_kernel"].get("launch_pdl") is False
 
 
 def _partials(q, k, v, shares, tile):
