@@ -218,13 +218,13 @@ def attention_kernel(
             K_TMA, V_TMA, V_T, V_RES)
 
     out = finish_rows(acc, l_i, VScale, VMean, bhk, offs_d, D, HAS_VSCALE, HAS_VMEAN)
-    live = l_i > 0
     d_ok = offs_d < D
     o_ptrs = (Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
               + offs_m[:, None].to(tl.int64) * stride_om + offs_d[None, :] * stride_od)
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
 
     if RETURN_LSE:
+        live = l_i > 0  # a fully masked row: LSE -inf, as SDPA
         lse = tl.where(live, (m_i + tl.math.log2(tl.where(live, l_i, 1.0)) - P_LOG2) * 0.6931471805599453,
                        float("-inf"))
         if HAS_QBIAS:

@@ -59,6 +59,7 @@ def grid(lq: int, lk: int) -> tuple[int, int]:
     """(CTAs per head, key tiles per CTA) of a call with ``lq`` query and ``lk`` key tokens."""
     return -(-lq // (CONSUMERS * ROWS)), -(-lk // BLOCK_N)
 
+
 if AVAILABLE:
 
     @gluon.jit

@@ -1,10 +1,12 @@
 """Fused single-pass quantization of Q, K (INT8 with per-group scales) and V (FP8 or scaled FP16).
 
 Each kernel reads its tensor once, in any layout and stride, and writes a contiguous, head-dim
-padded copy the attention kernel can load without masks. Scales are stored per token (the group's
-scale repeated), so the attention kernel loads one scale vector per tile whatever the granularity,
-and a token holding NaN/Inf gets a NaN scale: its row (Q) or column (K) becomes NaN, as in SDPA,
-without poisoning the other tokens of its group.
+padded copy the attention kernel can load without masks. Q scales are stored per token (the
+group's scale repeated), so the attention kernel loads one scale vector per tile whatever the
+granularity; K scales are one per key tile whenever the granularity allows (a scalar per tile in the
+kernel's loop), else per token. A query token holding NaN/Inf gets a NaN scale, so its row becomes
+NaN as in SDPA without poisoning the other tokens of its group; a key holding one gives its tile's
+scale (or its own, per token) NaN, and SDPA turns every row that sees such a key into NaN anyway.
 """
 from __future__ import annotations
 
