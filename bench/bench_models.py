@@ -278,6 +278,7 @@ def main(argv=None):
     elif not torch.cuda.is_available():
         sys.exit("bench_models.py needs a GPU")
     payload = {"env": environment(), "rows": []}
+    print(payload["env"], flush=True)  # the log states its run, like the JSON
     for name in args.models.split(","):
         payload["rows"] += bench_model(name, args.runs, args.profile_host, args.controls)
     print(f"{'model':>6} {'variant':>32} {'s/forward':>10} {'speedup':>8} {'peak GiB':>9} {'cos fwd':>8} "
