@@ -104,6 +104,7 @@ def shared_kv_cases() -> list:
                 ("GQA 8/2, Lk > Lq", qkv(B=1, H=8, HKV=2, LQ=n, LK=n + 1000), False, cfg),
                 ("smooth_v", qkv(B=1, H=4, LQ=n, LK=n), True, cfg),
                 ("short K (77 keys)", qkv(B=1, H=4, LQ=n, LK=77), False, cfg),
+                ("short K (300 keys)", qkv(B=1, H=4, LQ=n, LK=300), False, cfg),
                 ("head_dim 96 (padded to 128)", qkv(B=1, H=4, LQ=n, D=96), False, cfg),
                 ("fp8+residual, odd lengths", qkv(B=1, H=4, LQ=n + 77, LK=n + 129), False, residual),
                 ("fp8+residual, GQA 8/2", qkv(B=1, H=8, HKV=2, LQ=n, LK=n + 1000), False, residual),
@@ -111,7 +112,13 @@ def shared_kv_cases() -> list:
                 ("tail split, 2 heads, odd lengths", qkv(B=1, H=2, LQ=n + 77, LK=n + 129), False, cfg),
                 ("tail split after whole waves, GQA 10/2, smooth_v", qkv(B=1, H=10, HKV=2, LQ=n + 77), True, cfg),
                 ("tail split, 1 head, 4x the keys", qkv(B=1, H=1, LQ=n, LK=4 * n), False, cfg),
-                ("tail split, fp8+residual", qkv(B=1, H=2, LQ=n + 77, LK=n + 129), False, residual)):
+                ("tail split, fp8+residual", qkv(B=1, H=2, LQ=n + 77, LK=n + 129), False, residual),
+                # Several waves of whole CTAs, batch > 1 (each CTA finds its batch, head and KV head).
+                ("3.9 waves, batch 2, odd key length", qkv(B=2, H=8, LQ=n, LK=n + 129), False, cfg),
+                ("6 waves, batch 2, GQA 12/4, smooth_v, odd lengths", qkv(B=2, H=12, HKV=4, LQ=n + 77, LK=n + 1),
+                 True, cfg),
+                ("11.6 waves of 4 key tiles each", qkv(B=4, H=12, LQ=n, LK=512), False, cfg),
+                ("3.9 waves, fp8+residual", qkv(B=2, H=8, LQ=n, LK=n + 129), False, residual)):
             ran.clear()
             out, _ = api.attention_forward(q, k, v, "HND", False, None, None, False, c_run, True, smooth_v)
             used = ran == [True]

@@ -23,9 +23,6 @@ _FP8_TORCH = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
 # fp16 per-tile accumulation: keep |V| small enough that a tile of BLOCK_N keys sums below 65504.
 _FP16_TILE_V_LIMIT = 256.0
 _warned: set = set()
-# Elements per token tile and tensor in kv_stats_kernel (8 warps: 8 fp32 registers a thread; the
-# fastest of 2048-8192 on an H200 at 4K-16K tokens, though within noise of 4096).
-_STATS_TILE = 2048
 
 
 def _warn_once(msg: str) -> None:
@@ -146,13 +143,13 @@ def _kv_stats(k, v, k_sum: bool, v_stats: int, d_pad: int):
     if not k_sum and v_stats == quant.V_NONE:
         return None, 0
     B, H, L, D = k.shape
-    block = max(16, _STATS_TILE // d_pad)
+    block = quant.stats_block(d_pad)
     tiles = triton.cdiv(L, block)
     per_part = triton.cdiv(tiles, quant.STATS_PARTS)
     n_parts = triton.cdiv(tiles, per_part)  # every chunk holds at least one real token
     parts = torch.empty((4, B * H, n_parts, d_pad), dtype=torch.float32, device=k.device)
     _launch(quant.kv_stats_kernel, (n_parts, B * H), (
-        k, *k.stride(), v, *v.stride(), *parts.unbind(0), H, L, D, per_part,
+        k, *k.stride(), v, *v.stride(), *parts.unbind(0), H, L, D, per_part, quant.k_mean_sample(L, d_pad)[0],
     ), dict(BLOCK=block, D_PAD=d_pad, K_SUM=k_sum, V_STATS=v_stats), num_warps=8)
     return parts, n_parts
 
@@ -170,13 +167,14 @@ def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, 
     out = torch.empty((B * H, L, d_pad), dtype=torch.int8, device=x.device)
     scale = torch.empty((B * H, triton.cdiv(L, block) if per_block else L), dtype=torch.float32, device=x.device)
     parts, n_parts, l_kv, final = stats if stats is not None else (scale, 0, 0, scale)
+    k_tokens = quant.k_mean_sample(l_kv, d_pad)[1] if stats is not None else 0
     slots = (parts[0].numel(), final[0].numel()) if stats is not None else (0, 0)
     k_sum, v_stats, v_range, v_pow2 = finalize or (False, quant.V_NONE, 1.0, False)
     grid = (triton.cdiv(L, block), B * H)
     _launch(quant.quantize_int8_kernel, grid, (
         x, *x.stride(), parts, slots[0], final, slots[1],
         out, scale, bias if bias is not None else scale,
-        H, kv_div, L, l_kv, D, n_parts, scale_mult, bias_mult,
+        H, kv_div, L, l_kv, k_tokens, D, n_parts, scale_mult, bias_mult,
     ), dict(BLOCK=block, GROUP=group, D_PAD=d_pad, MEAN_MODE=mean_mode, SCALE_PER_BLOCK=per_block,
             FINALIZE=finalize is not None, K_SUM=k_sum, V_STATS=v_stats, V_RANGE=v_range, V_POW2=v_pow2,
             PARTS_PAD=quant.STATS_PARTS), num_warps=4)

@@ -91,7 +91,31 @@ def _row_tile(X, stride_b, stride_h, stride_l, stride_d, H, L, D, BLOCK: tl.cons
 # the same bits every run. STATS_PARTS bounds that cost; a stats program loops over as many token
 # tiles as its chunk holds.
 STATS_PARTS = 16
+STATS_TILE = 2048  # elements per token block and tensor (8 warps: 8 fp32 registers a thread)
 V_NONE, V_ABSMAX, V_MINMAXSUM = 0, 1, 2
+# K smoothing subtracts one vector from every key: softmax is unchanged for any vector, and the mean
+# is the one that best centres K's channels for INT8. An estimate does that as well, so on long
+# sequences the statistics pass reads every K_MEAN_MAX_STRIDE-th block of K (V, whose maximum must
+# be exact, in full): 8K tokens read 112 instead of 200 MB. At least K_MEAN_MIN_BLOCKS blocks
+# (1,024 tokens at head_dim 128) are averaged; shorter sequences average every token.
+K_MEAN_MIN_BLOCKS = 64
+K_MEAN_MAX_STRIDE = 8
+
+
+def stats_block(d_pad: int) -> int:
+    """Tokens per block of the statistics pass."""
+    return max(16, STATS_TILE // d_pad)
+
+
+def k_mean_sample(length: int, d_pad: int) -> tuple[int, int]:
+    """(stride, tokens): K's mean is taken over the blocks of ``stats_block`` tokens whose index is a
+    multiple of ``stride``, ``tokens`` keys in all."""
+    block = stats_block(d_pad)
+    blocks = -(-length // block)
+    stride = max(1, min(K_MEAN_MAX_STRIDE, blocks // K_MEAN_MIN_BLOCKS))
+    sampled = -(-blocks // stride)
+    last = (sampled - 1) * stride  # the last sampled block, maybe partial
+    return stride, (sampled - 1) * block + min(block, length - last * block)
 REDUCE_SUM, REDUCE_MAX, REDUCE_MIN = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 
@@ -110,11 +134,12 @@ def kv_stats_kernel(
     K, stride_kb, stride_kh, stride_kl, stride_kd,
     V, stride_vb, stride_vh, stride_vl, stride_vd,
     KSum, VLo, VHi, VSum,  # fp32 (B*H, n_parts, D_PAD) out: partials per chunk of tiles_per_part tiles
-    H, L, D, tiles_per_part,
+    H, L, D, tiles_per_part, k_stride,
     BLOCK: tl.constexpr, D_PAD: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr,
 ):
-    """Per-channel partials of K's sum and of V's max |v| (V_ABSMAX) or min, max and sum
-    (V_MINMAXSUM), reading each tensor once. Min/max propagate NaN, as torch.aminmax does."""
+    """Per-channel partials of K's sum over every ``k_stride``-th token block (``k_mean_sample``) and
+    of V's max |v| (V_ABSMAX) or min, max and sum (V_MINMAXSUM) over every token, reading each block
+    once. Min/max propagate NaN, as torch.aminmax does."""
     part = tl.program_id(0)
     bh = tl.program_id(1)
     # Element-wise accumulators, reduced across rows once at the end (no cross-warp step per tile).
@@ -123,10 +148,12 @@ def kv_stats_kernel(
     vlo = tl.full((BLOCK, D_PAD), float("inf"), tl.float32)
     vhi = tl.full((BLOCK, D_PAD), float("-inf"), tl.float32)
     for i in range(0, tiles_per_part):
-        offs_l = (part * tiles_per_part + i) * BLOCK + tl.arange(0, BLOCK)
+        blk = part * tiles_per_part + i
+        offs_l = blk * BLOCK + tl.arange(0, BLOCK)
         if K_SUM:
-            _, _, k = _load_rows(K, stride_kb, stride_kh, stride_kl, stride_kd, bh, H, offs_l, L, D, D_PAD)
-            ksum += k
+            if blk % k_stride == 0:
+                _, _, k = _load_rows(K, stride_kb, stride_kh, stride_kl, stride_kd, bh, H, offs_l, L, D, D_PAD)
+                ksum += k
         if V_STATS == 1:  # V_ABSMAX. Padding rows load as 0: neutral for max |v|
             _, _, v = _load_rows(V, stride_vb, stride_vh, stride_vl, stride_vd, bh, H, offs_l, L, D, D_PAD)
             vhi = _max_nan(vhi, tl.abs(v))
@@ -161,16 +188,17 @@ def _reduce_parts(P, bh, n_parts, OP: tl.constexpr, PARTS_PAD: tl.constexpr, D_P
 
 
 @triton.jit
-def _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L, D, K_SUM: tl.constexpr,
+def _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L, k_tokens, D, K_SUM: tl.constexpr,
                        V_STATS: tl.constexpr, V_RANGE: tl.constexpr, V_POW2: tl.constexpr,
                        PARTS_PAD: tl.constexpr, D_PAD: tl.constexpr):
-    """Reduce key/value head ``kvh``'s partials into Final (3, B*H_KV, D): K mean, V scale (what the
-    attention epilogue multiplies by: V's range mapped onto [-V_RANGE, V_RANGE]) and V mean."""
+    """Reduce key/value head ``kvh``'s partials into Final (3, B*H_KV, D): K mean (over the
+    ``k_tokens`` keys the statistics pass summed), V scale (what the attention epilogue multiplies
+    by: V's range mapped onto [-V_RANGE, V_RANGE]) and V mean."""
     offs_d = tl.arange(0, D_PAD)
     d_ok = offs_d < D
     dst = Final + kvh * D + offs_d
     if K_SUM:
-        tl.store(dst, _reduce_parts(Parts, kvh, n_parts, REDUCE_SUM, PARTS_PAD, D_PAD) / L, mask=d_ok)
+        tl.store(dst, _reduce_parts(Parts, kvh, n_parts, REDUCE_SUM, PARTS_PAD, D_PAD) / k_tokens, mask=d_ok)
     if V_STATS == 2:  # V_MINMAXSUM: the range around the mean
         vmin = _reduce_parts(Parts + part_slot, kvh, n_parts, REDUCE_MIN, PARTS_PAD, D_PAD)
         vmax = _reduce_parts(Parts + 2 * part_slot, kvh, n_parts, REDUCE_MAX, PARTS_PAD, D_PAD)
@@ -193,7 +221,7 @@ def quantize_int8_kernel(
     Parts, part_slot,  # fp32 (4, B*H_KV, n_parts, D_PAD): kv_stats_kernel's partials
     Final, final_slot,  # fp32 (3, B*H_KV, D): K mean, V scale, V mean
     Out, Scale, Bias,  # int8 (B*H, L, D_PAD); fp32 (B*H, L) or (B*H, L/BLOCK); fp32 (B*H, L)
-    H, H_KV_DIV, L, L_KV, D, n_parts, scale_mult, bias_mult,
+    H, H_KV_DIV, L, L_KV, K_TOKENS, D, n_parts, scale_mult, bias_mult,
     BLOCK: tl.constexpr, GROUP: tl.constexpr, D_PAD: tl.constexpr, MEAN_MODE: tl.constexpr,
     SCALE_PER_BLOCK: tl.constexpr, FINALIZE: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr,
     V_RANGE: tl.constexpr, V_POW2: tl.constexpr, PARTS_PAD: tl.constexpr,
@@ -206,7 +234,7 @@ def quantize_int8_kernel(
     kvh = bh // H_KV_DIV  # GQA: query head bh reads key/value head kvh
     if FINALIZE:
         if (tl.program_id(0) == 0) & (bh % H_KV_DIV == 0):
-            _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L_KV, D, K_SUM, V_STATS,
+            _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L_KV, K_TOKENS, D, K_SUM, V_STATS,
                                V_RANGE, V_POW2, PARTS_PAD, D_PAD)
 
     if MEAN_MODE == 1:

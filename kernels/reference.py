@@ -11,6 +11,7 @@ from typing import Optional
 
 import torch
 
+from . import quant
 from .arch import FP8_MAX, KernelConfig
 
 _FP8 = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
@@ -77,6 +78,18 @@ def exact_attention(q, k, v, layout="HND", is_causal=False, sm_scale=None, attn_
     return to_bhld(out, layout), lse
 
 
+def k_mean(kh: torch.Tensor) -> torch.Tensor:
+    """The vector K smoothing subtracts, (B, H, 1, D): the mean of the keys the statistics pass
+    samples (``quant.k_mean_sample``: every key on short sequences)."""
+    from .api import head_dim_padded
+
+    L, d_pad = kh.shape[2], head_dim_padded(kh.shape[3])
+    stride, tokens = quant.k_mean_sample(L, d_pad)
+    keep = (torch.arange(L, device=kh.device) // quant.stats_block(d_pad)) % stride == 0
+    assert int(keep.sum()) == tokens
+    return kh[:, :, keep].mean(dim=2, keepdim=True)
+
+
 def quantized_reference(q, k, v, cfg: KernelConfig, layout="HND", is_causal=False, sm_scale=None,
                         attn_mask=None, smooth_k=True, smooth_v=False):
     """The kernel's quantized arithmetic in plain torch (fp32 softmax). Returns (out, lse)."""
@@ -84,7 +97,7 @@ def quantized_reference(q, k, v, cfg: KernelConfig, layout="HND", is_causal=Fals
     B, H, LQ, D = qh.shape
     scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
     qg, kg = cfg.group_sizes()
-    km = kh.mean(dim=2, keepdim=True) if smooth_k else torch.zeros_like(kh[:, :, :1])
+    km = k_mean(kh) if smooth_k else torch.zeros_like(kh[:, :, :1])
     qi, qs = _quantize_groups(qh, qg)
     ki, ks = _quantize_groups(kh - km, kg)
     qs = qs * scale * math.log2(math.e)

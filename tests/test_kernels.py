@@ -396,10 +396,14 @@ def _stats_and_finalize(q, k, v, smooth_v):
     return parts, n_parts, final
 
 
-@pytest.mark.parametrize("case", ["odd", "nhd_strided", "gqa", "long"])
+@pytest.mark.parametrize("case", ["odd", "nhd_strided", "gqa", "long", "sampled"])
 def test_kv_statistics_match_torch(seed, case):
     """Partials of one pass over K and V, reduced in the Q launch, against fp64 torch, for strided
-    views and GQA; min and max are exact (fp16 -> fp32 is exact), NaN in V propagates to its channel."""
+    views and GQA; min and max are exact (fp16 -> fp32 is exact), NaN in V propagates to its channel.
+    K's mean is over the keys ``k_mean_sample`` picks: every key except on long sequences."""
+    from sagetriton.kernels import api, quant
+    from sagetriton.kernels.reference import k_mean
+
     if case == "odd":
         q, k, v = make_qkv(LQ=13, LK=77, D=40)
     elif case == "nhd_strided":
@@ -407,9 +411,13 @@ def test_kv_statistics_match_torch(seed, case):
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # (B, H, L, D) views of an NHD projection
     elif case == "gqa":
         q, k, v = make_qkv(H=6, H_KV=2, LQ=20, LK=95, D=64)
-    else:  # more token tiles than partial rows: chunks of several tiles
+    elif case == "long":  # more token tiles than partial rows: chunks of several tiles
         q, k, v = make_qkv(H=1, LQ=8, LK=2500, D=16)
+    else:  # long enough that K's mean is taken over every third block (odd length: a partial last one)
+        q, k, v = make_qkv(H=2, LQ=8, LK=64 * 3 * 64 + 40, D=16)
     B, H_KV, L, D = k.shape
+    stride, k_tokens = quant.k_mean_sample(L, api.head_dim_padded(D))
+    assert (stride == 3) == (case == "sampled")
     v = v.clone()
     v[0, 0, L // 2, 1] = float("nan")
     for smooth_v in (False, True):
@@ -417,8 +425,14 @@ def test_kv_statistics_match_torch(seed, case):
         assert parts.shape[2] == n_parts <= 16
         k64, v64 = k.double().reshape(B * H_KV, L, D), v.double().reshape(B * H_KV, L, D)
         ksum = parts[0, :, :, :D].sum(1)
-        assert torch.allclose(final[0].double(), k64.mean(1), rtol=1e-5, atol=1e-5)
-        assert torch.allclose(ksum.double() / L, k64.mean(1), rtol=1e-5, atol=1e-5)
+        mean = k_mean(k.double()).reshape(B * H_KV, D)
+        assert torch.allclose(final[0].double(), mean, rtol=1e-5, atol=1e-5)
+        assert torch.allclose(ksum.double() / k_tokens, mean, rtol=1e-5, atol=1e-5)
+        if stride == 1:
+            assert torch.allclose(mean, k64.mean(1), rtol=1e-5, atol=1e-5)
+        else:  # a third of the keys: near the mean of all (make_qkv's K has per-channel offsets)
+            assert not torch.allclose(mean, k64.mean(1), rtol=1e-5, atol=1e-5)
+            assert torch.allclose(mean, k64.mean(1), atol=0.1)
         nan = torch.zeros(B * H_KV, D, dtype=torch.bool)
         nan[0, 1] = True
         if smooth_v:
