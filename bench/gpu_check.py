@@ -48,8 +48,8 @@ def nonfinite_cases() -> list:
     """NaN and Inf propagate as in exact attention in the compiled code too: the quantization finds
     them with a NaN-propagating max, whose GPU lowering the interpreter's tests do not see. The rows
     kept finite must stay accurate (a bad token must not spoil its scale group). One documented
-    difference: an Inf key makes every row of its head NaN (K smoothing subtracts K's mean, which is
-    then infinite), where exact attention spares the rows whose logit for it is -inf.
+    difference: an Inf key makes every row of its head NaN (its INT8 scale is not finite, nor is K's
+    mean where that key was summed), where exact attention spares the rows whose logit for it is -inf.
 
     The expectation is fp64 math attention, not the fused SDPA kernels: with an Inf in a query, torch
     2.11's default SDPA on the H200 returned that row finite in 2-3 of 40 such cases (its row is +/-inf
