@@ -192,6 +192,13 @@ def _reduce_parts(P, bh, n_parts, OP: tl.constexpr, PARTS_PAD: tl.constexpr, D_P
 
 
 @triton.jit
+def _k_mean(Parts, kvh, n_parts, k_tokens, PARTS_PAD: tl.constexpr, D_PAD: tl.constexpr):
+    """K's mean for key/value head ``kvh`` from the statistics pass's sums over its ``k_tokens``
+    sampled keys. The one formula for Final's K mean and the LSE bias, so both are the same bits."""
+    return _reduce_parts(Parts, kvh, n_parts, REDUCE_SUM, PARTS_PAD, D_PAD) / k_tokens
+
+
+@triton.jit
 def _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L, k_tokens, D, K_SUM: tl.constexpr,
                        V_STATS: tl.constexpr, V_RANGE: tl.constexpr, V_POW2: tl.constexpr,
                        PARTS_PAD: tl.constexpr, D_PAD: tl.constexpr):
@@ -202,7 +209,7 @@ def _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L, k_t
     d_ok = offs_d < D
     dst = Final + kvh * D + offs_d
     if K_SUM:
-        tl.store(dst, _reduce_parts(Parts, kvh, n_parts, REDUCE_SUM, PARTS_PAD, D_PAD) / k_tokens, mask=d_ok)
+        tl.store(dst, _k_mean(Parts, kvh, n_parts, k_tokens, PARTS_PAD, D_PAD), mask=d_ok)
     if V_STATS == 2:  # V_MINMAXSUM: the range around the mean
         vmin = _reduce_parts(Parts + part_slot, kvh, n_parts, REDUCE_MIN, PARTS_PAD, D_PAD)
         vmax = _reduce_parts(Parts + 2 * part_slot, kvh, n_parts, REDUCE_MAX, PARTS_PAD, D_PAD)
@@ -266,9 +273,8 @@ def quantize_int8_kernel(
         row_bad = ~(row_max < float("inf"))
         if MEAN_MODE == 2:
             # q·mean(K): the per-row constant smoothing removed from the logits, needed for the LSE.
-            # Every program needs it before Final exists, so each reduces the K partials itself (the
-            # same code as _finalize_kv_stats, so the same bits).
-            mean = _reduce_parts(Parts, kvh, n_parts, REDUCE_SUM, PARTS_PAD, D_PAD) / L_KV
+            # Every program needs it before Final exists, so each reduces the K partials itself.
+            mean = _k_mean(Parts, kvh, n_parts, K_TOKENS, PARTS_PAD, D_PAD)
             bias = tl.sum(x * mean[None, :], axis=1) * bias_mult
             tl.store(Bias + bh.to(tl.int64) * L + offs_l, bias, mask=row_ok)
         amax = _group_max(tl.where(row_bad, 0.0, row_max), BLOCK, GROUP)

@@ -151,6 +151,18 @@ def test_lse_with_smoothing_matches_fp64(seed):
     assert errors[True] < errors[False], errors
 
 
+def test_lse_with_a_sampled_k_mean_matches_fp64(seed):
+    """Long key sequences smooth K with the mean of a sample of the keys (``quant.k_mean_sample``);
+    the LSE must add back q times that same vector, not the sampled sum over every key."""
+    from sagetriton.kernels import api, quant
+
+    q, k, v = make_qkv(H=1, LQ=16, LK=130 * 64, D=16, k_bias=8.0)
+    assert quant.k_mean_sample(k.shape[2], api.head_dim_padded(16))[0] == 2
+    _, exact = ref.exact_attention(q, k, v)
+    _, lse = sageattn(q, k, v, return_lse=True)
+    assert (lse.double() - exact).abs().max().item() < 0.03
+
+
 def test_nan_and_inf_propagate_like_sdpa(seed):
     # No channel offset: an Inf query against keys all of one sign would give SDPA an all -inf row.
     q, k, v = make_qkv(LQ=40, LK=40, D=32, k_bias=0.0)
