@@ -136,22 +136,24 @@ def _prepare_mask(attn_mask, B, H, LQ, LK):
 def _kv_stats(k, v, k_sum: bool, v_stats: int, d_pad: int):
     """One pass over K and V (same B, H, L) for the per-channel statistics the quantization needs.
 
-    Returns ``(parts, n_parts)``: fp32 (4, B*H, n_parts, D_PAD) partials, slots K sum, V min, V max
-    (or max |v| with ``V_ABSMAX``), V sum, which the Q launch reduces (``quant._finalize_kv_stats``).
+    Returns ``(parts, n_parts, k_tokens)``: fp32 (4, B*H, n_parts, D_PAD) partials, slots K sum, V
+    min, V max (or max |v| with ``V_ABSMAX``), V sum, which the Q launch reduces
+    (``quant._finalize_kv_stats``), and how many keys K's sum covers (``quant.k_mean_sample``).
     ``None`` when nothing needs statistics.
     """
     if not k_sum and v_stats == quant.V_NONE:
-        return None, 0
+        return None, 0, 0
     B, H, L, D = k.shape
     block = quant.stats_block(d_pad)
     tiles = triton.cdiv(L, block)
     per_part = triton.cdiv(tiles, quant.STATS_PARTS)
     n_parts = triton.cdiv(tiles, per_part)  # every chunk holds at least one real token
+    k_stride, k_tokens = quant.k_mean_sample(L, d_pad)
     parts = torch.empty((4, B * H, n_parts, d_pad), dtype=torch.float32, device=k.device)
     _launch(quant.kv_stats_kernel, (n_parts, B * H), (
-        k, *k.stride(), v, *v.stride(), *parts.unbind(0), H, L, D, per_part, quant.k_mean_sample(L, d_pad)[0],
+        k, *k.stride(), v, *v.stride(), *parts.unbind(0), H, L, D, per_part, k_stride,
     ), dict(BLOCK=block, D_PAD=d_pad, K_SUM=k_sum, V_STATS=v_stats), num_warps=8)
-    return parts, n_parts
+    return parts, n_parts, k_tokens
 
 
 def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, stats=None, kv_div=1,
@@ -159,15 +161,15 @@ def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, 
     """INT8 copy (B*H, L, D_PAD) and scales: one per block with ``per_block`` (group == block), else
     one per token (the group's scale repeated).
 
-    ``stats``: ``_kv_stats``'s partials and the (3, B*H_KV, D) K mean / V scale / V mean buffer.
+    ``stats``: ``_kv_stats``'s partials, the key count, the keys K's sum covers, and the (3, B*H_KV, D)
+    K mean / V scale / V mean buffer.
     ``finalize``: ``(k_sum, v_stats, v_range, v_pow2)`` for the launch that reduces the partials
     into that buffer (the first one after the statistics).
     """
     B, H, L, D = x.shape
     out = torch.empty((B * H, L, d_pad), dtype=torch.int8, device=x.device)
     scale = torch.empty((B * H, triton.cdiv(L, block) if per_block else L), dtype=torch.float32, device=x.device)
-    parts, n_parts, l_kv, final = stats if stats is not None else (scale, 0, 0, scale)
-    k_tokens = quant.k_mean_sample(l_kv, d_pad)[1] if stats is not None else 0
+    parts, n_parts, l_kv, k_tokens, final = stats if stats is not None else (scale, 0, 0, 0, scale)
     slots = (parts[0].numel(), final[0].numel()) if stats is not None else (0, 0)
     k_sum, v_stats, v_range, v_pow2 = finalize or (False, quant.V_NONE, 1.0, False)
     grid = (triton.cdiv(L, block), B * H)
@@ -264,11 +266,11 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
     d_pad = head_dim_padded(D)
     q_group, k_group = cfg.group_sizes()
     v_stats = _v_stats_needed(cfg, smooth_v)
-    parts, n_parts = _kv_stats(kh, vh, smooth_k, v_stats, d_pad)
+    parts, n_parts, k_tokens = _kv_stats(kh, vh, smooth_k, v_stats, d_pad)
     stats = final = None
     if parts is not None:
         final = torch.empty((3, B * H_KV, D), dtype=torch.float32, device=q.device)  # K mean, V scale, V mean
-        stats = (parts, n_parts, LK, final)
+        stats = (parts, n_parts, LK, k_tokens, final)
     # Q first: its launch finalizes the statistics the K and V launches read. Q scales stay per token
     # (a row vector loaded once per program); K scales are one scalar per tile whenever the
     # granularity allows, which saves a multiply per logit in the inner loop.

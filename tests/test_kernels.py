@@ -401,9 +401,9 @@ def _stats_and_finalize(q, k, v, smooth_v):
     H, H_KV, D = q.shape[1], k.shape[1], q.shape[3]
     d_pad = api.head_dim_padded(D)
     v_stats = quant.V_MINMAXSUM if smooth_v else quant.V_ABSMAX
-    parts, n_parts = api._kv_stats(k, v, True, v_stats, d_pad)
+    parts, n_parts, k_tokens = api._kv_stats(k, v, True, v_stats, d_pad)
     final = torch.empty((3, k.shape[0] * H_KV, D), dtype=torch.float32)
-    api._quantize_qk(q, 16, 64, d_pad, 1.0, stats=(parts, n_parts, k.shape[2], final), kv_div=H // H_KV,
+    api._quantize_qk(q, 16, 64, d_pad, 1.0, stats=(parts, n_parts, k.shape[2], k_tokens, final), kv_div=H // H_KV,
                      finalize=(True, v_stats, 256.0, False))
     return parts, n_parts, final
 
