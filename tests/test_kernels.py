@@ -199,6 +199,65 @@ def test_an_inf_key_makes_its_head_nan(seed, gran):
     assert not torch.isnan(out).any() and cosine(out, sdpa) >= 0.999
 
 
+def _fp8_block_n(q):
+    from sagetriton.kernels import api
+    from sagetriton.kernels.arch import arch_for_device
+
+    return api._resolved_config(arch_for_device(q.device), q.shape[-1], None, "fp8", None).block_n
+
+
+def test_fp8_v_tiles_of_any_magnitude_keep_their_precision(seed):
+    """FP8 V has one scale per key tile and the kernel changes the accumulator's units from tile to
+    tile. Tiles of V from 1e-11 to 1e3 (one all zero, a partial last one), each attended to alone by
+    its own query rows through a mask, so every row's output has its tile's magnitude: each row keeps
+    fp8's relative accuracy."""
+    q, k, v = make_qkv(LQ=48, LK=1, D=32, dtype=torch.float32)
+    tile = _fp8_block_n(q)
+    mags = [1.0, 1e-4, 1e3, 0.0, 1e-11, 30.0]
+    LK = tile * (len(mags) - 1) + tile // 2 + 3  # a partial last tile
+    _, k, v = make_qkv(LQ=48, LK=LK, D=32, dtype=torch.float32)
+    key_tile = torch.arange(LK) // tile
+    v = v * torch.tensor(mags)[key_tile][None, None, :, None]
+    row_tile = torch.arange(48) % len(mags)
+    mask = row_tile[:, None] == key_tile[None, :]
+    out = sageattn(q, k, v, pv_precision="fp8", attn_mask=mask)
+    exact, _ = ref.exact_attention(q, k, v, attn_mask=mask)
+    # One live tile per row: the kernel's running row max is the final one, so P rounds to fp8 as in
+    # the reference and the two agree far closer than fp8's own error.
+    cfg = KernelConfig("per_warp", "fp8", "fp32", "e4m3fn", 64, tile, 4, 1)
+    qref, _ = ref.quantized_reference(q, k, v, cfg, attn_mask=mask)
+    for t, mag in enumerate(mags):
+        rows = row_tile == t
+        if mag == 0:
+            assert (out[:, :, rows] == 0).all()
+        else:
+            assert cosine(out[:, :, rows], exact[:, :, rows]) >= 0.999, (t, mag)
+            assert ref.rel_l1(out[:, :, rows], exact[:, :, rows]) < 0.06, (t, mag)  # the magnitude too
+            assert cosine(out[:, :, rows], qref[:, :, rows]) >= 0.99999, (t, mag)
+
+
+def test_nan_and_inf_in_fp8_v_are_stored_as_nan_outside_the_tile_scale(seed):
+    """SDPA gives a V channel holding NaN or Inf non-finite in every row and leaves the other
+    channels alone. FP8 V stores them as NaN (a saturating cast would make Inf finite) and keeps them
+    out of the tile's scale, so the P·V MMA carries NaN into that channel only. The interpreter's
+    fp8 dot decodes NaN bits as a number, so the end-to-end check runs on the GPU
+    (bench/gpu_check.py); here, the stored operand and its scales."""
+    from sagetriton.kernels import api
+
+    v = torch.randn(1, 2, 150, 32)
+    v[0, 0, 7, 3] = float("nan")
+    v[0, 1, 100, 5] = float("inf")
+    tile = _fp8_block_n(v)
+    cfg = KernelConfig("per_warp", "fp8", "fp32", "e4m3fn", 64, tile, 4, 1)
+    v8, _, scale, _, _, _ = api._prepare_v(v, cfg, False, 32, None)
+    want = ref.v_tile_scales(v, tile, 448.0)[:, :, ::tile, 0].reshape(2, -1)
+    assert torch.isfinite(scale).all() and torch.equal(scale, want)
+    # (B*H, D_PAD, L_PAD) in operand order: the token order within 32-token chunks is permuted.
+    bad = torch.isnan(v8.float())
+    assert bad.sum() == 2 and bad[0, 3].any() and bad[1, 5].any()
+    assert not torch.isinf(v8.float()).any()
+
+
 def test_zero_blocks_do_not_divide_by_zero(seed):
     q, k, v = make_qkv(LQ=64, LK=64, D=32)
     q[:, :, :32] = 0
