@@ -50,6 +50,7 @@ def nonfinite_cases() -> list:
     kept finite must stay accurate (a bad token must not spoil its scale group). One documented
     difference: an Inf key makes every row of its head NaN (its INT8 scale is not finite, nor is K's
     mean where that key was summed), where exact attention spares the rows whose logit for it is -inf.
+    NaN or Inf in V turns its channel non-finite in every row, as in exact attention.
 
     The expectation is fp64 math attention, not the fused SDPA kernels: with an Inf in a query, torch
     2.11's default SDPA on the H200 returned that row finite in 2-3 of 40 such cases (its row is +/-inf
@@ -75,6 +76,21 @@ def nonfinite_cases() -> list:
             print(f"{'ok ' if ok else 'BAD'} {f'{value} in {where}, {gran}, {lq} tokens':60s} cos={c:.6f} "
                   f"NaN rows as expected={same}{detail}", flush=True)
             results.append(ok)
+    # NaN/Inf in V: FP8 V stores them as NaN outside its tile's scale, and the P·V MMA carries NaN into
+    # that channel of every row, where exact attention has NaN or Inf; the other channels stay exact.
+    for lq, value in itertools.product((1000, long), (float("nan"), float("inf"))):
+        q, k, v = qkv(B=1, H=4, LQ=lq)
+        v[0, 1, 37, 5] = value
+        out = sageattn(q, k, v)
+        exact = ref.exact_attention(q, k, v)[0]
+        bad = ~torch.isfinite(exact)
+        same = torch.equal(~torch.isfinite(out), bad) and bool(bad[0, 1, :, 5].all())
+        c = cosine(out[~bad], exact[~bad])
+        ok = same and c >= 0.999
+        print(f"{'ok ' if ok else 'BAD'} {f'{value} in v, {lq} tokens':60s} cos={c:.6f} "
+              f"non-finite entries as expected={same} (ours {int((~torch.isfinite(out)).sum())}, "
+              f"expected {int(bad.sum())})", flush=True)
+        results.append(ok)
     return results
 
 

@@ -206,11 +206,11 @@ def _v_range(cfg: KernelConfig) -> tuple[float, bool]:
 def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int, final):
     """Return (v operand, strides (b, h, n, d), v_scale, v_mean, pv_mode, p_scale).
 
-    The plain 16-bit path reads V in place. FP8 V gets one scale per key tile of ``cfg.block_n``
-    tokens (v_scale (B*H, tiles), found by the conversion itself) and is stored with its tokens in MMA
-    operand order (``quant.KEY_PERM_CHUNK``-token chunks, zero-padded), matching P's order in the
-    kernel. Smoothing and fp16 tile accumulation convert V with the per-channel scale and mean in
-    ``final`` (slots 1 and 2, from ``quant._finalize_kv_stats``).
+    The plain 16-bit path reads V in place. FP8 V gets one power-of-two scale per key tile of
+    ``cfg.block_n`` tokens (v_scale (B*H, tiles), found by the conversion itself) and is stored with
+    its tokens in MMA operand order (``quant.KEY_PERM_CHUNK``-token chunks, zero-padded), matching
+    P's order in the kernel. Smoothing and fp16 tile accumulation convert V with the per-channel
+    scale and mean in ``final`` (slots 1 and 2, from ``quant._finalize_kv_stats``).
     """
     B, H, L, D = v.shape
     fp8 = cfg.pv_precision == "fp8"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .quant import mma_operand_order, to_fp8
+from .quant import mma_operand_order, pow2_reciprocal, to_fp8
 
 # P·V modes.
 PV_16BIT = 0  # P and V in 16-bit, accumulated in fp32 by the MMA
@@ -95,7 +95,7 @@ def _attn_tile(
         # FP8 V has one scale per key tile: the accumulator is kept in the units of the latest tile's
         # scale, so moving to this tile's is one more factor in the per-row rescale.
         vs = tl.load(vs_base + start_n // BLOCK_N)
-        acc = acc * (alpha * (vs_i / vs))[:, None]
+        acc = acc * (alpha * (vs_i * pow2_reciprocal(vs)))[:, None]
     else:
         vs = vs_i
         acc = acc * alpha[:, None]
@@ -201,7 +201,7 @@ def attention_kernel(
     else:
         ks_base = KS + bhk.to(tl.int64) * LK
     v_base = V + b.to(tl.int64) * stride_vb + (bhk - b * H_KV).to(tl.int64) * stride_vh
-    vs_base = VScale + bhk.to(tl.int64) * tl.cdiv(LK, BLOCK_N)  # FP8 V: one scale per key tile
+    vs_base = VScale + bhk.to(tl.int64) * tl.cdiv(LK, BLOCK_N)  # FP8 V: a power-of-two scale per key tile
     mask_base = Mask + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)

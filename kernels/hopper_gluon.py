@@ -30,7 +30,7 @@ the triton package (3.5+); without it ``AVAILABLE`` is False and the portable ke
 from __future__ import annotations
 
 from .attention import finish_rows  # Triton functions: Gluon inlines them like its own
-from .quant import mma_operand_order
+from .quant import mma_operand_order, pow2_reciprocal
 
 try:
     from triton.experimental import gluon
@@ -119,7 +119,7 @@ if AVAILABLE:
         rs = warpgroup_mma(p8, ones_smem.permute((1, 0)), rs, use_acc=False, is_async=True)
         pv, rs = warpgroup_mma_wait(0, deps=(pv, rs))
         mbarrier.arrive(kv_empty.index(st), count=1)
-        acc = acc * gl.convert_layout(alpha * (vs_i / vs), row_o)[:, None] + pv
+        acc = acc * gl.convert_layout(alpha * (vs_i * pow2_reciprocal(vs)), row_o)[:, None] + pv
         l_acc = l_acc * gl.convert_layout(alpha, row_l)[:, None] + rs
         return s, pv, rs, acc, m_new, l_acc, vs
 

@@ -317,6 +317,20 @@ def mma_operand_order(x, N: tl.constexpr):
     return tl.reshape(x, (M, N))
 
 
+@triton.jit
+def pow2_ceil(x):
+    """The least power of two >= ``x`` (positive, normal, finite): the exponent rounded up by the
+    mantissa bits, which are then cleared. Exact, where log2/ceil/exp2 can misround near a power."""
+    return ((x.to(tl.int32, bitcast=True) + 0x7FFFFF) & 0x7F800000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def pow2_reciprocal(x):
+    """1 / ``x`` for a power of two between 2^-126 and 2^126: the exponent negated in the bits, one
+    integer subtract instead of a division in the attention kernels' loops."""
+    return (0x7F000000 - x.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
+
+
 # FP8 V's per-tile scales never go below this, so that the attention kernels' rescale between two
 # tiles (the ratio of their scales) stays within fp32 range: values of a tile below ~1e-13 round to
 # zero, and V would need magnitudes beyond ~1e17 next to such a tile to overflow (bench/NOTES.md,
@@ -336,9 +350,10 @@ def convert_v_kernel(
     """V minus its mean (smooth_v), divided by its scale, cast to Out's dtype.
 
     ``TILE_SCALE`` (FP8): each program's BLOCK tokens are one key tile of the attention kernel; their
-    largest finite |v| is mapped onto V_RANGE and the scale written to Scale (B*H, cdiv(L, BLOCK)).
-    fp8 is floating point, so one scale per tile costs precision only for values ~30,000x below the
-    tile's largest, and V needs no statistics pass. NaN and ±Inf are stored as NaN (a saturating
+    largest finite |v| is mapped into (V_RANGE / 2, V_RANGE] by a power-of-two scale, written to
+    Scale (B*H, cdiv(L, BLOCK)). fp8 is floating point, so one scale per tile
+    costs precision only for values ~15,000x below the tile's largest, and V needs no statistics
+    pass; a power of two makes every rescale by it exact. NaN and ±Inf are stored as NaN (a saturating
     cast would make Inf finite) and leave the scale alone: their channel turns NaN, as before.
     Otherwise Scale holds per-channel scales (B*H, D) from ``_finalize_kv_stats``.
 
@@ -354,7 +369,7 @@ def convert_v_kernel(
     if TILE_SCALE:
         finite = tl.abs(v) < float("inf")  # False for NaN and ±Inf
         amax = tl.max(tl.max(tl.where(live & finite, tl.abs(v), 0.0), 1), 0)
-        scale = tl.maximum(amax / V_RANGE, V_TILE_SCALE_MIN)
+        scale = pow2_ceil(tl.maximum(amax / V_RANGE, V_TILE_SCALE_MIN))
         tl.store(Scale + bh.to(tl.int64) * tl.num_programs(0) + tl.program_id(0), scale)
         v = tl.where(live, tl.where(finite, v * (1.0 / scale), float("nan")), 0.0)
     else:

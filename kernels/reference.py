@@ -92,12 +92,13 @@ def k_mean(kh: torch.Tensor) -> torch.Tensor:
 
 def v_tile_scales(vc: torch.Tensor, tile: int, fmax: float) -> torch.Tensor:
     """FP8 V's scales, one per ``tile`` consecutive tokens (the attention kernel's key tile), repeated
-    per token as (B, H, L, 1): the tile's largest finite |v| maps onto ``fmax``, never below
-    ``quant.V_TILE_SCALE_MIN``."""
+    per token as (B, H, L, 1): the least power of two that maps the tile's largest finite |v| into
+    ``fmax``, never below ``quant.V_TILE_SCALE_MIN``."""
     B, H, L, D = vc.shape
-    a = torch.where(vc.abs() < math.inf, vc.abs(), 0.0)
+    a = torch.where(vc.abs() < math.inf, vc.abs(), 0.0).float()
     a = torch.nn.functional.pad(a, (0, 0, 0, (-L) % tile)).reshape(B, H, -1, tile * D).amax(-1)
-    vs = (a / fmax).clamp_min(quant.V_TILE_SCALE_MIN.value)
+    x = (a / fmax).clamp_min(quant.V_TILE_SCALE_MIN.value)
+    vs = ((x.view(torch.int32) + 0x7FFFFF) & 0x7F800000).view(torch.float32)  # quant.pow2_ceil
     return vs.repeat_interleave(tile, dim=-1)[..., :L, None]
 
 

@@ -252,6 +252,7 @@ def test_nan_and_inf_in_fp8_v_are_stored_as_nan_outside_the_tile_scale(seed):
     v8, _, scale, _, _, _ = api._prepare_v(v, cfg, False, 32, None)
     want = ref.v_tile_scales(v, tile, 448.0)[:, :, ::tile, 0].reshape(2, -1)
     assert torch.isfinite(scale).all() and torch.equal(scale, want)
+    assert torch.equal(torch.frexp(want).mantissa, torch.full_like(want, 0.5))  # powers of two
     # (B*H, D_PAD, L_PAD) in operand order: the token order within 32-token chunks is permuted.
     bad = torch.isnan(v8.float())
     assert bad.sum() == 2 and bad[0, 3].any() and bad[1, 5].any()
