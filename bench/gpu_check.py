@@ -76,8 +76,8 @@ def nonfinite_cases() -> list:
             print(f"{'ok ' if ok else 'BAD'} {f'{value} in {where}, {gran}, {lq} tokens':60s} cos={c:.6f} "
                   f"NaN rows as expected={same}{detail}", flush=True)
             results.append(ok)
-    # NaN/Inf in V: FP8 V stores them as NaN outside its tile's scale, and the P·V MMA carries NaN into
-    # that channel of every row, where exact attention has NaN or Inf; the other channels stay exact.
+    # NaN/Inf in V: that channel's fp8 scale (its max |v|) is NaN or Inf, so the channel comes out
+    # non-finite in every row, as in exact attention; the other channels stay exact.
     for lq, value in itertools.product((1000, long), (float("nan"), float("inf"))):
         q, k, v = qkv(B=1, H=4, LQ=lq)
         v[0, 1, 37, 5] = value

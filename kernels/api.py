@@ -184,14 +184,10 @@ def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, 
 
 
 def _v_stats_needed(cfg: KernelConfig, smooth_v: bool) -> int:
-    """Which V statistics ``_prepare_v`` needs: FP8 V finds its per-tile scales as it converts, so
-    only smooth_v's mean; the fp16 tile path its per-channel range; the plain 16-bit path (V read in
-    place) nothing."""
-    if cfg.pv_precision == "fp8":
-        return quant.V_SUM if smooth_v else quant.V_NONE
+    """Which V statistics ``_prepare_v`` needs: none for the plain 16-bit path (V read in place)."""
     if smooth_v:
         return quant.V_MINMAXSUM
-    if cfg.pv_accum_dtype in ("fp16+fp32", "fp16"):
+    if cfg.pv_precision == "fp8" or cfg.pv_accum_dtype in ("fp16+fp32", "fp16"):
         return quant.V_ABSMAX
     return quant.V_NONE
 
@@ -206,16 +202,15 @@ def _v_range(cfg: KernelConfig) -> tuple[float, bool]:
 def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int, final):
     """Return (v operand, strides (b, h, n, d), v_scale, v_mean, pv_mode, p_scale).
 
-    The plain 16-bit path reads V in place. FP8 V gets one power-of-two scale per key tile of
-    ``cfg.block_n`` tokens (v_scale (B*H, tiles), found by the conversion itself) and is stored with
-    its tokens in MMA operand order (``quant.KEY_PERM_CHUNK``-token chunks, zero-padded), matching
-    P's order in the kernel. Smoothing and fp16 tile accumulation convert V with the per-channel
-    scale and mean in ``final`` (slots 1 and 2, from ``quant._finalize_kv_stats``).
+    The plain 16-bit path reads V in place. FP8, smoothing and fp16 tile accumulation convert V
+    with the scale and mean in ``final`` (slots 1 and 2, from ``quant._finalize_kv_stats``). FP8 V
+    is stored with its tokens in MMA operand order (``quant.KEY_PERM_CHUNK``-token chunks,
+    zero-padded), matching P's order in the kernel.
     """
     B, H, L, D = v.shape
     fp8 = cfg.pv_precision == "fp8"
     tile16 = not fp8 and cfg.pv_accum_dtype in ("fp16+fp32", "fp16")
-    if not fp8 and _v_stats_needed(cfg, smooth_v) == quant.V_NONE:
+    if _v_stats_needed(cfg, smooth_v) == quant.V_NONE:
         return v, v.stride(), None, None, attn.PV_16BIT, 1.0
 
     if fp8:
@@ -231,17 +226,12 @@ def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int, final):
         l_pad = L
         out = torch.empty((B * H, L, d_pad), dtype=out_dtype, device=v.device)
         stride_l, stride_d = d_pad, 1
-    if fp8:  # one scale per key tile of the attention kernel
-        block = cfg.block_n
-        scale = torch.empty((B * H, triton.cdiv(L, block)), dtype=torch.float32, device=v.device)
-    else:
-        block, scale = 64, final[1]
-    mean = final[2] if smooth_v else scale
+    scale, mean = final[1], final[2]
+    block = 64
     _launch(quant.convert_v_kernel, (triton.cdiv(L, block), B * H), (
         v, *v.stride(), scale, mean, out, out.stride(0), stride_l, stride_d, H, L, l_pad, D,
     ), dict(BLOCK=block, D_PAD=d_pad, HAS_MEAN=smooth_v, INTERPRETER=interpreter_enabled(), KEY_PERM=fp8,
-            RESIDUAL=fp8 and cfg.v_residual, TILE_SCALE=fp8, V_RANGE=_v_range(cfg)[0]),
-            num_warps=8 if block * d_pad > 8192 else 4)
+            RESIDUAL=fp8 and cfg.v_residual), num_warps=4)
     # Kernel-side strides of the converted V as (B, H, L, D_PAD).
     strides = (H * out.stride(0), out.stride(0), stride_l, stride_d)
     return out, strides, scale, mean if smooth_v else None, mode, p_scale
@@ -329,8 +319,7 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
     ), dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_PAD=d_pad,
         IS_CAUSAL=is_causal, MASK_KIND=mask_kind, PV_MODE=pv_mode, P_LOG2=math.log2(p_scale),
-        HAS_VSCALE=v_scale is not None and pv_mode != attn.PV_FP8,  # FP8: v_scale is per key tile
-        HAS_VMEAN=v_mean is not None, HAS_QBIAS=qbias is not None,
+        HAS_VSCALE=v_scale is not None, HAS_VMEAN=v_mean is not None, HAS_QBIAS=qbias is not None,
         K_SCALAR=k_scalar, RETURN_LSE=return_lse, EVEN_D=(D == d_pad) or (v_op is not vh),
         INTERPRETER=interpreter_enabled(), K_TMA=k_desc is not None, V_TMA=v_desc is not None,
         V_T=pv_mode == attn.PV_FP8, V_RES=pv_mode == attn.PV_FP8 and cfg.v_residual,
@@ -362,7 +351,8 @@ def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, oh, dims, p_log2: float
     n_units = (n_cta - n_whole) * splits
     # Split shares' fp32 output rows, then their (row max, row sum) pairs.
     part = torch.empty((n_units * cta_rows * (d_pad + 2),), dtype=torch.float32, device=q8.device) if n_units else qs
-    flags = dict(HAS_VMEAN=v_mean is not None)
+    flags = dict(HAS_VSCALE=v_scale is not None, HAS_VMEAN=v_mean is not None)
+    v_scale = v_scale if v_scale is not None else qs
     v_mean = v_mean if v_mean is not None else qs
     args = (*g.descriptors(q8, k8, v_t), qs, ks, v_scale, v_mean, oh, *oh.stride(), H, H_KV, LQ, LK, D)
     consts = dict(P_LOG2=p_log2, STAGES=g.STAGES, **flags, REGISTERS=g.REGISTERS, V_RES=v_residual)
@@ -382,7 +372,7 @@ def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, oh, dims, p_log2: float
     if n_units:
         block_r = 64
         _launch(tail_split.merge_splits_kernel, ((n_cta - n_whole) * (cta_rows // block_r),), (
-            part, part[n_units * cta_rows * d_pad:], v_mean, oh, *oh.stride(), H, H_KV, LQ, D, n_whole,
+            part, part[n_units * cta_rows * d_pad:], v_scale, v_mean, oh, *oh.stride(), H, H_KV, LQ, D, n_whole,
             splits,
         ), dict(CTA_ROWS=cta_rows, BLOCK_R=block_r, D_PAD=d_pad, **flags), num_warps=4)
     return True

@@ -13,7 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .quant import mma_operand_order, pow2_reciprocal, to_fp8
+from .quant import mma_operand_order, to_fp8
 
 # P·V modes.
 PV_16BIT = 0  # P and V in 16-bit, accumulated in fp32 by the MMA
@@ -50,8 +50,8 @@ def _masked_softmax_tile(x, m_i, offs_m, offs_n, mask_base, stride_mm, stride_mn
 
 @triton.jit
 def _attn_tile(
-    acc, l_i, m_i, vs_i, q, qs, offs_m, start_n,
-    k_base, ks_base, v_base, vs_base, mask_base, k_desc, v_desc, bhk,
+    acc, l_i, m_i, q, qs, offs_m, start_n,
+    k_base, ks_base, v_base, mask_base, k_desc, v_desc, bhk,
     stride_vn, stride_vd, stride_mm, stride_mn,
     LQ, LK, D,
     BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, BOUNDARY: tl.constexpr, IS_CAUSAL: tl.constexpr,
@@ -91,14 +91,7 @@ def _attn_tile(
 
     alpha = tl.math.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, 1)
-    if PV_MODE == 2:
-        # FP8 V has one scale per key tile: the accumulator is kept in the units of the latest tile's
-        # scale, so moving to this tile's is one more factor in the per-row rescale.
-        vs = tl.load(vs_base + start_n // BLOCK_N)
-        acc = acc * (alpha * (vs_i * pow2_reciprocal(vs)))[:, None]
-    else:
-        vs = vs_i
-        acc = acc * alpha[:, None]
+    acc = acc * alpha[:, None]
 
     v_ptrs = v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_d[None, :] * stride_vd
     v = _load_v(v_desc, v_ptrs, bhk, 0, start_n, offs_n, offs_d, LK, D, BLOCK_N, D_PAD, BOUNDARY, PV_MODE, EVEN_D,
@@ -123,7 +116,7 @@ def _attn_tile(
             pv = tl.dot(p8, _load_v(v_desc, v_ptrs + D_PAD * stride_vd, bhk, D_PAD, start_n, offs_n, offs_d, LK, D,
                                     BLOCK_N, D_PAD, BOUNDARY, PV_MODE, EVEN_D, V_TMA, V_T), pv)
         acc += pv
-    return acc, l_i, m_new, vs
+    return acc, l_i, m_new
 
 
 @triton.jit
@@ -153,13 +146,11 @@ def _load_v(v_desc, v_ptrs, bhk, row0, start_n, offs_n, offs_d, LK, D, BLOCK_N: 
 
 
 @triton.jit
-def finish_rows(acc, l_sum, acc_scale, VScale, VMean, bhk, offs_d, D, HAS_VSCALE: tl.constexpr,
-                HAS_VMEAN: tl.constexpr):
-    """Output rows from the P·V sums and row sums: normalized and multiplied by ``acc_scale`` (the
-    units of ``acc``: FP8 V's last tile scale, else 1), then V's per-channel scale and mean restored.
-    A row with no live key (fully masked) has l_sum == 0: SDPA returns 0 there, and so do we."""
+def finish_rows(acc, l_sum, VScale, VMean, bhk, offs_d, D, HAS_VSCALE: tl.constexpr, HAS_VMEAN: tl.constexpr):
+    """Output rows from the P·V sums and row sums: normalized, then V's per-channel scale and mean
+    restored. A row with no live key (fully masked) has l_sum == 0: SDPA returns 0 there, and so do we."""
     live = l_sum > 0
-    out = acc * (acc_scale / tl.where(live, l_sum, 1.0))[:, None]
+    out = acc / tl.where(live, l_sum, 1.0)[:, None]
     d_ok = offs_d < D
     if HAS_VSCALE:
         out = out * tl.load(VScale + bhk * D + offs_d, mask=d_ok, other=0.0)[None, :]
@@ -201,13 +192,11 @@ def attention_kernel(
     else:
         ks_base = KS + bhk.to(tl.int64) * LK
     v_base = V + b.to(tl.int64) * stride_vb + (bhk - b * H_KV).to(tl.int64) * stride_vh
-    vs_base = VScale + bhk.to(tl.int64) * tl.cdiv(LK, BLOCK_N)  # FP8 V: a power-of-two scale per key tile
     mask_base = Mask + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
-    vs_i = tl.full([], 1.0, tl.float32)
 
     full_end = (LK // BLOCK_N) * BLOCK_N
     hi = LK
@@ -216,19 +205,19 @@ def attention_kernel(
         full_end = tl.minimum(full_end, (pid_m * BLOCK_M // BLOCK_N) * BLOCK_N)
 
     for start_n in range(0, full_end, BLOCK_N):
-        acc, l_i, m_i, vs_i = _attn_tile(
-            acc, l_i, m_i, vs_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, vs_base, mask_base, KDesc, VDesc, bhk,
+        acc, l_i, m_i = _attn_tile(
+            acc, l_i, m_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, mask_base, KDesc, VDesc, bhk,
             stride_vn, stride_vd, stride_mm, stride_mn, LQ, LK, D,
             BLOCK_N, D_PAD, False, IS_CAUSAL, MASK_KIND, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
             K_TMA, V_TMA, V_T, V_RES)
     for start_n in range(full_end, hi, BLOCK_N):
-        acc, l_i, m_i, vs_i = _attn_tile(
-            acc, l_i, m_i, vs_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, vs_base, mask_base, KDesc, VDesc, bhk,
+        acc, l_i, m_i = _attn_tile(
+            acc, l_i, m_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, mask_base, KDesc, VDesc, bhk,
             stride_vn, stride_vd, stride_mm, stride_mn, LQ, LK, D,
             BLOCK_N, D_PAD, True, IS_CAUSAL, MASK_KIND, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
             K_TMA, V_TMA, V_T, V_RES)
 
-    out = finish_rows(acc, l_i, vs_i, VScale, VMean, bhk, offs_d, D, HAS_VSCALE, HAS_VMEAN)
+    out = finish_rows(acc, l_i, VScale, VMean, bhk, offs_d, D, HAS_VSCALE, HAS_VMEAN)
     d_ok = offs_d < D
     o_ptrs = (Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
               + offs_m[:, None].to(tl.int64) * stride_om + offs_d[None, :] * stride_od)

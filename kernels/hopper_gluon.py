@@ -12,8 +12,7 @@ portable kernel (168, so 3 × 128 threads fill the register file).
 The math is the portable kernel's, in the same order: INT8 Q·Kᵀ with one K scale per tile, integer
 row max, one FMA per logit into exp2, P rounded to fp8 and relabelled into MMA operand order
 (``quant.mma_operand_order``; V is stored that way), a fresh fp32 P·V accumulator per tile added into
-the running output. FP8 V has one scale per key tile (``quant.convert_v_kernel``).
-One difference: the softmax's row sums come from the tensor cores (an MMA of the
+the running output. One difference: the softmax's row sums come from the tensor cores (an MMA of the
 fp8 P with a block of ones), which takes 64 adds and two shuffles per thread and tile off the
 softmax (bench/NOTES.md attempt 25). They sum the fp8-rounded P that the numerator uses, so outputs
 differ from the portable kernel's by that rounding (bench/gpu_check.py: cosine between them ≥ 0.99995).
@@ -30,7 +29,7 @@ the triton package (3.5+); without it ``AVAILABLE`` is False and the portable ke
 from __future__ import annotations
 
 from .attention import finish_rows  # Triton functions: Gluon inlines them like its own
-from .quant import mma_operand_order, pow2_reciprocal
+from .quant import mma_operand_order
 
 try:
     from triton.experimental import gluon
@@ -82,16 +81,14 @@ if AVAILABLE:
                 tma.async_copy_global_to_shared(v_desc, [v_row + D_PAD, v_col0 + i * BN], bar, vres_smem.index(st))
 
     @gluon.jit
-    def _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s, pv, rs, acc, m_i, l_acc, vs_i, qs,
-              ks_base, vs_base, i, key0, LK, P_LOG2: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
+    def _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s, pv, rs, acc, m_i, l_acc, qs,
+              ks_base, i, key0, LK, P_LOG2: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
               p_layout: gl.constexpr, V_RES: gl.constexpr):
-        """The ``i``-th K/V tile of this CTA's key range (``key0``: its first key; ``ks_base`` and
-        ``vs_base``: its first tile's K and V scales) for one warpgroup. ``acc`` is kept in the units
-        of the latest tile's V scale (``vs_i``), so changing scale is a factor in the row rescale.
-        ``s``, ``pv`` and ``rs`` are the previous tile's (dead) results, handed back as the MMAs'
-        ignored accumulators so no zero tile stays live in registers. The row sums of P come from the
-        tensor cores (P times a column block of ones, ``rs``), not from 64 adds and two shuffles per
-        thread: ``l_acc`` holds them, every column the same."""
+        """The ``i``-th K/V tile of this CTA's key range (``key0``: its first key; ``ks_base``: its
+        first tile's K scale) for one warpgroup. ``s``, ``pv`` and ``rs`` are the previous tile's
+        (dead) results, handed back as the MMAs' ignored accumulators so no zero tile stays live in registers.
+        The row sums of P come from the tensor cores (P times a column block of ones, ``rs``), not
+        from 64 adds and two shuffles per thread: ``l_acc`` holds them, every column the same."""
         BN: gl.constexpr = k_smem.type.shape[1]
         row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
         row_l: gl.constexpr = gl.SliceLayout(1, l_acc.type.layout)
@@ -100,7 +97,6 @@ if AVAILABLE:
         s = warpgroup_mma_wait(0, deps=(warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s, use_acc=False,
                                                       is_async=True),))
         row_scale = qs * gl.load(ks_base + i)
-        vs = gl.load(vs_base + i)
         if MASKED:  # the last tile: keys past LK belong to the next head (or are zero-filled)
             offs_n = key0 + i * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s.type.layout))
             x = gl.where((offs_n < LK)[None, :], s.to(gl.float32) * row_scale[:, None], float("-inf"))
@@ -119,16 +115,16 @@ if AVAILABLE:
         rs = warpgroup_mma(p8, ones_smem.permute((1, 0)), rs, use_acc=False, is_async=True)
         pv, rs = warpgroup_mma_wait(0, deps=(pv, rs))
         mbarrier.arrive(kv_empty.index(st), count=1)
-        acc = acc * gl.convert_layout(alpha * (vs_i * pow2_reciprocal(vs)), row_o)[:, None] + pv
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv
         l_acc = l_acc * gl.convert_layout(alpha, row_l)[:, None] + rs
-        return s, pv, rs, acc, m_new, l_acc, vs
+        return s, pv, rs, acc, m_new, l_acc
 
     @gluon.jit
     def _warpgroup(args, descs, C: gl.constexpr, P_LOG2: gl.constexpr, STAGES: gl.constexpr,
-                   HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr):
+                   HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr):
         """Rows C·64.. of this CTA's 192 query rows, over its key range (every key, or one share with
         SPLIT). Warpgroup 0 also loads Q and keeps the K/V ring STAGES - 1 tiles ahead of itself."""
-        (q_smem, k_smem, v_smem, vres_smem, ones_smem, q_bar, kv_ready, kv_empty, QS, KS, VTileScale, VMean, Out,
+        (q_smem, k_smem, v_smem, vres_smem, ones_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, Out,
          stride_ob, stride_oh, stride_om, stride_od, H, H_KV, LQ, LK, D, n_whole, splits, Part) = args
         q_desc, k_desc, v_desc = descs
         NCONS: gl.constexpr = q_smem.type.shape[0]
@@ -183,8 +179,6 @@ if AVAILABLE:
         # Q scales already hold sm_scale·log2(e): logits come out in base-2 units.
         qs = gl.load(QS + bh.to(gl.int64) * LQ + offs_m, mask=offs_m < LQ, other=0.0)
         ks_base = KS + bhk.to(gl.int64) * n_tiles + t0
-        vs_base = VTileScale + bhk.to(gl.int64) * n_tiles + t0
-        vs_i = gl.full([], 1.0, gl.float32)
         q = q_smem.index(C)
         s = gl.zeros([ROWS, BN], gl.int32, s_layout)
         pv = gl.zeros([ROWS, D_PAD], gl.float32, o_layout)
@@ -198,27 +192,27 @@ if AVAILABLE:
             if C == 0:
                 _fill(k_desc, v_desc, k_smem, v_smem, vres_smem, kv_ready, kv_empty, i + STAGES - 1, n_local, k_row0,
                       v_row, t0 * BN, STAGES, V_RES)
-            s, pv, rs, acc, m_i, l_acc, vs_i = _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s,
-                                                     pv, rs, acc, m_i, l_acc, vs_i, qs, ks_base, vs_base, i, t0 * BN,
-                                                     LK, P_LOG2, STAGES, False, p_layout, V_RES)
+            s, pv, rs, acc, m_i, l_acc = _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s, pv, rs,
+                                               acc, m_i, l_acc, qs, ks_base, i, t0 * BN, LK, P_LOG2, STAGES, False,
+                                               p_layout, V_RES)
         if n_full < n_local:
             if C == 0:
                 _fill(k_desc, v_desc, k_smem, v_smem, vres_smem, kv_ready, kv_empty, n_full + STAGES - 1, n_local,
                       k_row0, v_row, t0 * BN, STAGES, V_RES)
-            s, pv, rs, acc, m_i, l_acc, vs_i = _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s,
-                                                     pv, rs, acc, m_i, l_acc, vs_i, qs, ks_base, vs_base, n_full,
-                                                     t0 * BN, LK, P_LOG2, STAGES, True, p_layout, V_RES)
+            s, pv, rs, acc, m_i, l_acc = _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s, pv, rs,
+                                               acc, m_i, l_acc, qs, ks_base, n_full, t0 * BN, LK, P_LOG2, STAGES,
+                                               True, p_layout, V_RES)
 
         l_i = gl.convert_layout(gl.max(l_acc, axis=1), row_o)  # every column holds the row sum
         offs_d = gl.arange(0, D_PAD, layout=col_o)
         if SPLIT:  # a share of the keys: raw sums, then (row max, row sum) after all the shares' sums
             prow = ((pid * NCONS + C) * ROWS + gl.arange(0, ROWS, layout=row_o)).to(gl.int64)
-            gl.store(Part + prow[:, None] * D_PAD + offs_d[None, :], acc * vs_i)  # in V's units
+            gl.store(Part + prow[:, None] * D_PAD + offs_d[None, :], acc)
             part_ml = Part + gl.num_programs(0).to(gl.int64) * (NCONS * ROWS * D_PAD)
             gl.store(part_ml + prow * 2, gl.convert_layout(m_i, row_o))
             gl.store(part_ml + prow * 2 + 1, l_i)
         else:
-            out = finish_rows(acc, l_i, vs_i, VTileScale, VMean, bhk, offs_d, D, False, HAS_VMEAN)
+            out = finish_rows(acc, l_i, VScale, VMean, bhk, offs_d, D, HAS_VSCALE, HAS_VMEAN)
             d_ok = offs_d < D
             offs_mo = row0 + gl.arange(0, ROWS, layout=row_o)
             o_ptrs = (Out + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
@@ -228,24 +222,24 @@ if AVAILABLE:
     # Partitions differ only in C. Constexprs travel as annotated parameters: inside the args tuple
     # they would reach the partitions as runtime values.
     @gluon.jit
-    def _warpgroup0(args, descs, P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VMEAN: gl.constexpr,
-                    V_RES: gl.constexpr, SPLIT: gl.constexpr):
-        _warpgroup(args, descs, 0, P_LOG2, STAGES, HAS_VMEAN, V_RES, SPLIT)
+    def _warpgroup0(args, descs, P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr,
+                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr):
+        _warpgroup(args, descs, 0, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT)
 
     @gluon.jit
-    def _warpgroup1(args, descs, P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VMEAN: gl.constexpr,
-                    V_RES: gl.constexpr, SPLIT: gl.constexpr):
-        _warpgroup(args, descs, 1, P_LOG2, STAGES, HAS_VMEAN, V_RES, SPLIT)
+    def _warpgroup1(args, descs, P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr,
+                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr):
+        _warpgroup(args, descs, 1, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT)
 
     @gluon.jit
-    def _warpgroup2(args, descs, P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VMEAN: gl.constexpr,
-                    V_RES: gl.constexpr, SPLIT: gl.constexpr):
-        _warpgroup(args, descs, 2, P_LOG2, STAGES, HAS_VMEAN, V_RES, SPLIT)
+    def _warpgroup2(args, descs, P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr,
+                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr):
+        _warpgroup(args, descs, 2, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT)
 
     @gluon.jit
-    def _attention(q_desc, k_desc, v_desc, QS, KS, VTileScale, VMean, Out, stride_ob, stride_oh, stride_om, stride_od,
+    def _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, Out, stride_ob, stride_oh, stride_om, stride_od,
                    H, H_KV, LQ, LK, D, n_whole, splits, Part, P_LOG2: gl.constexpr, STAGES: gl.constexpr,
-                   HAS_VMEAN: gl.constexpr, REGISTERS: gl.constexpr, V_RES: gl.constexpr,
+                   HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr, REGISTERS: gl.constexpr, V_RES: gl.constexpr,
                    SPLIT: gl.constexpr):
         NCONS: gl.constexpr = 3  # = CONSUMERS: one warp_specialize partition per warpgroup below
         ONES_N: gl.constexpr = 8  # columns of the row-sum MMA: the smallest N of a warpgroup MMA
@@ -275,7 +269,7 @@ if AVAILABLE:
             mbarrier.init(kv_ready.index(i), count=1)
             mbarrier.init(kv_empty.index(i), count=NCONS)  # every warpgroup releases each tile
         fence_async_shared()
-        args = (q_smem, k_smem, v_smem, vres_smem, ones_smem, q_bar, kv_ready, kv_empty, QS, KS, VTileScale, VMean, Out,
+        args = (q_smem, k_smem, v_smem, vres_smem, ones_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, Out,
                 stride_ob, stride_oh, stride_om, stride_od, H, H_KV, LQ, LK, D, n_whole, splits, Part)
         descs = (q_desc, k_desc, v_desc)
         if not SPLIT:
@@ -285,37 +279,37 @@ if AVAILABLE:
             gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                       is_pure=False, pack=1)
         gl.warp_specialize([
-            (_warpgroup0, (args, descs, P_LOG2, STAGES, HAS_VMEAN, V_RES, SPLIT)),
-            (_warpgroup1, (args, descs, P_LOG2, STAGES, HAS_VMEAN, V_RES, SPLIT)),
-            (_warpgroup2, (args, descs, P_LOG2, STAGES, HAS_VMEAN, V_RES, SPLIT)),
+            (_warpgroup0, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT)),
+            (_warpgroup1, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT)),
+            (_warpgroup2, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT)),
         ], [4, 4], [REGISTERS, REGISTERS])
 
     @gluon.jit
     def shared_kv_attention_kernel(
         q_desc, k_desc, v_desc,  # int8 Q (B*H*LQ, D_PAD), int8 K (B*H_KV*LK, D_PAD), fp8 Vᵀ (B*H_KV*D_PAD, L_PAD)
-        QS, KS, VTileScale, VMean, Out,  # fp32 scales: Q per token, K and V per key tile; V's mean per channel
+        QS, KS, VScale, VMean, Out,
         stride_ob, stride_oh, stride_om, stride_od,
         H, H_KV, LQ, LK, D,
-        P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VMEAN: gl.constexpr,
+        P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr,
         REGISTERS: gl.constexpr, V_RES: gl.constexpr,
     ):
         """CTA i: query rows 192·(i mod ceil(LQ/192)) of head i div ceil(LQ/192), every key."""
-        _attention(q_desc, k_desc, v_desc, QS, KS, VTileScale, VMean, Out, stride_ob, stride_oh, stride_om, stride_od,
-                   H, H_KV, LQ, LK, D, 0, 1, QS, P_LOG2, STAGES, HAS_VMEAN, REGISTERS, V_RES, False)
+        _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, Out, stride_ob, stride_oh, stride_om, stride_od,
+                   H, H_KV, LQ, LK, D, 0, 1, QS, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, REGISTERS, V_RES, False)
 
     @gluon.jit
     def shared_kv_split_kernel(
-        q_desc, k_desc, v_desc, QS, KS, VTileScale, VMean, Out,
+        q_desc, k_desc, v_desc, QS, KS, VScale, VMean, Out,
         stride_ob, stride_oh, stride_om, stride_od,
         H, H_KV, LQ, LK, D,
         n_whole, splits, Part,
-        P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VMEAN: gl.constexpr,
+        P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr,
         REGISTERS: gl.constexpr, V_RES: gl.constexpr,
     ):
         """The CTAs from ``n_whole`` on, each cut into ``splits`` key shares (``tail_split``): program i is
         share i mod splits of CTA n_whole + i div splits. Writes Part, never Out."""
-        _attention(q_desc, k_desc, v_desc, QS, KS, VTileScale, VMean, Out, stride_ob, stride_oh, stride_om, stride_od,
-                   H, H_KV, LQ, LK, D, n_whole, splits, Part, P_LOG2, STAGES, HAS_VMEAN, REGISTERS,
+        _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, Out, stride_ob, stride_oh, stride_om, stride_od,
+                   H, H_KV, LQ, LK, D, n_whole, splits, Part, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, REGISTERS,
                    V_RES, True)
 
     def descriptors(q8, k8, v_t):

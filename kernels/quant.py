@@ -18,30 +18,29 @@ LOG2E = 1.4426950408889634
 MEAN_NONE, MEAN_SUBTRACT, MEAN_DOT = 0, 1, 2
 
 
+# Adding 1.5·2²³ to a float of magnitude below 2²² rounds it to an integer (to nearest even) held
+# in the low mantissa bits, whose low byte is then that integer as two's-complement int8.
+_ROUNDING_BIAS = tl.constexpr(12582912.0)
+
+
 @triton.jit
 def to_fp8(x, dtype: tl.constexpr, FIX_ROUNDING: tl.constexpr):
     """Cast fp32 to an fp8 type.
 
     Triton's CPU interpreter mis-rounds fp8 casts whose mantissa carries into the next binade
-    (7.9 → 4.0 instead of 8.0) and turns NaN into a number, so under the interpreter the value is
-    first rounded to the fp8 grid in fp32, the cast is then exact, and NaN is written as its bits.
-    Compiled GPU code never takes this path.
+    (7.9 → 4.0 instead of 8.0) and turns NaN into a number (384 in e4m3fn), so under the interpreter
+    the value is first rounded to the fp8 grid in fp32, ties to even as the GPU's cvt.rn does, the
+    cast is then exact, and NaN is written as its bits. Compiled GPU code never takes this path.
     """
     if FIX_ROUNDING:
         ax = tl.abs(x)
         min_exp: tl.constexpr = -7.0 if dtype == tl.float8e4b8 else -6.0
         e = tl.maximum(tl.floor(tl.log2(tl.maximum(ax, 1e-30))), min_exp)
         ulp = tl.exp2(e - 3.0)
-        x = tl.where(ax > 0, tl.floor(x / ulp + 0.5) * ulp, x)
+        x = tl.where(ax > 0, ((x / ulp + _ROUNDING_BIAS) - _ROUNDING_BIAS) * ulp, x)  # x / ulp < 16
         nan_bits: tl.constexpr = -128 if dtype == tl.float8e4b8 else 127  # fnuz: 0x80, fn: 0x7F
-        nan = tl.full(x.shape, nan_bits, tl.int8).to(dtype, bitcast=True)
-        return tl.where(x == x, x.to(dtype), nan)
+        return tl.where(x == x, x.to(dtype), tl.full(x.shape, nan_bits, tl.int8).to(dtype, bitcast=True))
     return x.to(dtype)
-
-
-# Adding 1.5·2²³ to a float of magnitude below 2²² rounds it to an integer (to nearest even) held
-# in the low mantissa bits, whose low byte is then that integer as two's-complement int8.
-_ROUNDING_BIAS = tl.constexpr(12582912.0)
 
 
 @triton.jit
@@ -99,10 +98,7 @@ STATS_PARTS = 16
 # of 2048-8192 at 4K-16K tokens, and with 16 partials the fastest of the sweep in
 # bench/results/sm90_k_mean_sampling_ab.json.
 STATS_TILE = 2048
-# V statistics: none; max |v| per channel (fp16 tile accumulation's scale); min, max and sum (its
-# scale around the mean, with smooth_v); the sum alone (FP8 V's mean with smooth_v: FP8 V's scales
-# are per key tile, found by convert_v_kernel itself).
-V_NONE, V_ABSMAX, V_MINMAXSUM, V_SUM = 0, 1, 2, 3
+V_NONE, V_ABSMAX, V_MINMAXSUM = 0, 1, 2
 REDUCE_SUM, REDUCE_MAX, REDUCE_MIN = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 # K smoothing subtracts one vector from every key: softmax is unchanged for any vector, and the mean
@@ -149,8 +145,8 @@ def kv_stats_kernel(
     BLOCK: tl.constexpr, D_PAD: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr,
 ):
     """Per-channel partials of K's sum over every ``k_stride``-th token block (``k_mean_sample``) and
-    of V's max |v| (V_ABSMAX), min, max and sum (V_MINMAXSUM) or sum (V_SUM) over every token,
-    reading each block once. Min/max propagate NaN, as torch.aminmax does."""
+    of V's max |v| (V_ABSMAX) or min, max and sum (V_MINMAXSUM) over every token, reading each block
+    once. Min/max propagate NaN, as torch.aminmax does."""
     part = tl.program_id(0)
     bh = tl.program_id(1)
     # Element-wise accumulators, reduced across rows once at the end (no cross-warp step per tile).
@@ -173,17 +169,13 @@ def kv_stats_kernel(
             vlo = _min_nan(vlo, tl.where(row_ok[:, None], v, float("inf")))
             vhi = _max_nan(vhi, tl.where(row_ok[:, None], v, float("-inf")))
             vsum += v
-        elif V_STATS == 3:  # V_SUM. Padding rows load as 0
-            _, _, v = _load_rows(V, stride_vb, stride_vh, stride_vl, stride_vd, bh, H, offs_l, L, D, D_PAD)
-            vsum += v
     dst = (bh.to(tl.int64) * tl.num_programs(0) + part) * D_PAD + tl.arange(0, D_PAD)
     if K_SUM:
         tl.store(KSum + dst, tl.sum(ksum, axis=0))
-    if V_STATS == 1 or V_STATS == 2:
+    if V_STATS != 0:
         tl.store(VHi + dst, tl.reduce(vhi, 0, _max_nan))
     if V_STATS == 2:
         tl.store(VLo + dst, tl.reduce(vlo, 0, _min_nan))
-    if V_STATS >= 2:
         tl.store(VSum + dst, tl.sum(vsum, axis=0))
 
 
@@ -215,24 +207,21 @@ def _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L, k_t
                        PARTS_PAD: tl.constexpr, D_PAD: tl.constexpr):
     """Reduce key/value head ``kvh``'s partials into Final (3, B*H_KV, D): K mean (over the
     ``k_tokens`` keys the statistics pass summed), V scale (what the attention epilogue multiplies
-    by: V's range mapped onto [-V_RANGE, V_RANGE]; not with V_SUM) and V mean."""
+    by: V's range mapped onto [-V_RANGE, V_RANGE]) and V mean."""
     offs_d = tl.arange(0, D_PAD)
     d_ok = offs_d < D
     dst = Final + kvh * D + offs_d
     if K_SUM:
         tl.store(dst, _k_mean(Parts, kvh, n_parts, k_tokens, PARTS_PAD, D_PAD), mask=d_ok)
-    if V_STATS == 3:  # V_SUM: the mean alone
-        mean = _reduce_parts(Parts + 3 * part_slot, kvh, n_parts, REDUCE_SUM, PARTS_PAD, D_PAD) / L
-        tl.store(dst + 2 * final_slot, mean, mask=d_ok)
-    elif V_STATS == 2:  # V_MINMAXSUM: the range around the mean
+    if V_STATS == 2:  # V_MINMAXSUM: the range around the mean
         vmin = _reduce_parts(Parts + part_slot, kvh, n_parts, REDUCE_MIN, PARTS_PAD, D_PAD)
         vmax = _reduce_parts(Parts + 2 * part_slot, kvh, n_parts, REDUCE_MAX, PARTS_PAD, D_PAD)
         mean = _reduce_parts(Parts + 3 * part_slot, kvh, n_parts, REDUCE_SUM, PARTS_PAD, D_PAD) / L
         tl.store(dst + 2 * final_slot, mean, mask=d_ok)
         amax = tl.maximum(vmax - mean, mean - vmin)
-    elif V_STATS == 1:  # V_ABSMAX: max |v|, NaN if any v is
+    else:  # V_ABSMAX: max |v|, NaN if any v is
         amax = _reduce_parts(Parts + 2 * part_slot, kvh, n_parts, REDUCE_MAX, PARTS_PAD, D_PAD)
-    if V_STATS == 1 or V_STATS == 2:
+    if V_STATS != 0:
         if V_POW2:  # powers of two keep the scaling exact in fp16
             scale = tl.exp2(tl.ceil(tl.log2(tl.maximum(amax / V_RANGE, 1.0))))
         else:
@@ -318,44 +307,15 @@ def mma_operand_order(x, N: tl.constexpr):
 
 
 @triton.jit
-def pow2_ceil(x):
-    """The least power of two >= ``x`` (positive, normal, finite): the exponent rounded up by the
-    mantissa bits, which are then cleared. Exact, where log2/ceil/exp2 can misround near a power."""
-    return ((x.to(tl.int32, bitcast=True) + 0x7FFFFF) & 0x7F800000).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def pow2_reciprocal(x):
-    """1 / ``x`` for a power of two between 2^-126 and 2^126: the exponent negated in the bits, one
-    integer subtract instead of a division in the attention kernels' loops."""
-    return (0x7F000000 - x.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
-
-
-# FP8 V's per-tile scales never go below this, so that the attention kernels' rescale between two
-# tiles (the ratio of their scales) stays within fp32 range: values of a tile below ~1e-13 round to
-# zero, and V would need magnitudes beyond ~1e17 next to such a tile to overflow (bench/NOTES.md,
-# attempt 34).
-V_TILE_SCALE_MIN = tl.constexpr(2.0 ** -40)
-
-
-@triton.jit
 def convert_v_kernel(
     V, stride_vb, stride_vh, stride_vl, stride_vd,
-    Scale, Mean,  # fp32 scale (see TILE_SCALE) and per-channel mean (HAS_MEAN, from _finalize_kv_stats)
+    Scale, Mean,  # fp32 (B*H, D) per-channel scale and mean (HAS_MEAN), from _finalize_kv_stats
     Out, stride_ob, stride_ol, stride_od,  # (B*H, L, D_PAD) in any order of the last two
     H, L, L_OUT, D,
     BLOCK: tl.constexpr, D_PAD: tl.constexpr, HAS_MEAN: tl.constexpr, INTERPRETER: tl.constexpr,
-    KEY_PERM: tl.constexpr, RESIDUAL: tl.constexpr, TILE_SCALE: tl.constexpr, V_RANGE: tl.constexpr,
+    KEY_PERM: tl.constexpr, RESIDUAL: tl.constexpr,
 ):
-    """V minus its mean (smooth_v), divided by its scale, cast to Out's dtype.
-
-    ``TILE_SCALE`` (FP8): each program's BLOCK tokens are one key tile of the attention kernel; their
-    largest finite |v| is mapped into (V_RANGE / 2, V_RANGE] by a power-of-two scale, written to
-    Scale (B*H, cdiv(L, BLOCK)). fp8 is floating point, so one scale per tile
-    costs precision only for values ~15,000x below the tile's largest, and V needs no statistics
-    pass; a power of two makes every rescale by it exact. NaN and ±Inf are stored as NaN (a saturating
-    cast would make Inf finite) and leave the scale alone: their channel turns NaN, as before.
-    Otherwise Scale holds per-channel scales (B*H, D) from ``_finalize_kv_stats``.
+    """V minus its mean (smooth_v), divided by its per-channel scale, cast to Out's dtype.
 
     With ``KEY_PERM`` the tokens are stored in MMA operand order and the L_OUT - L padding rows are
     written as zeros. With ``RESIDUAL`` (fp8 only) the rounding error of each value is stored too,
@@ -363,18 +323,10 @@ def convert_v_kernel(
     """
     bh, offs_l, row_ok, offs_d, v = _row_tile(V, stride_vb, stride_vh, stride_vl, stride_vd, H, L, D, BLOCK, D_PAD)
     d_ok = offs_d < D
+    scale = tl.load(Scale + bh * D + offs_d, mask=d_ok, other=1.0)
     if HAS_MEAN:
         v = v - tl.load(Mean + bh * D + offs_d, mask=d_ok, other=0.0)[None, :]
-    live = d_ok[None, :] & row_ok[:, None]
-    if TILE_SCALE:
-        finite = tl.abs(v) < float("inf")  # False for NaN and ±Inf
-        amax = tl.max(tl.max(tl.where(live & finite, tl.abs(v), 0.0), 1), 0)
-        scale = pow2_ceil(tl.maximum(amax / V_RANGE, V_TILE_SCALE_MIN))
-        tl.store(Scale + bh.to(tl.int64) * tl.num_programs(0) + tl.program_id(0), scale)
-        v = tl.where(live, tl.where(finite, v * (1.0 / scale), float("nan")), 0.0)
-    else:
-        scale = tl.load(Scale + bh * D + offs_d, mask=d_ok, other=1.0)
-        v = tl.where(live, v / scale[None, :], 0.0)
+    v = tl.where(d_ok[None, :] & row_ok[:, None], v / scale[None, :], 0.0)
     if KEY_PERM:  # permuted in registers, so the stores stay contiguous (BLOCK is a multiple of 32)
         v = tl.trans(mma_operand_order(tl.trans(v), BLOCK))
     o_ptrs = (Out + bh.to(tl.int64) * stride_ob + offs_l[:, None].to(tl.int64) * stride_ol

@@ -90,18 +90,6 @@ def k_mean(kh: torch.Tensor) -> torch.Tensor:
     return kh[:, :, keep].mean(dim=2, keepdim=True)
 
 
-def v_tile_scales(vc: torch.Tensor, tile: int, fmax: float) -> torch.Tensor:
-    """FP8 V's scales, one per ``tile`` consecutive tokens (the attention kernel's key tile), repeated
-    per token as (B, H, L, 1): the least power of two that maps the tile's largest finite |v| into
-    ``fmax``, never below ``quant.V_TILE_SCALE_MIN``."""
-    B, H, L, D = vc.shape
-    a = torch.where(vc.abs() < math.inf, vc.abs(), 0.0).float()
-    a = torch.nn.functional.pad(a, (0, 0, 0, (-L) % tile)).reshape(B, H, -1, tile * D).amax(-1)
-    x = (a / fmax).clamp_min(quant.V_TILE_SCALE_MIN.value)
-    vs = ((x.view(torch.int32) + 0x7FFFFF) & 0x7F800000).view(torch.float32)  # quant.pow2_ceil
-    return vs.repeat_interleave(tile, dim=-1)[..., :L, None]
-
-
 def quantized_reference(q, k, v, cfg: KernelConfig, layout="HND", is_causal=False, sm_scale=None,
                         attn_mask=None, smooth_k=True, smooth_v=False):
     """The kernel's quantized arithmetic in plain torch (fp32 softmax). Returns (out, lse)."""
@@ -130,12 +118,11 @@ def quantized_reference(q, k, v, cfg: KernelConfig, layout="HND", is_causal=Fals
     vc = vh - vmean
     if cfg.pv_precision == "fp8":
         fmax = FP8_MAX[cfg.fp8_format]
-        vs = v_tile_scales(vc, cfg.block_n, fmax)
-        vn = torch.where(vc.abs() < math.inf, vc * (1.0 / vs), math.nan)  # NaN/Inf stored as NaN
-        v8 = vn.to(_FP8[cfg.fp8_format]).float()
+        vs = torch.where(vc.abs().amax(dim=2, keepdim=True) > 0, vc.abs().amax(dim=2, keepdim=True) / fmax, 1.0)
+        v8 = (vc / vs).to(_FP8[cfg.fp8_format]).float()
         if cfg.v_residual:  # the rounding error, itself rounded to fp8, joins V
-            v8 = v8 + (vn - v8).to(_FP8[cfg.fp8_format]).float()
-        pv = ((p * fmax).to(_FP8[cfg.fp8_format]).float() @ _expand_kv(v8 * vs, H)) / fmax
+            v8 = v8 + (vc / vs - v8).to(_FP8[cfg.fp8_format]).float()
+        pv = ((p * fmax).to(_FP8[cfg.fp8_format]).float() @ _expand_kv(v8, H)) * _expand_kv(vs, H) / fmax
     else:
         pv_dtype = torch.float16 if q.dtype == torch.float16 or cfg.pv_accum_dtype != "fp32" else torch.bfloat16
         pv = p.to(pv_dtype).float() @ _expand_kv(vc.to(pv_dtype).float(), H)

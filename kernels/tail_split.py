@@ -49,13 +49,14 @@ def heads_with_split_tail(ctas_per_head: int, n_tiles: int, n_sms: int) -> int:
 
 
 @triton.jit
-def merge_splits_kernel(Part, PartML, VMean, Out, stride_ob, stride_oh, stride_om, stride_od,
+def merge_splits_kernel(Part, PartML, VScale, VMean, Out, stride_ob, stride_oh, stride_om, stride_od,
                         H, H_KV, LQ, D, n_whole, splits,
-                        CTA_ROWS: tl.constexpr, BLOCK_R: tl.constexpr, D_PAD: tl.constexpr, HAS_VMEAN: tl.constexpr):
+                        CTA_ROWS: tl.constexpr, BLOCK_R: tl.constexpr, D_PAD: tl.constexpr,
+                        HAS_VSCALE: tl.constexpr, HAS_VMEAN: tl.constexpr):
     """Output rows of one tail CTA (``BLOCK_R`` of its ``CTA_ROWS``) from its ``splits`` shares.
 
     Share p of tail CTA t wrote rows ``(t * splits + p) * CTA_ROWS + r`` of Part (fp32 sums of P·V,
-    unnormalized, V's scales applied) and PartML (row max in base-2 units, row sum of P). All shares scale P alike, so
+    unnormalized) and PartML (row max in base-2 units, row sum of P). All shares scale P alike, so
     weighting each by 2^(m_p - max) gives the softmax over every key.
     """
     pid = tl.program_id(0)
@@ -84,7 +85,7 @@ def merge_splits_kernel(Part, PartML, VMean, Out, stride_ob, stride_oh, stride_o
     b = bh // H
     h = bh % H
     bhk = b * H_KV + h // (H // H_KV)
-    out = finish_rows(acc, l_sum, 1.0, VMean, VMean, bhk, offs_d, D, False, HAS_VMEAN)
+    out = finish_rows(acc, l_sum, VScale, VMean, bhk, offs_d, D, HAS_VSCALE, HAS_VMEAN)
     d_ok = offs_d < D
     rows = (cta % n_m) * CTA_ROWS + rr
     o_ptrs = (Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh

@@ -5,8 +5,11 @@ import pytest
 import sagetriton.kernels as kernels
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 from sagetriton.kernels import reference as ref
 from sagetriton.kernels.arch import KernelConfig
+from sagetriton.kernels.quant import to_fp8
 from sagetriton.kernels.reference import cosine
 
 sageattn = kernels.sageattn
@@ -199,66 +202,6 @@ def test_an_inf_key_makes_its_head_nan(seed, gran):
     assert not torch.isnan(out).any() and cosine(out, sdpa) >= 0.999
 
 
-def _fp8_block_n(q):
-    from sagetriton.kernels import api
-    from sagetriton.kernels.arch import arch_for_device
-
-    return api._resolved_config(arch_for_device(q.device), q.shape[-1], None, "fp8", None).block_n
-
-
-def test_fp8_v_tiles_of_any_magnitude_keep_their_precision(seed):
-    """FP8 V has one scale per key tile and the kernel changes the accumulator's units from tile to
-    tile. Tiles of V from 1e-11 to 1e3 (one all zero, a partial last one), each attended to alone by
-    its own query rows through a mask, so every row's output has its tile's magnitude: each row keeps
-    fp8's relative accuracy."""
-    q, k, v = make_qkv(LQ=48, LK=1, D=32, dtype=torch.float32)
-    tile = _fp8_block_n(q)
-    mags = [1.0, 1e-4, 1e3, 0.0, 1e-11, 30.0]
-    LK = tile * (len(mags) - 1) + tile // 2 + 3  # a partial last tile
-    _, k, v = make_qkv(LQ=48, LK=LK, D=32, dtype=torch.float32)
-    key_tile = torch.arange(LK) // tile
-    v = v * torch.tensor(mags)[key_tile][None, None, :, None]
-    row_tile = torch.arange(48) % len(mags)
-    mask = row_tile[:, None] == key_tile[None, :]
-    out = sageattn(q, k, v, pv_precision="fp8", attn_mask=mask)
-    exact, _ = ref.exact_attention(q, k, v, attn_mask=mask)
-    # One live tile per row: the kernel's running row max is the final one, so P rounds to fp8 as in
-    # the reference and the two agree far closer than fp8's own error.
-    cfg = KernelConfig("per_warp", "fp8", "fp32", "e4m3fn", 64, tile, 4, 1)
-    qref, _ = ref.quantized_reference(q, k, v, cfg, attn_mask=mask)
-    for t, mag in enumerate(mags):
-        rows = row_tile == t
-        if mag == 0:
-            assert (out[:, :, rows] == 0).all()
-        else:
-            assert cosine(out[:, :, rows], exact[:, :, rows]) >= 0.999, (t, mag)
-            assert ref.rel_l1(out[:, :, rows], exact[:, :, rows]) < 0.06, (t, mag)  # the magnitude too
-            assert cosine(out[:, :, rows], qref[:, :, rows]) >= 0.99999, (t, mag)
-
-
-def test_nan_and_inf_in_fp8_v_are_stored_as_nan_outside_the_tile_scale(seed):
-    """SDPA gives a V channel holding NaN or Inf non-finite in every row and leaves the other
-    channels alone. FP8 V stores them as NaN (a saturating cast would make Inf finite) and keeps them
-    out of the tile's scale, so the P·V MMA carries NaN into that channel only. The interpreter's
-    fp8 dot decodes NaN bits as a number, so the end-to-end check runs on the GPU
-    (bench/gpu_check.py); here, the stored operand and its scales."""
-    from sagetriton.kernels import api
-
-    v = torch.randn(1, 2, 150, 32)
-    v[0, 0, 7, 3] = float("nan")
-    v[0, 1, 100, 5] = float("inf")
-    tile = _fp8_block_n(v)
-    cfg = KernelConfig("per_warp", "fp8", "fp32", "e4m3fn", 64, tile, 4, 1)
-    v8, _, scale, _, _, _ = api._prepare_v(v, cfg, False, 32, None)
-    want = ref.v_tile_scales(v, tile, 448.0)[:, :, ::tile, 0].reshape(2, -1)
-    assert torch.isfinite(scale).all() and torch.equal(scale, want)
-    assert torch.equal(torch.frexp(want).mantissa, torch.full_like(want, 0.5))  # powers of two
-    # (B*H, D_PAD, L_PAD) in operand order: the token order within 32-token chunks is permuted.
-    bad = torch.isnan(v8.float())
-    assert bad.sum() == 2 and bad[0, 3].any() and bad[1, 5].any()
-    assert not torch.isinf(v8.float()).any()
-
-
 def test_zero_blocks_do_not_divide_by_zero(seed):
     q, k, v = make_qkv(LQ=64, LK=64, D=32)
     q[:, :, :32] = 0
@@ -439,6 +382,30 @@ def test_register_cap_reaches_the_attention_launch(target, head_dim, cap):
     (attn,) = [s for s in specs if s["name"] == "attention_kernel"]
     assert attn["options"].get("maxnreg") == cap
     assert all("maxnreg" not in s["options"] for s in specs if s["name"] != "attention_kernel")
+
+
+@triton.jit
+def _fp8_cast_kernel(X, Y, N, DTYPE: tl.constexpr):
+    offs = tl.arange(0, 2048)
+    x = tl.load(X + offs, mask=offs < N, other=0.0)
+    tl.store(Y + offs, to_fp8(x, DTYPE, True), mask=offs < N)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3fn", "e4m3fnuz"])
+def test_fp8_casts_under_the_interpreter_round_like_the_gpu(fmt):
+    """``quant.to_fp8`` corrects the interpreter's fp8 cast: every representable value, every midpoint
+    between two (ties go to even, as cvt.rn on the GPU and torch do), random values and NaN must
+    come out as torch's cast gives them."""
+    dtype = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}[fmt]
+    grid = torch.arange(256, dtype=torch.uint8).view(dtype).float()
+    grid = grid[torch.isfinite(grid)].unique()  # sorted, both signs
+    x = torch.cat([grid, (grid[1:] + grid[:-1]) / 2, torch.randn(500) * 30, torch.tensor([float("nan")])])
+    y = torch.empty(x.shape, dtype=dtype)
+    _fp8_cast_kernel[(1,)](x, y, x.numel(), DTYPE=tl.float8e4nv if fmt == "e4m3fn" else tl.float8e4b8)
+    want = x.to(dtype)
+    assert torch.equal(y.float().isnan(), want.float().isnan()) and y.float().isnan().sum() == 1
+    ok = ~want.float().isnan()
+    assert torch.equal(y.float()[ok], want.float()[ok])
 
 
 def test_int8_rounding_is_nearest_even_with_exact_ties():

@@ -104,7 +104,7 @@ def test_merge_kernel_matches_softmax_over_every_key(seed, layout):
     q = torch.randn(B, H, LQ, D)
     k = torch.randn(B, H_KV, LK, D).repeat_interleave(H // H_KV, dim=1)
     v = torch.randn(B, H_KV, LK, D).repeat_interleave(H // H_KV, dim=1)
-    v_mean = torch.randn(B * H_KV, D)
+    v_scale, v_mean = torch.rand(B * H_KV, D) + 0.5, torch.randn(B * H_KV, D)
     n_m = math.ceil(LQ / cta_rows)  # 3 CTAs per head, the last one partial
     n_cta = n_m * B * H
     n_whole = n_cta - 2  # the last two: head 3's CTAs 1 and 2
@@ -123,11 +123,11 @@ def test_merge_kernel_matches_softmax_over_every_key(seed, layout):
     out = torch.zeros(B, H, LQ, D) if layout == "HND" else torch.zeros(B, LQ, H, D)
     oh = out if layout == "HND" else out.permute(0, 2, 1, 3)
     tail_split.merge_splits_kernel[((n_cta - n_whole) * cta_rows // block_r,)](
-        part, part_ml, v_mean, oh, *oh.stride(), H, H_KV, LQ, D, n_whole, shares,
-        CTA_ROWS=cta_rows, BLOCK_R=block_r, D_PAD=D_PAD, HAS_VMEAN=True)
+        part, part_ml, v_scale, v_mean, oh, *oh.stride(), H, H_KV, LQ, D, n_whole, shares,
+        CTA_ROWS=cta_rows, BLOCK_R=block_r, D_PAD=D_PAD, HAS_VSCALE=True, HAS_VMEAN=True)
     exact = torch.softmax(q.double() @ k.double().transpose(-1, -2) / math.sqrt(D), -1) @ v.double()
     bhk = torch.arange(B * H) // (H // H_KV)
-    exact = exact + v_mean[bhk].view(B, H, 1, D).double()
+    exact = exact * v_scale[bhk].view(B, H, 1, D).double() + v_mean[bhk].view(B, H, 1, D).double()
     written = torch.zeros(B, H, LQ, dtype=torch.bool)
     written[0, 3, cta_rows:] = True  # head 3, rows of CTAs 1 and 2
     torch.testing.assert_close(oh[written].double(), exact[written], rtol=1e-5, atol=1e-5)
