@@ -238,9 +238,14 @@ def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int, final):
 
 
 def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[float], attn_mask,
-                      return_lse: bool, cfg: KernelConfig, smooth_k: bool, smooth_v: bool):
-    """Run the kernels for an already-resolved config. Returns (out, lse or empty)."""
+                      return_lse: bool, cfg: KernelConfig, smooth_k: bool, smooth_v: bool,
+                      out_layout: Optional[str] = None):
+    """Run the kernels for an already-resolved config. Returns (out in ``out_layout``, default
+    ``layout``; lse or empty)."""
     _check_inputs(q, k, v, layout, attn_mask, is_causal)
+    out_layout = out_layout or layout
+    if out_layout not in ("HND", "NHD"):
+        raise ValueError(f"out_layout must be 'HND' or 'NHD', got {out_layout!r}")
     qh, kh, vh = _as_bhld(q, layout), _as_bhld(k, layout), _as_bhld(v, layout)
     B, H, LQ, D = qh.shape
     Bk, H_KV, LK, Dk = kh.shape
@@ -257,8 +262,8 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
         raise ValueError("key/value sequence is empty")
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
 
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    oh = _as_bhld(out, layout)
+    out = torch.empty((B, H, LQ, D) if out_layout == "HND" else (B, LQ, H, D), dtype=q.dtype, device=q.device)
+    oh = _as_bhld(out, out_layout)  # the kernels write through strides: either layout costs the same
     lse = torch.empty((B, H, LQ) if return_lse else (0,), dtype=torch.float32, device=q.device)
     if LQ == 0:
         return out, lse
@@ -397,20 +402,22 @@ def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: s
                     qk_quant_gran: str, pv_precision: str, pv_accum_dtype: str, fp8_format: str,
                     block_m: int, block_n: int, num_warps: int, num_stages: int, use_tma: bool,
                     max_registers: int, shared_kv_min_len: int, v_residual: bool, smooth_k: bool,
-                    smooth_v: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                    smooth_v: bool, out_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
     cfg = KernelConfig(qk_quant_gran, pv_precision, pv_accum_dtype, fp8_format or None,
                        block_m, block_n, num_warps, num_stages, use_tma=use_tma, max_registers=max_registers,
                        shared_kv_min_len=shared_kv_min_len, v_residual=v_residual)
-    return attention_forward(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v)
+    return attention_forward(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
+                             out_layout)
 
 
 def _attention_fake(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, qk_quant_gran, pv_precision,
                     pv_accum_dtype, fp8_format, block_m, block_n, num_warps, num_stages, use_tma, max_registers,
-                    shared_kv_min_len, v_residual, smooth_k, smooth_v):
-    B = q.shape[0]
+                    shared_kv_min_len, v_residual, smooth_k, smooth_v, out_layout):
+    B, D = q.shape[0], q.shape[3]
     H, LQ = (q.shape[1], q.shape[2]) if layout == "HND" else (q.shape[2], q.shape[1])
     lse_shape = (B, H, LQ) if return_lse else (0,)
-    return q.new_empty(q.shape), q.new_empty(lse_shape, dtype=torch.float32)
+    return q.new_empty((B, H, LQ, D) if out_layout == "HND" else (B, LQ, H, D)), \
+        q.new_empty(lse_shape, dtype=torch.float32)
 
 
 def _register_op():
@@ -438,14 +445,18 @@ def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: s
              is_causal: bool = False, sm_scale: Optional[float] = None,
              attn_mask: Optional[torch.Tensor] = None, return_lse: bool = False, *,
              qk_quant_gran: Optional[str] = None, pv_precision: Optional[str] = None,
-             pv_accum_dtype: Optional[str] = None, smooth_k: bool = True, smooth_v: bool = False):
+             pv_accum_dtype: Optional[str] = None, smooth_k: bool = True, smooth_v: bool = False,
+             out_layout: Optional[str] = None):
     """Quantized scaled-dot-product attention.
 
     q: (B, Hq, Lq, D) for ``tensor_layout="HND"`` or (B, Lq, Hq, D) for ``"NHD"``; k, v likewise
     with Hkv heads (Hq a multiple of Hkv) and Lk tokens. fp16/bf16 in, same dtype out; fp32 inputs
     are quantized straight from fp32, P·V runs in bf16, and the output is fp32. ``attn_mask`` is a
     boolean (True = attend) or additive float mask broadcastable to (B, Hq, Lq, Lk), with torch SDPA
-    semantics. Options left as ``None`` take this GPU's defaults (``kernels.arch``).
+    semantics. Options left as ``None`` take this GPU's defaults (``kernels.arch``). ``out_layout``
+    ("HND" or "NHD", default ``tensor_layout``): the output is written in that layout directly, so a
+    caller that wants the other one (ComfyUI's (B, L, H·D) from (B, H, L, D) inputs) needs no
+    transposing copy.
 
     Returns ``out`` or, with ``return_lse``, ``(out, lse)`` where lse is the natural-log
     log-sum-exp per (B, Hq, Lq) in fp32.
@@ -461,8 +472,8 @@ def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: s
                                 bool(return_lse), cfg.qk_quant_gran, cfg.pv_precision, cfg.pv_accum_dtype,
                                 cfg.fp8_format or "", cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages,
                                 cfg.use_tma, cfg.max_registers, cfg.shared_kv_min_len, cfg.v_residual,
-                                bool(smooth_k), bool(smooth_v))
+                                bool(smooth_k), bool(smooth_v), out_layout or tensor_layout)
     else:
         out, lse = attention_forward(q, k, v, tensor_layout, bool(is_causal), sm_scale, attn_mask,
-                                     bool(return_lse), cfg, bool(smooth_k), bool(smooth_v))
+                                     bool(return_lse), cfg, bool(smooth_k), bool(smooth_v), out_layout)
     return (out, lse) if return_lse else out

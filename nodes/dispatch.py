@@ -323,11 +323,14 @@ class PatchState:
         from ..kernels import sageattn  # imported on first use: keeps node import cheap
 
         q, k, v, layout = kernel_inputs(call)
+        # Written straight in the memory order ComfyUI returns, so comfy_output is a view: Flux's
+        # (B, H, L, D) inputs would otherwise pay a transposing copy of the output per call.
+        out_layout = "HND" if call.skip_output_reshape else "NHD"
         out = sageattn(q, k, v, tensor_layout=layout, is_causal=False, sm_scale=call.extra.get("scale"),
                        attn_mask=mask, qk_quant_gran=cfg.qk_quant_gran, pv_precision=cfg.pv_choice(),
                        pv_accum_dtype=cfg.pv_accum_dtype, smooth_k=self.settings.smooth_k,
-                       smooth_v=self.settings.smooth_v)
-        return comfy_output(out, layout, call)
+                       smooth_v=self.settings.smooth_v, out_layout=out_layout)
+        return comfy_output(out, out_layout, call)
 
     def run_fallback(self, func: Callable, args: tuple, kwargs: dict, call: Optional[AttentionCall]) -> torch.Tensor:
         first = call.q if call is not None else (args[0] if args else None)

@@ -90,6 +90,11 @@ def test_kernel_output_matches_exact_attention_in_every_layout(seed, skip_reshap
     expected_shape = (2, 2, 24, 64) if skip_output_reshape else (2, 24, 128)
     assert out.shape == expected_shape and out.dtype == q.dtype
     assert cosine(as_bhld(out, skip_output_reshape, 2), exact_attention(q, k, v)) >= 0.999
+    # Written in the memory order ComfyUI returns: contiguous, and (B, L, H·D) is a view of the
+    # kernel's own buffer, not a transposed copy of it.
+    assert out.is_contiguous()
+    if not skip_output_reshape:
+        assert out._base is not None and out._base.shape == (2, 24, 2, 64)
 
 
 @pytest.mark.parametrize("kind", ["2d_float", "3d_float", "4d_float", "4d_bool", "key_padding"])

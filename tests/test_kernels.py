@@ -96,6 +96,18 @@ def test_strided_views_of_fused_qkv(seed):
     check(sageattn(qh, kh, vh, tensor_layout="HND"), qh, kh, vh)
 
 
+@pytest.mark.parametrize("layout,out_layout", [("HND", "NHD"), ("NHD", "HND")])
+def test_output_written_in_the_other_layout(seed, layout, out_layout):
+    """``out_layout`` writes the output straight in the layout the caller wants (ComfyUI's (B, L, H·D)
+    from (B, H, L, D) inputs): the same numbers as a transposed copy of the default, and contiguous."""
+    q, k, v = make_qkv(H=3, LQ=50, LK=70, D=32, layout=layout)
+    out = sageattn(q, k, v, tensor_layout=layout, out_layout=out_layout)
+    same = sageattn(q, k, v, tensor_layout=layout).transpose(1, 2)
+    assert out.is_contiguous() and torch.equal(out, same)
+    with pytest.raises(ValueError, match="out_layout"):
+        sageattn(q, k, v, tensor_layout=layout, out_layout="BLHD")
+
+
 @pytest.mark.parametrize("H,H_KV", [(4, 2), (6, 1)])
 def test_gqa_and_mqa(seed, H, H_KV):
     q, k, v = make_qkv(H=H, H_KV=H_KV, LQ=50, LK=60, D=32)
@@ -284,10 +296,11 @@ def test_fake_tensor_shapes():
 
     with FakeTensorMode():
         q = torch.empty(2, 100, 4, 64, dtype=torch.bfloat16)
-        out, lse = kernels.api.attention_op(q, q, q, "NHD", False, 0.125, None, True, "per_warp", "fp16",
-                                            "fp32", "", 64, 64, 4, 1, False, 0, 0, False, True, False)
-        assert out.shape == q.shape and out.dtype == q.dtype
-        assert lse.shape == (2, 4, 100) and lse.dtype == torch.float32
+        for out_layout, shape in (("NHD", q.shape), ("HND", (2, 4, 100, 64))):
+            out, lse = kernels.api.attention_op(q, q, q, "NHD", False, 0.125, None, True, "per_warp", "fp16",
+                                                "fp32", "", 64, 64, 4, 1, False, 0, 0, False, True, False, out_layout)
+            assert out.shape == shape and out.dtype == q.dtype
+            assert lse.shape == (2, 4, 100) and lse.dtype == torch.float32
 
 
 @pytest.mark.parametrize("pv", ["fp16", "fp8", "fp8+residual"])
