@@ -372,7 +372,7 @@ def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, oh, dims, p_log2: float
             raise
         _shared_kv_error = f"{type(e).__name__}: {str(e)[:300]}"
         logger.warning("Hopper Gluon kernel unavailable with this Triton (%s); the portable kernel runs "
-                       "every call instead (a few %% slower from 6K tokens)", _shared_kv_error)
+                       "every call instead (a few %% slower from 4.6K tokens)", _shared_kv_error)
         return False
     if n_units:
         block_r = 64

@@ -237,10 +237,10 @@ def default_config(arch: ArchInfo, head_dim: int = 128) -> KernelConfig:
         # 168 registers = 3 CTAs of 4 warps per SM, the occupancy measured fastest on the H200 (Nsight
         # Compute, bench/NOTES.md). Triton 3.6 and 3.8 both land at 167-168 today; one register
         # more and only 2 CTAs fit, so the cap guards against other versions' choices.
-        # From 6K query tokens the Gluon kernel is faster: +3-4 % at 6,144, +5 % at 8,192; at 4,608 it
-        # ties and at 4,096 it is 2 % slower (one 192-row CTA per SM, so fewer CTAs to hide each
-        # other's prologue and epilogue; bench/results/sm90_gluon_min_len_ab.json).
-        cfg = cfg.replace(max_registers=168, shared_kv_min_len=6144)
+        # From 4,608 query tokens the Gluon kernel is faster: since its partial last wave is split
+        # (bench/NOTES.md attempt 28) +2.6 % at 4,608 (2 × 24 heads, Flux's call), +3 % at 5,120 and
+        # 6,144; tied at 4,096, 3 % slower at 3,072 (bench/results/sm90_gluon_min_len_ab2.json).
+        cfg = cfg.replace(max_registers=168, shared_kv_min_len=4608)
     if arch.family in ("ada", "blackwell") and head_dim <= 64:
         # At head_dim 64 the 128x64/8 tile saves only 2-3 % of loop instructions on sm89/sm120 and
         # spills 8 bytes on sm89 under Triton 3.6 (ptxas aims at 128 registers): keep 64x64/4.

@@ -389,7 +389,7 @@ def test_variant_that_failed_the_self_test_is_replaced_by_a_working_one(caplog):
 
 def test_long_sequence_kernel_that_failed_the_self_test_is_not_configured(caplog):
     hopper = arch_from_properties(SimpleNamespace(name="NVIDIA H200", major=9, minor=0), is_hip=False)
-    assert run_state(SageSettings()).config_for(hopper, 128)[0].shared_kv_min_len == 6144
+    assert run_state(SageSettings()).config_for(hopper, 128)[0].shared_kv_min_len == 4608
     state = run_state(SageSettings(), report=MeasuredReport(long_failed=True))
     with caplog.at_level(logging.WARNING, logger="SageTriton"):
         cfg, _ = state.config_for(hopper, 128)

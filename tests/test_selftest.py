@@ -81,7 +81,7 @@ def test_long_sequence_kernel_is_checked_only_where_the_default_config_has_one(s
     monkeypatch.setattr(api, "sm_count", lambda device: 132)
     ok = st.long_sequence_kernel(hopper, gpu, torch.bfloat16)
     (b, h, lq, lk, d), = seen[0]
-    assert ok["ok"] and ok["min_tokens"] == 6144 and lq > 6144 and lk % 128 and d == 128
+    assert ok["ok"] and ok["min_tokens"] == 4608 and lq > 4608 and lk % 128 and d == 128
     # Whole CTAs and a split last wave (kernels/tail_split.py): both kernels and the merge run.
     n_whole, splits = plan_tail(b * h * -(-lq // 192), 132, -(-lk // 128))
     assert n_whole > 0 and splits > 1
