@@ -327,6 +327,23 @@ def test_short_calls_take_the_shape_only_shortcut_with_the_same_result(seed):
     assert state.run.kernel == 1
 
 
+def test_short_calls_keep_going_through_an_earlier_override(seed):
+    """Another pack's override that was there before ours sees every short call, the shortcut's too."""
+    seen = []
+
+    def other_pack_override(func, *args, **kwargs):
+        seen.append(args[1].shape)
+        return func(*args, **kwargs)
+
+    state = run_state(SageSettings(min_seq_len=100), previous_override=other_pack_override)
+    q, k, v = random_qkv(lq=8, lk=8, d=16)
+    call_override(state, q, k, v)
+    assert state._short_calls  # the second call takes the shortcut
+    call_override(state, q, k, v)
+    assert len(seen) == 2 and reference_backend.calls == 2
+    assert dict(state.run.fallback) == {"key length < 100": 2}
+
+
 # --- install.py's self-test report -----------------------------------------------------------------
 class MeasuredReport(NoReport):
     """Answers shaped like kernels.report's for a GPU where install.py measured things."""
