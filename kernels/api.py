@@ -237,6 +237,10 @@ def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int, final):
     return out, strides, scale, mean if smooth_v else None, mode, p_scale
 
 
+def _out_shape(B: int, H: int, LQ: int, D: int, out_layout: str) -> tuple:
+    return (B, H, LQ, D) if out_layout == "HND" else (B, LQ, H, D)
+
+
 def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[float], attn_mask,
                       return_lse: bool, cfg: KernelConfig, smooth_k: bool, smooth_v: bool,
                       out_layout: Optional[str] = None):
@@ -262,7 +266,7 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
         raise ValueError("key/value sequence is empty")
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
 
-    out = torch.empty((B, H, LQ, D) if out_layout == "HND" else (B, LQ, H, D), dtype=q.dtype, device=q.device)
+    out = torch.empty(_out_shape(B, H, LQ, D, out_layout), dtype=q.dtype, device=q.device)
     oh = _as_bhld(out, out_layout)  # the kernels write through strides: either layout costs the same
     lse = torch.empty((B, H, LQ) if return_lse else (0,), dtype=torch.float32, device=q.device)
     if LQ == 0:
@@ -416,8 +420,7 @@ def _attention_fake(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse,
     B, D = q.shape[0], q.shape[3]
     H, LQ = (q.shape[1], q.shape[2]) if layout == "HND" else (q.shape[2], q.shape[1])
     lse_shape = (B, H, LQ) if return_lse else (0,)
-    return q.new_empty((B, H, LQ, D) if out_layout == "HND" else (B, LQ, H, D)), \
-        q.new_empty(lse_shape, dtype=torch.float32)
+    return q.new_empty(_out_shape(B, H, LQ, D, out_layout)), q.new_empty(lse_shape, dtype=torch.float32)
 
 
 def _register_op():
