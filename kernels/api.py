@@ -297,7 +297,7 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
     # is always our converted buffer, so use_tma here means the portable kernel would read it by TMA.
     if (cfg.shared_kv_min_len and LQ >= cfg.shared_kv_min_len and attn_mask is None and not is_causal
             and not return_lse and k_scalar and pv_mode == attn.PV_FP8 and cfg.use_tma
-            and d_pad == hopper_gluon.HEAD_DIM and cfg.block_n == hopper_gluon.BLOCK_N
+            and d_pad == hopper_gluon.HEAD_DIM and D % 8 == 0 and cfg.block_n == hopper_gluon.BLOCK_N
             and cfg.block_m == hopper_gluon.ROWS):
         if _run_shared_kv(q8, qs, k8, ks, v_op, v_scale, v_mean, oh, (H, H_KV, LQ, LK, D), math.log2(p_scale),
                           cfg.v_residual):

@@ -22,7 +22,7 @@ runs its CTAs in key shares instead and ``tail_split.merge_splits_kernel`` combi
 (``kernels/tail_split.py``).
 
 Scope: FP8 P·V (with fp8+residual, a second MMA with V's rounding error into the same tile sum),
-head_dim padded to 128, per-tile K scales, no mask, not causal, no LSE. It wins from 4,608 query
+head_dim padded to 128 and a multiple of 8 (16-byte output stores), per-tile K scales, no mask, not causal, no LSE. It wins from 4,608 query
 tokens (bench/results/sm90_gluon_min_len_ab2.json); ``api`` sends it nothing else. Gluon ships inside
 the triton package (3.5+); without it ``AVAILABLE`` is False and the portable kernel runs.
 """
@@ -212,12 +212,24 @@ if AVAILABLE:
             gl.store(part_ml + prow * 2, gl.convert_layout(m_i, row_o))
             gl.store(part_ml + prow * 2 + 1, l_i)
         else:
-            out = finish_rows(acc, l_i, VScale, VMean, bhk, offs_d, D, HAS_VSCALE, HAS_VMEAN)
-            d_ok = offs_d < D
-            offs_mo = row0 + gl.arange(0, ROWS, layout=row_o)
-            o_ptrs = (Out + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
-                      + offs_mo[:, None].to(gl.int64) * stride_om + offs_d[None, :] * stride_od)
-            gl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(offs_mo < LQ)[:, None] & d_ok[None, :])
+            out = finish_rows(acc, l_i, VScale, VMean, bhk, offs_d, D, HAS_VSCALE, HAS_VMEAN).to(Out.dtype.element_ty)
+            if not V_RES:
+                # Stored from a layout where each thread holds 8 consecutive channels: 16-byte stores of
+                # whole rows, not the MMA layout's 4-byte pieces over 8 rows per instruction, whose issue
+                # took ~5 µs of every CTA (bench/NOTES.md, attempt 39). The layout change goes through
+                # 8 KB of shared memory per warpgroup, which fp8+residual's larger ring leaves no room for.
+                out = gl.convert_layout(out, gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0]))
+            rows_o: gl.constexpr = gl.SliceLayout(1, out.type.layout)
+            cols_o: gl.constexpr = gl.SliceLayout(0, out.type.layout)
+            offs_mo = row0 + gl.arange(0, ROWS, layout=rows_o)
+            offs_do = gl.arange(0, D_PAD, layout=cols_o)
+            # Out is api's own buffer: channels contiguous (stride_od is 1) and, with D a multiple of 8
+            # (api's condition), every row 16-byte aligned. Said explicitly because Triton 3.6 does not
+            # carry the launch's alignment facts into the partitions (scalar 2-byte stores there).
+            row_off = gl.multiple_of(b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
+                                     + offs_mo.to(gl.int64) * stride_om, 8)
+            o_ptrs = gl.multiple_of(Out, 16) + row_off[:, None] + offs_do[None, :]
+            gl.store(o_ptrs, out, mask=(offs_mo < LQ)[:, None] & (offs_do < D)[None, :])
 
     # Partitions differ only in C. Constexprs travel as annotated parameters: inside the args tuple
     # they would reach the partitions as runtime values.

@@ -118,6 +118,41 @@ def test_fp8_residual_variant_fits_without_spills():
                 assert g["spills"] == 0 and 0 < g["registers"] <= 168 and 0 < g["shared"] <= SHARED_LIMIT[target], g
 
 
+_STORES_SCRIPT = """
+import json, re
+from pack_loader import import_pack
+import_pack()
+import triton
+from sagetriton.kernels import api, crosscompile as cc, hopper_gluon
+from sagetriton.kernels.arch import default_config
+target = cc.parse_target("sm90")
+stores = {}
+if hopper_gluon.AVAILABLE:
+    for spec in api.compile_specs(default_config(target.arch_info(), 128), 128):
+        if spec["name"] == "shared_kv_attention_kernel":
+            ptx = triton.compile(cc.launch_source(spec, target), target=target.gpu_target(),
+                                 options=dict(spec.get("options") or {})).asm["ptx"]
+            for op in re.findall(r"st\\.global[.\\w]*", ptx):
+                stores[op] = stores.get(op, 0) + 1
+print(json.dumps({"gluon": hopper_gluon.AVAILABLE, "stores": stores}))
+"""
+
+
+def test_hopper_kernel_writes_its_output_in_16_byte_stores():
+    """The Gluon kernel's output leaves in 16-byte stores of whole rows (8 channels per thread),
+    not from the MMA accumulator layout, whose 4-byte stores scattered over 8 rows per instruction
+    took ~5 µs of every CTA's epilogue on an H200 (bench/NOTES.md, attempt 39): 8 per warpgroup."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(PACK_DIR / "tests"), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", _STORES_SCRIPT], capture_output=True, text=True,
+                          cwd=str(PACK_DIR), timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    if not r["gluon"]:
+        pytest.skip("this Triton has no Gluon")
+    assert r["stores"] == {"st.global.v4.b32": 24}, r["stores"]
+
+
 # ---- the scanning and target parsing, without compiling
 
 
