@@ -22,9 +22,10 @@ runs its CTAs in key shares instead and ``tail_split.merge_splits_kernel`` combi
 (``kernels/tail_split.py``).
 
 Scope: FP8 P·V (with fp8+residual, a second MMA with V's rounding error into the same tile sum),
-head_dim padded to 128 and a multiple of 8 (16-byte output stores), per-tile K scales, no mask, not causal, no LSE. It wins from 4,608 query
-tokens (bench/results/sm90_gluon_min_len_ab2.json); ``api`` sends it nothing else. Gluon ships inside
-the triton package (3.5+); without it ``AVAILABLE`` is False and the portable kernel runs.
+head_dim padded to 128 and a multiple of 8 (16-byte output stores), per-tile K scales, no mask, not
+causal, no LSE. It wins from 4,608 query tokens (bench/results/sm90_gluon_min_len_ab2.json); ``api``
+sends it nothing else. Gluon ships inside the triton package (3.5+); without it ``AVAILABLE`` is False
+and the portable kernel runs.
 """
 from __future__ import annotations
 

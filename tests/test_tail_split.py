@@ -82,6 +82,25 @@ def test_the_split_launch_overlaps_the_whole_one(monkeypatch):
     assert split_only["shared_kv_split_kernel"].get("launch_pdl") is False
 
 
+@pytest.mark.parametrize("head_dim, gluon", [(128, True), (96, True), (100, False), (72, True), (66, False)])
+def test_the_hopper_kernel_takes_head_dims_its_16_byte_stores_can_write(monkeypatch, head_dim, gluon):
+    """The Gluon kernel stores its output in 16-byte pieces whose alignment it states to the compiler
+    (bench/NOTES.md, attempt 39): true only when head_dim is a multiple of 8, so any other head_dim
+    (still padded to 128) goes to the portable kernel, which makes no such claim."""
+    from sagetriton.kernels import api, crosscompile, hopper_gluon
+
+    if not hopper_gluon.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    monkeypatch.setattr(api, "interpreter_enabled", lambda: False)  # nothing runs: launches are recorded
+    cfg = default_config(crosscompile.parse_target("sm90").arch_info(), head_dim)
+    q = torch.empty((1, 2, cfg.shared_kv_min_len, head_dim), dtype=torch.bfloat16, device="meta")
+    monkeypatch.setattr(api, "_recorded", [])
+    api.attention_forward(q, q, q, "HND", False, None, None, False, cfg, True, False)
+    names = {s["name"] for s in api._recorded}
+    assert ("shared_kv_split_kernel" in names) is gluon, names
+    assert ("attention_kernel" in names) is not gluon, names
+
+
 def _partials(q, k, v, shares, tile):
     """What the split kernel leaves per share: fp32 sums of P·V, row max (base 2), row sum of P."""
     s2 = (q.double() @ k.double().transpose(-1, -2)) * math.log2(math.e) / math.sqrt(q.shape[-1])
