@@ -352,6 +352,8 @@ def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, oh, dims, p_log2: float
     if _shared_kv_error is not None or not hopper_gluon.AVAILABLE or interpreter_enabled():
         return False
     H, H_KV, LQ, LK, D = dims
+    # The kernel tells the compiler its output rows are 16-byte aligned with contiguous channels.
+    assert oh.stride(3) == 1 and D % 8 == 0, "the Gluon kernel writes only our own (.., D % 8 == 0) outputs"
     g = hopper_gluon
     cta_rows, d_pad = g.CONSUMERS * g.ROWS, q8.shape[-1]
     ctas_per_head, key_tiles = g.grid(LQ, LK)
