@@ -126,7 +126,7 @@ if AVAILABLE:
         """Rows C·64.. of this CTA's 192 query rows, over its key range (every key, or one share with
         SPLIT). Warpgroup 0 also loads Q and keeps the K/V ring STAGES - 1 tiles ahead of itself."""
         (q_smem, k_smem, v_smem, vres_smem, ones_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, Out,
-         stride_ob, stride_oh, stride_om, stride_od, H, H_KV, LQ, LK, D, n_whole, splits, Part) = args
+         stride_ob, stride_oh, stride_om, H, H_KV, LQ, LK, D, n_whole, splits, Part) = args
         q_desc, k_desc, v_desc = descs
         NCONS: gl.constexpr = q_smem.type.shape[0]
         ROWS: gl.constexpr = q_smem.type.shape[1]
@@ -224,7 +224,7 @@ if AVAILABLE:
             cols_o: gl.constexpr = gl.SliceLayout(0, out.type.layout)
             offs_mo = row0 + gl.arange(0, ROWS, layout=rows_o)
             offs_do = gl.arange(0, D_PAD, layout=cols_o)
-            # Out is api's own buffer: channels contiguous (stride_od is 1) and, with D a multiple of 8
+            # Out is api's own buffer: channels contiguous (no channel stride is passed) and, with D % 8 == 0
             # (api's condition), every row 16-byte aligned. Said explicitly because Triton 3.6 does not
             # carry the launch's alignment facts into the partitions (scalar 2-byte stores there).
             row_off = gl.multiple_of(b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
@@ -250,7 +250,7 @@ if AVAILABLE:
         _warpgroup(args, descs, 2, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT)
 
     @gluon.jit
-    def _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, Out, stride_ob, stride_oh, stride_om, stride_od,
+    def _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, Out, stride_ob, stride_oh, stride_om,
                    H, H_KV, LQ, LK, D, n_whole, splits, Part, P_LOG2: gl.constexpr, STAGES: gl.constexpr,
                    HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr, REGISTERS: gl.constexpr, V_RES: gl.constexpr,
                    SPLIT: gl.constexpr):
@@ -283,7 +283,7 @@ if AVAILABLE:
             mbarrier.init(kv_empty.index(i), count=NCONS)  # every warpgroup releases each tile
         fence_async_shared()
         args = (q_smem, k_smem, v_smem, vres_smem, ones_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, Out,
-                stride_ob, stride_oh, stride_om, stride_od, H, H_KV, LQ, LK, D, n_whole, splits, Part)
+                stride_ob, stride_oh, stride_om, H, H_KV, LQ, LK, D, n_whole, splits, Part)
         descs = (q_desc, k_desc, v_desc)
         if not SPLIT:
             # Programmatic dependent launch: once every whole CTA has started, the split kernel
@@ -300,20 +300,20 @@ if AVAILABLE:
     @gluon.jit
     def shared_kv_attention_kernel(
         q_desc, k_desc, v_desc,  # int8 Q (B*H*LQ, D_PAD), int8 K (B*H_KV*LK, D_PAD), fp8 Vᵀ (B*H_KV*D_PAD, L_PAD)
-        QS, KS, VScale, VMean, Out,
-        stride_ob, stride_oh, stride_om, stride_od,
+        QS, KS, VScale, VMean, Out,  # Out (B, H, LQ, D) by its first three strides, channels contiguous
+        stride_ob, stride_oh, stride_om,
         H, H_KV, LQ, LK, D,
         P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr,
         REGISTERS: gl.constexpr, V_RES: gl.constexpr,
     ):
         """CTA i: query rows 192·(i mod ceil(LQ/192)) of head i div ceil(LQ/192), every key."""
-        _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, Out, stride_ob, stride_oh, stride_om, stride_od,
+        _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, Out, stride_ob, stride_oh, stride_om,
                    H, H_KV, LQ, LK, D, 0, 1, QS, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, REGISTERS, V_RES, False)
 
     @gluon.jit
     def shared_kv_split_kernel(
         q_desc, k_desc, v_desc, QS, KS, VScale, VMean, Out,
-        stride_ob, stride_oh, stride_om, stride_od,
+        stride_ob, stride_oh, stride_om,
         H, H_KV, LQ, LK, D,
         n_whole, splits, Part,
         P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr,
@@ -321,7 +321,7 @@ if AVAILABLE:
     ):
         """The CTAs from ``n_whole`` on, each cut into ``splits`` key shares (``tail_split``): program i is
         share i mod splits of CTA n_whole + i div splits. Writes Part, never Out."""
-        _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, Out, stride_ob, stride_oh, stride_om, stride_od,
+        _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, Out, stride_ob, stride_oh, stride_om,
                    H, H_KV, LQ, LK, D, n_whole, splits, Part, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, REGISTERS,
                    V_RES, True)
 
