@@ -22,7 +22,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import_pack()
 from sagetriton.kernels.api import attention_forward  # noqa: E402
 from sagetriton.kernels.arch import default_config, detect_arch, resolve_config  # noqa: E402
-from sagetriton.kernels.selftest import alternating  # noqa: E402
+from sagetriton.kernels.report import crossover_seq_len  # noqa: E402
+from sagetriton.kernels.selftest import alternating, measure_crossovers  # noqa: E402
 
 SHAPES = [  # (B, H, L, D): batch x heads large enough to fill the GPU
     (2, 24, 1024, 128), (2, 24, 4096, 128), (2, 24, 8192, 128), (1, 24, 16384, 128), (1, 12, 32768, 128),
@@ -98,7 +99,15 @@ def reference_sage():
     return label, lambda q, k, v: ref_sageattn(q, k, v, tensor_layout="HND")
 
 
-def bench_shape(shape, dtype, arch, all_variants=True):
+def measured_crossovers(arch):
+    """{head_dim: key length from which the dispatcher picks the kernel}, measured as first start
+    does (``selftest.measure_crossovers``) on this machine: its host speed moves the crossover, and
+    the "dispatch" row must show what a user here gets."""
+    cross = measure_crossovers(arch, torch.device("cuda"), torch.bfloat16)
+    return {d: crossover_seq_len(cross, d) for d in (64, 128)}, cross
+
+
+def bench_shape(shape, dtype, arch, all_variants=True, crossovers=None):
     B, H, L, D = shape
     sets = make_sets(shape, dtype)
     rows = []
@@ -114,18 +123,21 @@ def bench_shape(shape, dtype, arch, all_variants=True):
         methods.append(ref)
     for label, fn in methods:
         try:
+            cos, l1 = accuracy(fn, *sets[0])  # first: builds the kernels outside the timing
             ms = timed(fn, sets)
-            cos, l1 = accuracy(fn, *sets[0])
         except Exception as e:  # a backend this GPU lacks: report, keep going
             rows.append(dict(method=label, error=str(e).splitlines()[0][:200]))
             continue
         rows.append(dict(method=label, ms=ms, tops=tops(shape, ms), cosine=cos, rel_l1=l1))
     sdpa = next(r for r in rows if r["method"] == "sdpa default")
     sage = next(r for r in rows if r["method"] == "sage default")
-    use_kernel = L >= base.min_seq_len
+    measured = (crossovers or {}).get(D)
+    use_kernel = L >= (measured if measured is not None else base.min_seq_len)
     pick = sage if use_kernel else sdpa
     rows.append(dict(method="dispatch", ms=pick["ms"], tops=pick["tops"], cosine=pick["cosine"],
-                     rel_l1=pick["rel_l1"], routed_to="kernel" if use_kernel else "sdpa"))
+                     rel_l1=pick["rel_l1"], routed_to="kernel" if use_kernel else "sdpa",
+                     crossover=measured if measured is not None else base.min_seq_len,
+                     crossover_source="measured here" if measured is not None else "table default"))
     ref_row = next((r for r in rows if ref is not None and r["method"] == ref[0] and "ms" in r), None)
     for r in rows:
         r.update(shape=list(shape), dtype=str(dtype).replace("torch.", ""))
@@ -210,6 +222,8 @@ def main(argv=None):
     ap.add_argument("--sweep", action="store_true", help="also sweep tile configurations")
     ap.add_argument("--profile", action="store_true", help="device time per kernel of one call")
     ap.add_argument("--dtypes", default="bfloat16,float16")
+    ap.add_argument("--table-crossover", action="store_true",
+                    help="dispatch row from the per-arch table's crossover instead of measuring it here")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -218,6 +232,10 @@ def main(argv=None):
     env = environment() | {"arch": arch.arch}
     print(env, flush=True)
     payload = {"env": env, "rows": []}
+    crossovers = None
+    if not (args.quick or args.table_crossover):
+        crossovers, payload["crossover"] = measured_crossovers(arch)
+        print(f"crossover measured here (key tokens, by head_dim): {crossovers}", flush=True)
     if args.profile:
         payload["profile"] = profile_stages(arch, torch.bfloat16)
     if args.sweep:
@@ -225,7 +243,8 @@ def main(argv=None):
     for dt in filter(None, args.dtypes.split(",")):
         dtype = getattr(torch, dt)
         for shape in (QUICK if args.quick else SHAPES):
-            rows, base = bench_shape(shape, dtype, arch, all_variants=not args.quick and dt == "bfloat16")
+            rows, base = bench_shape(shape, dtype, arch, all_variants=not args.quick and dt == "bfloat16",
+                                     crossovers=crossovers)
             print_table(rows)
             payload["rows"] += rows
             payload.setdefault("configs", {})[str(shape[3])] = base.as_dict()

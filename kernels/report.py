@@ -175,7 +175,11 @@ def measured_crossover(arch: Optional[ArchInfo] = None, head_dim: int = 128) -> 
     """Key length from which the kernel beats SDPA on this GPU at this head size (the nearest measured
     one); None when not measured (use the table default)."""
     r = current_report(arch)
-    cross = (r or {}).get("crossover") or {}
+    return crossover_seq_len((r or {}).get("crossover") or {}, head_dim)
+
+
+def crossover_seq_len(cross: dict, head_dim: int = 128) -> Optional[int]:
+    """The dispatcher's key length for ``head_dim`` from a ``selftest.measure_crossovers`` result."""
     by_dim = {int(d): c for d, c in (cross.get("by_head_dim") or {}).items()}
     if cross.get("head_dim") is not None:
         by_dim.setdefault(int(cross["head_dim"]), cross)
