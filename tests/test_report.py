@@ -142,6 +142,9 @@ def test_crossover_from_timings(pack):
     c = crossover_from_timings([t(1024, 3, 2), t(2048, 5, 4)])
     assert c["seq_len"] is None and c["kernel_never_faster"]
     assert crossover_from_timings([t(256, 1, 2)])["seq_len"] == 256
+    # A win smaller than the margin (2 % here) does not count: noise near the crossover.
+    c = crossover_from_timings([t(4096, 5.9, 6), t(4608, 6, 7), t(8192, 10, 20)])
+    assert c["seq_len"] == 4608 and c["margin"] < 1
     assert crossover_from_timings([])["kernel_never_faster"] is False
 
 
