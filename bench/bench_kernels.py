@@ -132,11 +132,11 @@ def bench_shape(shape, dtype, arch, all_variants=True, crossovers=None):
     sdpa = next(r for r in rows if r["method"] == "sdpa default")
     sage = next(r for r in rows if r["method"] == "sage default")
     measured = (crossovers or {}).get(D)
-    use_kernel = L >= (measured if measured is not None else base.min_seq_len)
+    crossover = measured if measured is not None else base.min_seq_len
+    use_kernel = L >= crossover
     pick = sage if use_kernel else sdpa
     rows.append(dict(method="dispatch", ms=pick["ms"], tops=pick["tops"], cosine=pick["cosine"],
-                     rel_l1=pick["rel_l1"], routed_to="kernel" if use_kernel else "sdpa",
-                     crossover=measured if measured is not None else base.min_seq_len,
+                     rel_l1=pick["rel_l1"], routed_to="kernel" if use_kernel else "sdpa", crossover=crossover,
                      crossover_source="measured here" if measured is not None else "table default"))
     ref_row = next((r for r in rows if ref is not None and r["method"] == ref[0] and "ms" in r), None)
     for r in rows:

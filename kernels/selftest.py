@@ -225,8 +225,9 @@ def sdpa_fallback(arch: ArchInfo, sdpa_safe: Optional[bool]):
 
 # The kernel must beat SDPA by this factor to be picked at a length. Near the crossover both are
 # host-bound on fast GPUs and a 2-3 % win flips between runs, while a slow host step can make the
-# kernel 10-15 % slower there (H200, 4,096 tokens: 0.77-0.86x in one table run, 1.02-1.14x in the
-# next; bench/NOTES.md). A win inside the noise is not worth that risk.
+# kernel 10-25 % slower there (H200, 4,096 tokens: 0.77x at head_dim 128 in a run with a slow host,
+# 0.86x at head_dim 64 in another, 1.08-1.14x in a third; bench/NOTES.md). A win inside the noise
+# is not worth that risk.
 CROSSOVER_MARGIN = 0.95
 
 
