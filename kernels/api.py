@@ -366,8 +366,7 @@ def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, oh, dims, p_log2: float
     v_scale = v_scale if v_scale is not None else qs
     v_mean = v_mean if v_mean is not None else qs
     args = (*g.descriptors(q8, k8, v_t), qs, ks, v_scale, v_mean, oh, *oh.stride()[:3], H, H_KV, LQ, LK, D)
-    stages = g.STAGES_RESIDUAL if v_residual else g.STAGES
-    consts = dict(P_LOG2=p_log2, STAGES=stages, **flags, REGISTERS=g.REGISTERS, V_RES=v_residual)
+    consts = dict(P_LOG2=p_log2, STAGES=g.STAGES, **flags, REGISTERS=g.REGISTERS, V_RES=v_residual)
     try:
         if n_whole:
             _launch(g.shared_kv_attention_kernel, (n_whole,), args, consts, num_warps=4)

@@ -44,9 +44,6 @@ try:
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    # Triton renamed the CTA-wide barrier (3.6: thread_barrier, 3.8: barrier); inside a warp_specialize
-    # partition it synchronizes that partition's warps, here one warpgroup.
-    _warpgroup_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
     AVAILABLE = True
 except ImportError:  # triton without Gluon: the portable kernel serves every call
     AVAILABLE = False
@@ -54,8 +51,7 @@ except ImportError:  # triton without Gluon: the portable kernel serves every ca
 CONSUMERS = 3  # warpgroups per CTA, 64 query rows each
 ROWS = 64
 BLOCK_N = 128
-STAGES = 4  # K/V ring depth: 16 KB of Q + 4 × 32 KB + 32 KB of P, one CTA per SM
-STAGES_RESIDUAL = 3  # with V's residual a slot holds 48 KB
+STAGES = 4  # K/V ring depth: 24 KB of Q + 4 × 32 KB, one CTA per SM
 HEAD_DIM = 128  # padded head dim this kernel is built for
 REGISTERS = 168  # per thread: 3 warpgroups × 128 threads × 168 fill the 64K register file
 
@@ -86,15 +82,21 @@ if AVAILABLE:
                 tma.async_copy_global_to_shared(v_desc, [v_row + D_PAD, v_col0 + i * BN], bar, vres_smem.index(st))
 
     @gluon.jit
-    def _softmax(s, qs, ks_base, i, key0, LK, m_i, p_smem, P_LOG2: gl.constexpr, MASKED: gl.constexpr,
-                 p_layout: gl.constexpr):
-        """P of the ``i``-th key tile (logits ``s``) in fp8 into ``p_smem``, keys in V's order; returns
-        the new row max and the factor ``alpha`` that takes sums made against the old max to the new one.
-
-        P goes through shared memory, not registers, because P·V of the previous tile is still reading
-        its P while this runs: two P tiles, the logits, the output and P·V's result would not fit 240
-        registers, and ptxas then waits for P·V before the softmax (the overlap gone)."""
-        BN: gl.constexpr = s.type.shape[1]
+    def _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s, pv, rs, acc, m_i, l_acc, qs,
+              ks_base, i, key0, LK, P_LOG2: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
+              p_layout: gl.constexpr, V_RES: gl.constexpr):
+        """The ``i``-th K/V tile of this CTA's key range (``key0``: its first key; ``ks_base``: its
+        first tile's K scale) for one warpgroup. ``s``, ``pv`` and ``rs`` are the previous tile's
+        (dead) results, handed back as the MMAs' ignored accumulators so no zero tile stays live in registers.
+        The row sums of P come from the tensor cores (P times a column block of ones, ``rs``), not
+        from 64 adds and two shuffles per thread: ``l_acc`` holds them, every column the same."""
+        BN: gl.constexpr = k_smem.type.shape[1]
+        row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+        row_l: gl.constexpr = gl.SliceLayout(1, l_acc.type.layout)
+        st = i % STAGES
+        mbarrier.wait(kv_ready.index(st), (i // STAGES) & 1)
+        s = warpgroup_mma_wait(0, deps=(warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s, use_acc=False,
+                                                      is_async=True),))
         row_scale = qs * gl.load(ks_base + i)
         if MASKED:  # the last tile: keys past LK belong to the next head (or are zero-filled)
             offs_n = key0 + i * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s.type.layout))
@@ -107,62 +109,23 @@ if AVAILABLE:
             m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
             p = gl.exp2(s.to(gl.float32) * row_scale[:, None] - (m_use - P_LOG2)[:, None])
         alpha = gl.exp2(m_i - m_use)
-        p_smem.store(gl.convert_layout(mma_operand_order(p.to(p_smem.dtype), BN), p_layout))  # no data movement
-        fence_async_shared()
-        _warpgroup_barrier()  # every thread's part of P is written before an MMA reads it
-        return m_new, alpha
-
-    @gluon.jit
-    def _issue_pv(p_smem, v_smem, vres_smem, ones_smem, st, acc, rs, V_RES: gl.constexpr):
-        """Start adding P·V of ring slot st (and P times V's residual) into the output ``acc`` and the
-        row sums of P (P times ones) into a fresh ``rs``."""
-        acc = warpgroup_mma(p_smem, v_smem.index(st).permute((1, 0)), acc, is_async=True)
-        if V_RES:  # P times V's fp8 rounding residual
-            acc = warpgroup_mma(p_smem, vres_smem.index(st).permute((1, 0)), acc, is_async=True)
-        rs = warpgroup_mma(p_smem, ones_smem.permute((1, 0)), rs, use_acc=False, is_async=True)
-        return acc, rs
-
-    @gluon.jit
-    def _finish_pv(acc, rs, kv_empty, st, l_acc):
-        """Wait for _issue_pv's sums, release ring slot st and add the row sums into ``l_acc``."""
-        acc, rs = warpgroup_mma_wait(0, deps=(acc, rs))
+        p8 = gl.convert_layout(mma_operand_order(p.to(v_smem.dtype), BN), p_layout)  # no data movement
+        pv = warpgroup_mma(p8, v_smem.index(st).permute((1, 0)), pv, use_acc=False, is_async=True)
+        if V_RES:  # P times V's fp8 rounding residual, into the same tile sum
+            pv = warpgroup_mma(p8, vres_smem.index(st).permute((1, 0)), pv, is_async=True)
+        rs = warpgroup_mma(p8, ones_smem.permute((1, 0)), rs, use_acc=False, is_async=True)
+        pv, rs = warpgroup_mma_wait(0, deps=(pv, rs))
         mbarrier.arrive(kv_empty.index(st), count=1)
-        return acc, rs, l_acc + rs
-
-    @gluon.jit
-    def _rescale(acc, l_acc, alpha):
-        """The running sums, made against the old row max, taken to the new one."""
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
-        l_acc = l_acc * gl.convert_layout(alpha, gl.SliceLayout(1, l_acc.type.layout))[:, None]
-        return acc, l_acc
-
-    @gluon.jit
-    def _step(q, k_smem, v_smem, vres_smem, ones_smem, p_smem, p_base, kv_ready, kv_empty, s, rs, acc, l_acc,
-              m_i, qs, ks_base, i, key0, LK, P_LOG2: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
-              p_layout: gl.constexpr, V_RES: gl.constexpr):
-        """Tile ``i`` of one warpgroup, FlashAttention-3's intra-warpgroup pipeline: Q·Kᵀ of tile i
-        and P·V of tile i - 1 go to the tensor cores together, and the softmax of tile i runs while
-        P·V of tile i - 1 is still in flight, accumulating straight into the output. P alternates
-        between this warpgroup's two tiles of ``p_smem`` from ``p_base``. ``s`` and ``rs`` are dead
-        results handed back as the MMAs' ignored accumulators."""
-        st = i % STAGES
-        prev = (i - 1) % STAGES
-        mbarrier.wait(kv_ready.index(st), (i // STAGES) & 1)
-        s_tok = warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s, use_acc=False, is_async=True)
-        acc, rs = _issue_pv(p_smem.index(p_base + (i - 1) % 2), v_smem, vres_smem, ones_smem, prev, acc, rs, V_RES)
-        s = warpgroup_mma_wait(2 + V_RES, deps=(s_tok,))  # Q·Kᵀ was issued first: done before P·V
-        m_new, alpha = _softmax(s, qs, ks_base, i, key0, LK, m_i, p_smem.index(p_base + i % 2), P_LOG2, MASKED,
-                                p_layout)
-        acc, rs, l_acc = _finish_pv(acc, rs, kv_empty, prev, l_acc)
-        acc, l_acc = _rescale(acc, l_acc, alpha)
-        return s, rs, acc, l_acc, m_new
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv
+        l_acc = l_acc * gl.convert_layout(alpha, row_l)[:, None] + rs
+        return s, pv, rs, acc, m_new, l_acc
 
     @gluon.jit
     def _warpgroup(args, descs, C: gl.constexpr, P_LOG2: gl.constexpr, STAGES: gl.constexpr,
                    HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr):
         """Rows C·64.. of this CTA's 192 query rows, over its key range (every key, or one share with
         SPLIT). Warpgroup 0 also loads Q and keeps the K/V ring STAGES - 1 tiles ahead of itself."""
-        (q_smem, k_smem, v_smem, vres_smem, ones_smem, p_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, Out,
+        (q_smem, k_smem, v_smem, vres_smem, ones_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, Out,
          stride_ob, stride_oh, stride_om, H, H_KV, LQ, LK, D, n_whole, splits, Part) = args
         q_desc, k_desc, v_desc = descs
         NCONS: gl.constexpr = q_smem.type.shape[0]
@@ -219,42 +182,27 @@ if AVAILABLE:
         ks_base = KS + bhk.to(gl.int64) * n_tiles + t0
         q = q_smem.index(C)
         s = gl.zeros([ROWS, BN], gl.int32, s_layout)
+        pv = gl.zeros([ROWS, D_PAD], gl.float32, o_layout)
         acc = gl.zeros([ROWS, D_PAD], gl.float32, o_layout)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
         rs = gl.zeros([ROWS, ONES_N], gl.float32, l_layout)
         l_acc = gl.zeros([ROWS, ONES_N], gl.float32, l_layout)
-        key0 = t0 * BN
-        n_full = gl.minimum(t1, LK // BN) - t0  # whole tiles; a partial last one follows if t1 reaches it
         mbarrier.wait(q_bar, 0)
-        # Tile 0 alone: its Q·Kᵀ has no P·V to go with.
-        mbarrier.wait(kv_ready.index(0), 0)
-        s = warpgroup_mma_wait(0, deps=(warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s, use_acc=False,
-                                                      is_async=True),))
-        p_base = 2 * C  # this warpgroup's two P tiles
-        if n_full > 0:  # no rescale: the sums are still zero
-            m_i, _ = _softmax(s, qs, ks_base, 0, key0, LK, m_i, p_smem.index(p_base), P_LOG2, False, p_layout)
-        else:
-            m_i, _ = _softmax(s, qs, ks_base, 0, key0, LK, m_i, p_smem.index(p_base), P_LOG2, True, p_layout)
-        # Tile i - 1 is released during step i, so the fill at step i (slot of tile i - 2) never waits on
-        # this warpgroup's own tile: the ring runs STAGES - 2 tiles ahead of the Q·Kᵀ in flight.
-        for i in range(1, n_full):
+        n_full = gl.minimum(t1, LK // BN) - t0  # whole tiles; a partial last one follows if t1 reaches it
+        for i in range(n_full):
             if C == 0:
-                _fill(k_desc, v_desc, k_smem, v_smem, vres_smem, kv_ready, kv_empty, i + STAGES - 2, n_local, k_row0,
-                      v_row, key0, STAGES, V_RES)
-            s, rs, acc, l_acc, m_i = _step(q, k_smem, v_smem, vres_smem, ones_smem, p_smem, p_base, kv_ready,
-                                           kv_empty, s, rs, acc, l_acc, m_i, qs, ks_base, i, key0, LK, P_LOG2,
-                                           STAGES, False, p_layout, V_RES)
-        if (n_full < n_local) & (n_full > 0):
+                _fill(k_desc, v_desc, k_smem, v_smem, vres_smem, kv_ready, kv_empty, i + STAGES - 1, n_local, k_row0,
+                      v_row, t0 * BN, STAGES, V_RES)
+            s, pv, rs, acc, m_i, l_acc = _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s, pv, rs,
+                                               acc, m_i, l_acc, qs, ks_base, i, t0 * BN, LK, P_LOG2, STAGES, False,
+                                               p_layout, V_RES)
+        if n_full < n_local:
             if C == 0:
-                _fill(k_desc, v_desc, k_smem, v_smem, vres_smem, kv_ready, kv_empty, n_full + STAGES - 2, n_local,
-                      k_row0, v_row, key0, STAGES, V_RES)
-            s, rs, acc, l_acc, m_i = _step(q, k_smem, v_smem, vres_smem, ones_smem, p_smem, p_base, kv_ready,
-                                           kv_empty, s, rs, acc, l_acc, m_i, qs, ks_base, n_full, key0, LK, P_LOG2,
-                                           STAGES, True, p_layout, V_RES)
-        last = (n_local - 1) % STAGES
-        acc, rs = _issue_pv(p_smem.index(p_base + (n_local - 1) % 2), v_smem, vres_smem, ones_smem, last, acc, rs,
-                            V_RES)
-        acc, rs, l_acc = _finish_pv(acc, rs, kv_empty, last, l_acc)
+                _fill(k_desc, v_desc, k_smem, v_smem, vres_smem, kv_ready, kv_empty, n_full + STAGES - 1, n_local,
+                      k_row0, v_row, t0 * BN, STAGES, V_RES)
+            s, pv, rs, acc, m_i, l_acc = _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s, pv, rs,
+                                               acc, m_i, l_acc, qs, ks_base, n_full, t0 * BN, LK, P_LOG2, STAGES,
+                                               True, p_layout, V_RES)
 
         l_i = gl.convert_layout(gl.max(l_acc, axis=1), row_o)  # every column holds the row sum
         offs_d = gl.arange(0, D_PAD, layout=col_o)
@@ -326,10 +274,6 @@ if AVAILABLE:
         ones = gl.full([ONES_N, BN], 0x38, gl.int8, gl.BlockedLayout([1, 16], [1, 32], [4, 1], [1, 0]))
         ones_smem = gl.allocate_shared_memory(v_desc.dtype, [ONES_N, BN], ones_layout,
                                               ones.to(v_desc.dtype, bitcast=True))
-        # Each warpgroup's P, double-buffered (the softmax writes one while P·V reads the other), as the
-        # A operand of P·V: K-major, keys in V's order.
-        p_smem = gl.allocate_shared_memory(v_desc.dtype, [NCONS * 2, ROWS, BN],
-                                           gl.NVMMASharedLayout.get_default_for([ROWS, BN], v_desc.dtype))
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -338,8 +282,8 @@ if AVAILABLE:
             mbarrier.init(kv_ready.index(i), count=1)
             mbarrier.init(kv_empty.index(i), count=NCONS)  # every warpgroup releases each tile
         fence_async_shared()
-        args = (q_smem, k_smem, v_smem, vres_smem, ones_smem, p_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale,
-                VMean, Out, stride_ob, stride_oh, stride_om, H, H_KV, LQ, LK, D, n_whole, splits, Part)
+        args = (q_smem, k_smem, v_smem, vres_smem, ones_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, Out,
+                stride_ob, stride_oh, stride_om, H, H_KV, LQ, LK, D, n_whole, splits, Part)
         descs = (q_desc, k_desc, v_desc)
         if not SPLIT:
             # Programmatic dependent launch: once every whole CTA has started, the split kernel
