@@ -1,0 +1,92 @@
+"""A/B of whole checkouts on a GPU: each tree's ``sageattn`` defaults timed at the same shapes, the
+trees alternating round by round so that drift of the machine falls on both.
+
+    python bench/ab_trees.py --tree A=/path/to/old/checkout --tree N=. [--rounds 2] [--out ab.json]
+
+Each tree runs in its own process (the pack is imported from that tree), times every shape with
+``do_bench`` (median, inputs rotating, warmed by an accuracy call first) and reports TOPS and cosine
+against an fp32 reference on two heads. The table printed last has one column per tree and round.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SHAPES = [  # (B, H, L, D, pv_precision): Flux's call, the table's lengths, Wan's call
+    (2, 24, 4608, 128, "fp8"), (2, 24, 8192, 128, "fp8"), (1, 24, 16384, 128, "fp8"),
+    (1, 12, 32768, 128, "fp8"), (2, 12, 32760, 128, "fp8"), (2, 24, 8192, 128, "fp8+residual"),
+]
+
+
+def _child(tree: Path) -> None:
+    import torch
+    import torch.nn.functional as F
+    import triton.testing
+
+    spec = importlib.util.spec_from_file_location("sagetriton", tree / "__init__.py",
+                                                  submodule_search_locations=[str(tree)])
+    pack = importlib.util.module_from_spec(spec)
+    sys.modules["sagetriton"] = pack
+    spec.loader.exec_module(pack)
+    from sagetriton.kernels import sageattn
+    from sagetriton.kernels.reference import cosine
+
+    for B, H, L, D, pv in SHAPES:
+        sets = [tuple(torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                for _ in range(3)]
+        q, k, v = sets[0]
+        out = sageattn(q, k, v, pv_precision=pv)[:, :2].float()
+        ref = F.scaled_dot_product_attention(q[:, :2].float(), k[:, :2].float(), v[:, :2].float())
+        cos = cosine(out, ref)
+        rotation = itertools.cycle(sets)
+
+        def call(rotation=rotation, pv=pv):
+            return sageattn(*next(rotation), pv_precision=pv)
+
+        ms = triton.testing.do_bench(call, warmup=50, rep=300, return_mode="median")
+        print(json.dumps({"shape": f"{B}x{H}x{L}x{D} {pv}", "ms": round(ms, 4),
+                          "tops": round(4 * B * H * L * L * D / (ms * 1e-3) / 1e12, 1), "cos": round(cos, 6)}),
+              flush=True)
+        del sets, q, k, v
+        torch.cuda.empty_cache()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tree", action="append", default=[], help="NAME=checkout directory")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        _child(Path(a.child).resolve())
+        return
+    trees = dict(t.split("=", 1) for t in a.tree)
+    rows = []
+    for r in range(a.rounds):
+        for name, path in trees.items():
+            tag = f"{name}{r + 1}"
+            done = subprocess.run([sys.executable, __file__, "--child", path], capture_output=True, text=True)
+            if done.returncode:
+                print(f"{tag}: failed\n{done.stderr[-3000:]}", flush=True)
+                continue
+            for line in done.stdout.splitlines():
+                if line.startswith("{"):
+                    rows.append({"tag": tag, **json.loads(line)})
+                    print(tag, line, flush=True)
+    if a.out:
+        Path(a.out).write_text(json.dumps({"trees": trees, "rows": rows}, indent=1))
+    tags = list(dict.fromkeys(r["tag"] for r in rows))
+    print("shape".ljust(28) + "".join(t.rjust(9) for t in tags))
+    for shape in dict.fromkeys(r["shape"] for r in rows):
+        cells = {r["tag"]: r["tops"] for r in rows if r["shape"] == shape}
+        print(shape.ljust(28) + "".join(str(cells.get(t, "-")).rjust(9) for t in tags))
+
+
+if __name__ == "__main__":
+    main()
