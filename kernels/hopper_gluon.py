@@ -83,13 +83,18 @@ if AVAILABLE:
 
     @gluon.jit
     def _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s, pv, rs, acc, m_i, l_acc, qs,
-              ks_base, i, key0, LK, P_LOG2: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
-              p_layout: gl.constexpr, V_RES: gl.constexpr):
+              ks_base, i, key0, LK, k_desc, v_desc, n_local, k_row0, v_row, P_LOG2: gl.constexpr,
+              STAGES: gl.constexpr, MASKED: gl.constexpr, p_layout: gl.constexpr, V_RES: gl.constexpr,
+              FILL: gl.constexpr):
         """The ``i``-th K/V tile of this CTA's key range (``key0``: its first key; ``ks_base``: its
         first tile's K scale) for one warpgroup. ``s``, ``pv`` and ``rs`` are the previous tile's
         (dead) results, handed back as the MMAs' ignored accumulators so no zero tile stays live in registers.
         The row sums of P come from the tensor cores (P times a column block of ones, ``rs``), not
-        from 64 adds and two shuffles per thread: ``l_acc`` holds them, every column the same."""
+        from 64 adds and two shuffles per thread: ``l_acc`` holds them, every column the same.
+
+        With FILL (warpgroup 0) the ring's refill, tile i + STAGES - 1, is started while this tile's P·V
+        runs: its barrier waits and copies then cost that warpgroup nothing, where before the tile they
+        made it the last of the three to finish every CTA (bench/NOTES.md attempt 44)."""
         BN: gl.constexpr = k_smem.type.shape[1]
         row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
         row_l: gl.constexpr = gl.SliceLayout(1, l_acc.type.layout)
@@ -114,6 +119,9 @@ if AVAILABLE:
         if V_RES:  # P times V's fp8 rounding residual, into the same tile sum
             pv = warpgroup_mma(p8, vres_smem.index(st).permute((1, 0)), pv, is_async=True)
         rs = warpgroup_mma(p8, ones_smem.permute((1, 0)), rs, use_acc=False, is_async=True)
+        if FILL:
+            _fill(k_desc, v_desc, k_smem, v_smem, vres_smem, kv_ready, kv_empty, i + STAGES - 1, n_local, k_row0,
+                  v_row, key0, STAGES, V_RES)
         pv, rs = warpgroup_mma_wait(0, deps=(pv, rs))
         mbarrier.arrive(kv_empty.index(st), count=1)
         acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv
@@ -190,19 +198,13 @@ if AVAILABLE:
         mbarrier.wait(q_bar, 0)
         n_full = gl.minimum(t1, LK // BN) - t0  # whole tiles; a partial last one follows if t1 reaches it
         for i in range(n_full):
-            if C == 0:
-                _fill(k_desc, v_desc, k_smem, v_smem, vres_smem, kv_ready, kv_empty, i + STAGES - 1, n_local, k_row0,
-                      v_row, t0 * BN, STAGES, V_RES)
             s, pv, rs, acc, m_i, l_acc = _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s, pv, rs,
-                                               acc, m_i, l_acc, qs, ks_base, i, t0 * BN, LK, P_LOG2, STAGES, False,
-                                               p_layout, V_RES)
+                                               acc, m_i, l_acc, qs, ks_base, i, t0 * BN, LK, k_desc, v_desc, n_local,
+                                               k_row0, v_row, P_LOG2, STAGES, False, p_layout, V_RES, C == 0)
         if n_full < n_local:
-            if C == 0:
-                _fill(k_desc, v_desc, k_smem, v_smem, vres_smem, kv_ready, kv_empty, n_full + STAGES - 1, n_local,
-                      k_row0, v_row, t0 * BN, STAGES, V_RES)
             s, pv, rs, acc, m_i, l_acc = _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s, pv, rs,
-                                               acc, m_i, l_acc, qs, ks_base, n_full, t0 * BN, LK, P_LOG2, STAGES,
-                                               True, p_layout, V_RES)
+                                               acc, m_i, l_acc, qs, ks_base, n_full, t0 * BN, LK, k_desc, v_desc,
+                                               n_local, k_row0, v_row, P_LOG2, STAGES, True, p_layout, V_RES, C == 0)
 
         l_i = gl.convert_layout(gl.max(l_acc, axis=1), row_o)  # every column holds the row sum
         offs_d = gl.arange(0, D_PAD, layout=col_o)
