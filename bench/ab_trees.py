@@ -10,8 +10,8 @@ against an fp32 reference on two heads. The table printed last has one column pe
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
-import itertools
 import json
 import subprocess
 import sys
@@ -35,6 +35,7 @@ def _child(tree: Path) -> None:
     spec.loader.exec_module(pack)
     from sagetriton.kernels import sageattn
     from sagetriton.kernels.reference import cosine
+    from sagetriton.kernels.selftest import alternating
 
     for B, H, L, D, pv in SHAPES:
         sets = [tuple(torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -43,16 +44,12 @@ def _child(tree: Path) -> None:
         out = sageattn(q, k, v, pv_precision=pv)[:, :2].float()
         ref = F.scaled_dot_product_attention(q[:, :2].float(), k[:, :2].float(), v[:, :2].float())
         cos = cosine(out, ref)
-        rotation = itertools.cycle(sets)
-
-        def call(rotation=rotation, pv=pv):
-            return sageattn(*next(rotation), pv_precision=pv)
-
+        call = alternating(functools.partial(sageattn, pv_precision=pv), sets)
         ms = triton.testing.do_bench(call, warmup=50, rep=300, return_mode="median")
         print(json.dumps({"shape": f"{B}x{H}x{L}x{D} {pv}", "ms": round(ms, 4),
                           "tops": round(4 * B * H * L * L * D / (ms * 1e-3) / 1e12, 1), "cos": round(cos, 6)}),
               flush=True)
-        del sets, q, k, v
+        del sets, q, k, v, call
         torch.cuda.empty_cache()
 
 
