@@ -4,7 +4,10 @@
 
 TOPS = 4·B·H·Lq·Lk·D / time, the full call (quantization included), median of do_bench over
 rotating input sets so nothing is served from L2. Accuracy is cosine / relative L1 against an
-fp32 math reference on a slice of heads.
+fp32 math reference on a slice of heads. Memory: the peak a call adds to what was allocated
+before it (its output included); for our kernel and the reference also how far that is from the
+issue's budget, SDPA default's peak plus the quantized copies of Q, K and V
+(``kernels.footprint.quantized_copy_bytes``; negative = within it).
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import_pack()
 from sagetriton.kernels.api import attention_forward  # noqa: E402
 from sagetriton.kernels.arch import default_config, detect_arch, resolve_config  # noqa: E402
+from sagetriton.kernels.footprint import quantized_copy_bytes  # noqa: E402
 from sagetriton.kernels.report import crossover_seq_len  # noqa: E402
 from sagetriton.kernels.selftest import alternating, measure_crossovers  # noqa: E402
 
@@ -39,6 +43,18 @@ def tops(shape, ms):
 
 def timed(fn, sets):
     return triton.testing.do_bench(alternating(fn, sets), warmup=50, rep=300, return_mode="median")
+
+
+def peak_mib(fn, q, k, v):
+    """MiB a call adds to the allocator's peak, its output included."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn(q, k, v)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del out
+    return peak / 2**20
 
 
 def sdpa_with(backends):
@@ -65,17 +81,18 @@ def kernel_fn(cfg):
 
 
 def kernel_rows(arch, D):
-    """(label, fn) for the per-arch default and each granularity / PV precision variant."""
+    """(label, fn, config) for the per-arch default and each granularity / PV precision variant."""
     base = default_config(arch, D)
-    rows = [("sage default", kernel_fn(base))]
+    rows = [("sage default", kernel_fn(base), base)]
     if base.shared_kv_min_len:  # the portable kernel alone, beside the default that switches to Gluon
-        rows.append(("sage portable kernel", kernel_fn(base.replace(shared_kv_min_len=0))))
+        portable = base.replace(shared_kv_min_len=0)
+        rows.append(("sage portable kernel", kernel_fn(portable), portable))
     pvs = ("fp16", "fp8", "fp8+residual") if arch.fp8 else ("fp16",)
     for gran, pv in itertools.product(("per_block", "per_warp", "per_thread"), pvs):
         c, _ = resolve_config(arch, D, gran, pv)  # what Sage Settings gives for this choice
         if c == base:
             continue
-        rows.append((f"sage {gran} {pv}", kernel_fn(c)))
+        rows.append((f"sage {gran} {pv}", kernel_fn(c), c))
     return rows, base
 
 
@@ -96,7 +113,7 @@ def reference_sage():
     except importlib.metadata.PackageNotFoundError:  # a source build on sys.path, no metadata
         version = "2.x" if hasattr(core, "SM90_ENABLED") else getattr(sageattention, "__version__", "?")
     label = f"sageattention {version} ({'CUDA' if cuda else 'Triton'})"
-    return label, lambda q, k, v: ref_sageattn(q, k, v, tensor_layout="HND")
+    return label, lambda q, k, v: ref_sageattn(q, k, v, tensor_layout="HND"), None
 
 
 def measured_crossovers(arch):
@@ -114,35 +131,42 @@ def bench_shape(shape, dtype, arch, all_variants=True, crossovers=None):
     krows, base = kernel_rows(arch, D)
     if not all_variants:
         krows = krows[:1]
-    methods = [("sdpa default", lambda q, k, v: F.scaled_dot_product_attention(q, k, v))]
-    methods += [(f"sdpa {b.name.lower()}", sdpa_with([b])) for b in
+    methods = [("sdpa default", lambda q, k, v: F.scaled_dot_product_attention(q, k, v), None)]
+    methods += [(f"sdpa {b.name.lower()}", sdpa_with([b]), None) for b in
                 (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION)]
     methods += krows
     ref = reference_sage()
     if ref is not None:
         methods.append(ref)
-    for label, fn in methods:
+    for label, fn, cfg in methods:
         try:
             cos, l1 = accuracy(fn, *sets[0])  # first: builds the kernels outside the timing
             ms = timed(fn, sets)
+            mib = peak_mib(fn, *sets[0])
         except Exception as e:  # a backend this GPU lacks: report, keep going
             rows.append(dict(method=label, error=str(e).splitlines()[0][:200]))
             continue
-        rows.append(dict(method=label, ms=ms, tops=tops(shape, ms), cosine=cos, rel_l1=l1))
+        rows.append(dict(method=label, ms=ms, tops=tops(shape, ms), cosine=cos, rel_l1=l1, peak_mib=mib))
+        if label.startswith("sage"):  # ours and the reference: against SDPA's peak plus the quantized copies
+            copies = quantized_copy_bytes(B, H, H, L, L, D, v_residual=bool(cfg and cfg.v_residual)) / 2**20
+            rows[-1]["copies_mib"] = copies
     sdpa = next(r for r in rows if r["method"] == "sdpa default")
     sage = next(r for r in rows if r["method"] == "sage default")
     measured = (crossovers or {}).get(D)
     crossover = measured if measured is not None else base.min_seq_len
     use_kernel = L >= crossover
     pick = sage if use_kernel else sdpa
-    rows.append(dict(method="dispatch", ms=pick["ms"], tops=pick["tops"], cosine=pick["cosine"],
-                     rel_l1=pick["rel_l1"], routed_to="kernel" if use_kernel else "sdpa", crossover=crossover,
+    rows.append(dict(method="dispatch", **{k: pick[k] for k in ("ms", "tops", "cosine", "rel_l1", "peak_mib")},
+                     **({"copies_mib": pick["copies_mib"]} if use_kernel else {}),
+                     routed_to="kernel" if use_kernel else "sdpa", crossover=crossover,
                      crossover_source="measured here" if measured is not None else "table default"))
     ref_row = next((r for r in rows if ref is not None and r["method"] == ref[0] and "ms" in r), None)
     for r in rows:
         r.update(shape=list(shape), dtype=str(dtype).replace("torch.", ""))
         if "ms" in r:
             r["vs_sdpa"] = sdpa["ms"] / r["ms"]
+            if "copies_mib" in r:
+                r["over_budget_mib"] = r["peak_mib"] - sdpa["peak_mib"] - r["copies_mib"]
             if ref_row is not None:
                 r["vs_reference"] = ref_row["ms"] / r["ms"]
     return rows, base
@@ -207,13 +231,14 @@ def profile_stages(arch, dtype):
 
 def print_table(rows):
     print(f"{'shape':>20} {'dtype':>8} {'method':>34} {'ms':>8} {'TOPS':>7} {'xSDPA':>6} {'xRef':>6} "
-          f"{'cos':>8} {'relL1':>7}")
+          f"{'cos':>8} {'relL1':>7} {'MiB':>7} {'vs budget':>9}")
     for r in rows:
         if "error" in r:
             print(f"{str(r['shape']):>20} {r['dtype']:>8} {r['method']:>34}  error: {r['error'][:60]}")
             continue
         print(f"{str(r['shape']):>20} {r['dtype']:>8} {r['method']:>34} {r['ms']:8.3f} {r['tops']:7.0f} "
-              f"{r['vs_sdpa']:6.2f} {r.get('vs_reference', float('nan')):6.2f} {r['cosine']:8.5f} {r['rel_l1']:7.4f}")
+              f"{r['vs_sdpa']:6.2f} {r.get('vs_reference', float('nan')):6.2f} {r['cosine']:8.5f} {r['rel_l1']:7.4f} "
+              f"{r.get('peak_mib', float('nan')):7.1f} {r.get('over_budget_mib', float('nan')):+9.1f}")
 
 
 def main(argv=None):

@@ -15,8 +15,9 @@ import torch
 import triton
 
 from . import attention as attn
-from . import hopper_gluon, quant, tail_split
+from . import footprint, hopper_gluon, quant, tail_split
 from .arch import FP8_MAX, KernelConfig, arch_for_device, interpreter_enabled, resolve_config
+from .footprint import head_dim_padded
 from .log import logger
 
 _FP8_TORCH = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
@@ -88,11 +89,6 @@ def compile_specs(cfg: KernelConfig, head_dim: int = 128, dtype=torch.bfloat16, 
         finally:
             _recorded = None
     return specs
-
-
-def head_dim_padded(d: int) -> int:
-    # tl.dot needs a reduction dim of at least 32 for int8 and power-of-two tile shapes.
-    return max(32, triton.next_power_of_2(d))
 
 
 def _check_inputs(q, k, v, layout: str, attn_mask, is_causal: bool) -> None:
@@ -361,7 +357,8 @@ def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, oh, dims, p_log2: float
     n_whole, splits = tail_split.plan_tail(n_cta, sm_count(q8.device), key_tiles)
     n_units = (n_cta - n_whole) * splits
     # Split shares' fp32 output rows, then their (row max, row sum) pairs.
-    part = torch.empty((n_units * cta_rows * (d_pad + 2),), dtype=torch.float32, device=q8.device) if n_units else qs
+    part = (torch.empty((footprint.split_workspace_bytes(n_units, cta_rows, d_pad) // footprint.FP32,),
+                        dtype=torch.float32, device=q8.device) if n_units else qs)
     flags = dict(HAS_VSCALE=v_scale is not None, HAS_VMEAN=v_mean is not None)
     v_scale = v_scale if v_scale is not None else qs
     v_mean = v_mean if v_mean is not None else qs

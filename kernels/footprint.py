@@ -1,0 +1,42 @@
+"""GPU memory of one attention call beyond its output, against the budget of the Hopper issue:
+no more than SDPA's peak plus the quantized copies of Q, K and V.
+
+Pure arithmetic on shapes, so the CPU tests (tests/test_memory.py, which count what a real call
+allocates on meta tensors) and ``bench/bench_kernels.py`` (which measures the GPU's peak) use the
+same numbers.
+"""
+from __future__ import annotations
+
+import math
+
+from . import tail_split
+
+FP32 = 4
+
+
+def head_dim_padded(d: int) -> int:
+    """The head dim the kernels store and load: int8 MMAs need a reduction dim of at least 32 and
+    power-of-two tiles."""
+    return max(32, 1 << math.ceil(math.log2(d)))
+
+
+def quantized_copy_bytes(batch: int, heads: int, kv_heads: int, q_len: int, k_len: int, head_dim: int,
+                         v_residual: bool = False) -> int:
+    """The quantized copies a call needs: INT8 Q and K and FP8 V (twice V with fp8+residual: V's
+    rounding error is a second fp8 copy), one byte per element at the padded head dim, and an fp32
+    scale per Q and K token. The allowance the memory target grants beside SDPA's own peak."""
+    d_pad = head_dim_padded(head_dim)
+    q = batch * heads * q_len * (d_pad + FP32)
+    k = batch * kv_heads * k_len * (d_pad + FP32)
+    v = batch * kv_heads * k_len * d_pad * (2 if v_residual else 1)
+    return q + k + v
+
+
+def split_workspace_bytes(n_units: int, cta_rows: int, d_pad: int) -> int:
+    """Hopper's split last wave (``tail_split``): each share's fp32 output rows, row max and row sum."""
+    return n_units * cta_rows * (d_pad + 2) * FP32
+
+
+def max_split_workspace_bytes(n_sms: int, cta_rows: int, d_pad: int) -> int:
+    """The most the split last wave can take on a GPU with ``n_sms`` SMs (25 MB on an H200 at head_dim 128)."""
+    return split_workspace_bytes(tail_split.MAX_UNITS_PER_SM * n_sms, cta_rows, d_pad)
