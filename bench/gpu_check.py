@@ -143,7 +143,10 @@ def shared_kv_cases() -> list:
                 ("3.9 waves, fp8+residual", qkv(B=2, H=8, LQ=n, LK=n + 129), False, residual)):
             ran.clear()
             out, _ = api.attention_forward(q, k, v, "HND", False, None, None, False, c_run, True, smooth_v)
-            used = ran == [True]
+            again, _ = api.attention_forward(q, k, v, "HND", False, None, None, False, c_run, True, smooth_v)
+            used = ran == [True, True]
+            # Key shares are combined in a fixed order, without atomics: the same bits on every run.
+            same = torch.equal(out, again)
             portable, _ = api.attention_forward(q, k, v, "HND", False, None, None, False,
                                                 c_run.replace(shared_kv_min_len=0), True, smooth_v)
             agree = cosine(out, portable)
@@ -153,9 +156,10 @@ def shared_kv_cases() -> list:
             # an independent fp8 rounding for those rows, as far from the portable kernel as either is
             # from fp64 at most. Whole CTAs differ only by the row sums' rounding.
             min_agree = SPLIT_MIN_AGREE if plan[1] > 1 else 0.99995
-            ok = used and agree >= min_agree and c >= (RESIDUAL_MIN_COS if c_run.v_residual else 0.999)
+            ok = used and same and agree >= min_agree and c >= (RESIDUAL_MIN_COS if c_run.v_residual else 0.999)
             print(f"{'ok ' if ok else 'BAD'} {'shared-K/V Gluon kernel: ' + name:60s} cos={c:.6f} "
-                  f"ran={used} cos to portable={agree:.7f} (whole CTAs, shares) = {plan}", flush=True)
+                  f"ran={used} deterministic={same} cos to portable={agree:.7f} (whole CTAs, shares) = {plan}",
+                  flush=True)
             results.append(ok)
     finally:
         api._run_shared_kv = real
