@@ -100,8 +100,8 @@ def test_a_call_allocates_its_output_its_quantized_copies_and_per_head_statistic
 def test_the_split_last_wave_adds_only_its_bounded_workspace(monkeypatch, B, H, L, pv):
     """Hopper's split last wave keeps each key share's fp32 rows until the merge: the one allocation
     beyond output + copies + statistics, at most ``MAX_UNITS_PER_SM`` shares per SM of 192 rows
-    (25 MB on an H200 at head_dim 128; 14-17 % of the copies at 8K-32K tokens, 22 % at 6K, 56 % at Flux's 4,608
-    with 24 heads and batch 1, where every CTA is split)."""
+    (25 MB on an H200 at head_dim 128; 14-17 % of the copies at 8K-32K tokens, 22 % at 6K, 56 % at
+    1 x 24 heads x 4,608, whose short last wave is cut into 5 shares)."""
     if not hopper_gluon.AVAILABLE:
         pytest.skip("this Triton has no Gluon")
     cfg = _sm90(128, pv)
