@@ -32,8 +32,9 @@ def _warn_once(msg: str) -> None:
         logger.warning("[SageTriton] %s", msg)
 
 
-_TRITON_DTYPE = {torch.int8: "i8", torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
-                 torch.bool: "i1", torch.float8_e4m3fn: "fp8e4nv", torch.float8_e4m3fnuz: "fp8e4b8"}
+_TRITON_DTYPE = {torch.int8: "i8", torch.int32: "i32", torch.float32: "fp32", torch.float16: "fp16",
+                 torch.bfloat16: "bf16", torch.bool: "i1", torch.float8_e4m3fn: "fp8e4nv",
+                 torch.float8_e4m3fnuz: "fp8e4b8"}
 _recorded: Optional[list] = None
 
 
@@ -284,6 +285,12 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
                           quant.MEAN_DOT if qbias is not None else quant.MEAN_NONE, stats, H // H_KV,
                           bias=qbias, bias_mult=sm_scale,
                           finalize=(smooth_k, v_stats, *_v_range(cfg)) if stats is not None else None)
+    if stats is not None:
+        # The Q launch has reduced the partials into ``final``, all later launches read: freed now (the
+        # allocator hands the block out only to work queued after that launch), they are not part of
+        # the call's peak.
+        stats = (final, 0, LK, k_tokens, final)
+        del parts
     k_scalar = k_group == cfg.block_n
     k8, ks = _quantize_qk(kh, k_group, cfg.block_n, d_pad, 1.0, quant.MEAN_SUBTRACT if smooth_k else quant.MEAN_NONE,
                           stats, per_block=k_scalar)
@@ -351,14 +358,17 @@ def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, oh, dims, p_log2: float
     # The kernel tells the compiler its output rows are 16-byte aligned with contiguous channels.
     assert oh.stride(3) == 1 and D % 8 == 0, "the Gluon kernel writes only our own (.., D % 8 == 0) outputs"
     g = hopper_gluon
-    cta_rows, d_pad = g.CONSUMERS * g.ROWS, q8.shape[-1]
+    cta_rows = g.CONSUMERS * g.ROWS
     ctas_per_head, key_tiles = g.grid(LQ, LK)
     n_cta = ctas_per_head * q8.shape[0]
     n_whole, splits = tail_split.plan_tail(n_cta, sm_count(q8.device), key_tiles)
     n_units = (n_cta - n_whole) * splits
-    # Split shares' fp32 output rows, then their (row max, row sum) pairs.
-    part = (torch.empty((footprint.split_workspace_bytes(n_units, cta_rows, d_pad) // footprint.FP32,),
-                        dtype=torch.float32, device=q8.device) if n_units else qs)
+    # The split shares' hand-over (tail_split): a ticket counter and a flag per warpgroup of a tail CTA,
+    # and its rows' max and sum in two buffers.
+    n_tail = n_cta - n_whole
+    turns = torch.zeros((1 + n_tail * g.CONSUMERS,), dtype=torch.int32, device=q8.device) if n_units else None
+    ml = (torch.empty((footprint.split_workspace_bytes(n_tail, cta_rows) // footprint.FP32,), dtype=torch.float32,
+                      device=q8.device) if n_units else None)
     flags = dict(HAS_VSCALE=v_scale is not None, HAS_VMEAN=v_mean is not None)
     v_scale = v_scale if v_scale is not None else qs
     v_mean = v_mean if v_mean is not None else qs
@@ -368,8 +378,9 @@ def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, oh, dims, p_log2: float
         if n_whole:
             _launch(g.shared_kv_attention_kernel, (n_whole,), args, consts, num_warps=4)
         if n_units:  # launch_pdl: may start while the whole CTAs finish (it reads none of their output)
-            _launch(g.shared_kv_split_kernel, (n_units,), (*args, n_whole, splits, part), consts, num_warps=4,
-                    launch_pdl=bool(n_whole))
+            split_consts = dict(consts, STAGES=g.SPLIT_RESIDUAL_STAGES) if v_residual else consts
+            _launch(g.shared_kv_split_kernel, (n_units,), (*args, n_whole, splits, turns, ml), split_consts,
+                    num_warps=4, launch_pdl=bool(n_whole))
     except Exception as e:  # noqa: BLE001 - a compiler error must not break the user's run
         if _recorded is not None:
             raise
@@ -377,12 +388,6 @@ def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, oh, dims, p_log2: float
         logger.warning("Hopper Gluon kernel unavailable with this Triton (%s); the portable kernel runs "
                        "every call instead (a few %% slower from 4.6K tokens)", _shared_kv_error)
         return False
-    if n_units:
-        block_r = 64
-        _launch(tail_split.merge_splits_kernel, ((n_cta - n_whole) * (cta_rows // block_r),), (
-            part, part[n_units * cta_rows * d_pad:], v_scale, v_mean, oh, *oh.stride(), H, H_KV, LQ, D, n_whole,
-            splits,
-        ), dict(CTA_ROWS=cta_rows, BLOCK_R=block_r, D_PAD=d_pad, **flags), num_warps=4)
     return True
 
 

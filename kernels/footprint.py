@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import math
 
-from . import tail_split
-
 FP32 = 4
 
 
@@ -32,11 +30,13 @@ def quantized_copy_bytes(batch: int, heads: int, kv_heads: int, q_len: int, k_le
     return q + k + v
 
 
-def split_workspace_bytes(n_units: int, cta_rows: int, d_pad: int) -> int:
-    """Hopper's split last wave (``tail_split``): each share's fp32 output rows, row max and row sum."""
-    return n_units * cta_rows * (d_pad + 2) * FP32
+def split_workspace_bytes(n_tail_ctas: int, cta_rows: int) -> int:
+    """Hopper's split last wave (``tail_split``): a row max and row sum, twice, per row of each tail CTA
+    (its shares hand them on in turn), 3 KB per CTA of 192 rows. Their flags are int32s on top."""
+    return n_tail_ctas * cta_rows * 2 * 2 * FP32
 
 
-def max_split_workspace_bytes(n_sms: int, cta_rows: int, d_pad: int) -> int:
-    """The most the split last wave can take on a GPU with ``n_sms`` SMs (25 MB on an H200 at head_dim 128)."""
-    return split_workspace_bytes(tail_split.MAX_UNITS_PER_SM * n_sms, cta_rows, d_pad)
+def max_split_workspace_bytes(n_sms: int, cta_rows: int, consumers: int) -> int:
+    """The most the split last wave can take on a GPU with ``n_sms`` SMs: fewer tail CTAs than SMs, each
+    with its rows' (max, sum) pairs and a flag per warpgroup, and one ticket counter (400 KB on an H200)."""
+    return (n_sms - 1) * (split_workspace_bytes(1, cta_rows) + consumers * FP32) + FP32

@@ -18,7 +18,7 @@ softmax (bench/NOTES.md attempt 25). They sum the fp8-rounded P that the numerat
 differ from the portable kernel's by that rounding (bench/gpu_check.py: cosine between them ≥ 0.99995).
 
 One CTA per SM and equal work per CTA: when the last wave is partial, ``shared_kv_split_kernel``
-runs its CTAs in key shares instead and ``tail_split.merge_splits_kernel`` combines them
+runs its CTAs in key shares instead, which merge their rows into the output in turn
 (``kernels/tail_split.py``).
 
 Scope: FP8 P·V (with fp8+residual, a second MMA with V's rounding error into the same tile sum),
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from .attention import finish_rows  # Triton functions: Gluon inlines them like its own
 from .quant import mma_operand_order
+from .tail_split import merge_rows
 
 try:
     from triton.experimental import gluon
@@ -44,6 +45,8 @@ try:
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    # A barrier over the calling partition's warps: ``thread_barrier`` in Triton 3.6, ``barrier`` from 3.7.
+    _partition_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
     AVAILABLE = True
 except ImportError:  # triton without Gluon: the portable kernel serves every call
     AVAILABLE = False
@@ -52,6 +55,7 @@ CONSUMERS = 3  # warpgroups per CTA, 64 query rows each
 ROWS = 64
 BLOCK_N = 128
 STAGES = 4  # K/V ring depth: 24 KB of Q + 4 × 32 KB, one CTA per SM
+SPLIT_RESIDUAL_STAGES = 3  # fp8+residual's split kernel: 3 × 48 KB, room for its output's layout change
 HEAD_DIM = 128  # padded head dim this kernel is built for
 REGISTERS = 168  # per thread: 3 warpgroups × 128 threads × 168 fill the 64K register file
 
@@ -134,7 +138,7 @@ if AVAILABLE:
         """Rows C·64.. of this CTA's 192 query rows, over its key range (every key, or one share with
         SPLIT). Warpgroup 0 also loads Q and keeps the K/V ring STAGES - 1 tiles ahead of itself."""
         (q_smem, k_smem, v_smem, vres_smem, ones_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, Out,
-         stride_ob, stride_oh, stride_om, H, H_KV, LQ, LK, D, n_whole, splits, Part) = args
+         stride_ob, stride_oh, stride_om, H, H_KV, LQ, LK, D, n_whole, splits, Flags, ML, ticket_smem) = args
         q_desc, k_desc, v_desc = descs
         NCONS: gl.constexpr = q_smem.type.shape[0]
         ROWS: gl.constexpr = q_smem.type.shape[1]
@@ -154,10 +158,12 @@ if AVAILABLE:
         col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
 
         # CTAs of the whole kernel take every key. Those of the split kernel take a 1/splits share of the
-        # keys of tail CTA n_whole + pid // splits and leave unnormalized rows in Part for the merge.
+        # keys of tail CTA n_whole + pid // splits and merge their rows into Out in turn (tail_split).
         pid = gl.program_id(0)
         n_tiles = gl.cdiv(LK, BN)
         if SPLIT:
+            one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+            pid = gl.max(ticket_smem.load(one), axis=0)
             cta = n_whole + pid // splits
             t0 = (pid % splits) * n_tiles // splits
             t1 = (pid % splits + 1) * n_tiles // splits
@@ -207,32 +213,72 @@ if AVAILABLE:
                                                n_local, k_row0, v_row, P_LOG2, STAGES, True, p_layout, V_RES, C == 0)
 
         l_i = gl.convert_layout(gl.max(l_acc, axis=1), row_o)  # every column holds the row sum
-        offs_d = gl.arange(0, D_PAD, layout=col_o)
-        if SPLIT:  # a share of the keys: raw sums, then (row max, row sum) after all the shares' sums
-            prow = ((pid * NCONS + C) * ROWS + gl.arange(0, ROWS, layout=row_o)).to(gl.int64)
-            gl.store(Part + prow[:, None] * D_PAD + offs_d[None, :], acc)
-            part_ml = Part + gl.num_programs(0).to(gl.int64) * (NCONS * ROWS * D_PAD)
-            gl.store(part_ml + prow * 2, gl.convert_layout(m_i, row_o))
-            gl.store(part_ml + prow * 2 + 1, l_i)
+        out = finish_rows(acc, l_i, VScale, VMean, bhk, gl.arange(0, D_PAD, layout=col_o), D, HAS_VSCALE,
+                          HAS_VMEAN).to(Out.dtype.element_ty)
+        if SPLIT or not V_RES:
+            # Stored from a layout where each thread holds 8 consecutive channels: 16-byte stores of
+            # whole rows, not the MMA layout's 4-byte pieces over 8 rows per instruction, whose issue
+            # took ~5 µs of every CTA (bench/NOTES.md, attempt 39), and 8 addresses per thread instead of
+            # 32 (a share's merge holds two tiles of rows: in the MMA layout it spilled). The layout change
+            # goes through shared memory, which fp8+residual's 4-slot ring leaves no room for: its split
+            # kernel runs a 3-slot ring (``SPLIT_RESIDUAL_STAGES``).
+            out = gl.convert_layout(out, gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0]))
+        o_ptrs, o_mask = _out_rows(out, Out, stride_ob, stride_oh, stride_om, b, h, row0, LQ, D)
+        if SPLIT:  # share p of this CTA: merged into what shares 0..p-1 left in Out, in turn (tail_split)
+            rows: gl.constexpr = gl.SliceLayout(1, out.type.layout)
+            _merge_share(out, gl.convert_layout(m_i, rows), gl.convert_layout(l_i, rows), o_ptrs, o_mask, Flags, ML,
+                         (pid // splits) * NCONS + C, pid % splits, splits)
         else:
-            out = finish_rows(acc, l_i, VScale, VMean, bhk, offs_d, D, HAS_VSCALE, HAS_VMEAN).to(Out.dtype.element_ty)
-            if not V_RES:
-                # Stored from a layout where each thread holds 8 consecutive channels: 16-byte stores of
-                # whole rows, not the MMA layout's 4-byte pieces over 8 rows per instruction, whose issue
-                # took ~5 µs of every CTA (bench/NOTES.md, attempt 39). The layout change goes through
-                # 8 KB of shared memory per warpgroup, which fp8+residual's larger ring leaves no room for.
-                out = gl.convert_layout(out, gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0]))
-            rows_o: gl.constexpr = gl.SliceLayout(1, out.type.layout)
-            cols_o: gl.constexpr = gl.SliceLayout(0, out.type.layout)
-            offs_mo = row0 + gl.arange(0, ROWS, layout=rows_o)
-            offs_do = gl.arange(0, D_PAD, layout=cols_o)
-            # Out is api's own buffer: channels contiguous (no channel stride is passed) and, with D % 8 == 0
-            # (api's condition), every row 16-byte aligned. Said explicitly because Triton 3.6 does not
-            # carry the launch's alignment facts into the partitions (scalar 2-byte stores there).
-            row_off = gl.multiple_of(b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
-                                     + offs_mo.to(gl.int64) * stride_om, 8)
-            o_ptrs = gl.multiple_of(Out, 16) + row_off[:, None] + offs_do[None, :]
-            gl.store(o_ptrs, out, mask=(offs_mo < LQ)[:, None] & (offs_do < D)[None, :])
+            gl.store(o_ptrs, out, mask=o_mask)
+
+    @gluon.jit
+    def _out_rows(tile, Out, stride_ob, stride_oh, stride_om, b, h, row0, LQ, D):
+        """Pointers to one warpgroup's output rows of head (b, h) from row ``row0``, in the shape and
+        layout of ``tile`` (a layout is no argument Triton 3.6 can pass), and the mask of the real
+        rows and channels."""
+        ROWS: gl.constexpr = tile.type.shape[0]
+        D_PAD: gl.constexpr = tile.type.shape[1]
+        rows_o: gl.constexpr = gl.SliceLayout(1, tile.type.layout)
+        cols_o: gl.constexpr = gl.SliceLayout(0, tile.type.layout)
+        offs_mo = row0 + gl.arange(0, ROWS, layout=rows_o)
+        offs_do = gl.arange(0, D_PAD, layout=cols_o)
+        # Out is api's own buffer: channels contiguous (no channel stride is passed) and, with D % 8 == 0
+        # (api's condition), every row 16-byte aligned. Said explicitly because Triton 3.6 does not
+        # carry the launch's alignment facts into the partitions (scalar 2-byte stores there).
+        row_off = gl.multiple_of(b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
+                                 + offs_mo.to(gl.int64) * stride_om, 8)
+        o_ptrs = gl.multiple_of(Out, 16) + row_off[:, None] + offs_do[None, :]
+        return o_ptrs, (offs_mo < LQ)[:, None] & (offs_do < D)[None, :]
+
+    @gluon.jit
+    def _merge_share(out, m_i, l_i, o_ptrs, o_mask, Flags, ML, slot, p, splits):
+        """This share's finished rows (``out``, with their row max and row sum) merged into what shares
+        0..p-1 of the CTA left at ``o_ptrs``, then handed on: the rows, then (row max, row sum) in
+        ``ML`` (two buffers, by the parity of the writer), then ``Flags[slot] = p + 1``, released at
+        GPU scope once every thread of the warpgroup has stored and fenced. Rows travel in the output's
+        dtype: a 16-bit rounding per share, far below the fp8 P·V error."""
+        ROWS: gl.constexpr = out.type.shape[0]
+        r = gl.arange(0, ROWS, layout=m_i.type.layout).to(gl.int64)
+        flag = Flags + slot
+        ml_in = ML + ((slot * 2 + (p + 1) % 2) * ROWS + r) * 2  # what share p - 1 wrote
+        ml_out = ML + ((slot * 2 + p % 2) * ROWS + r) * 2
+        if p > 0:
+            seen = gl.atomic_add(flag, 0, sem="acquire", scope="gpu")
+            while seen < p:
+                seen = gl.atomic_add(flag, 0, sem="acquire", scope="gpu")
+            # .cg: from L2, where the predecessor's stores are, not from a stale L1 line.
+            o_prev = gl.load(o_ptrs, mask=o_mask, other=0.0, cache_modifier=".cg").to(gl.float32)
+            m_prev = gl.load(ml_in, cache_modifier=".cg")
+            l_prev = gl.load(ml_in + 1, cache_modifier=".cg")
+            merged, m_i, l_i = merge_rows(o_prev, m_prev, l_prev, out.to(gl.float32), m_i, l_i)
+            out = merged.to(out.dtype)
+        gl.store(o_ptrs, out, mask=o_mask)
+        if p + 1 < splits:
+            gl.store(ml_out, m_i)
+            gl.store(ml_out + 1, l_i)
+            gl.inline_asm_elementwise("fence.acq_rel.gpu; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+            _partition_barrier()
+            gl.atomic_xchg(flag, p + 1, sem="release", scope="gpu")
 
     # Partitions differ only in C. Constexprs travel as annotated parameters: inside the args tuple
     # they would reach the partitions as runtime values.
@@ -253,7 +299,7 @@ if AVAILABLE:
 
     @gluon.jit
     def _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, Out, stride_ob, stride_oh, stride_om,
-                   H, H_KV, LQ, LK, D, n_whole, splits, Part, P_LOG2: gl.constexpr, STAGES: gl.constexpr,
+                   H, H_KV, LQ, LK, D, n_whole, splits, Flags, ML, P_LOG2: gl.constexpr, STAGES: gl.constexpr,
                    HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr, REGISTERS: gl.constexpr, V_RES: gl.constexpr,
                    SPLIT: gl.constexpr):
         NCONS: gl.constexpr = 3  # = CONSUMERS: one warp_specialize partition per warpgroup below
@@ -284,8 +330,20 @@ if AVAILABLE:
             mbarrier.init(kv_ready.index(i), count=1)
             mbarrier.init(kv_empty.index(i), count=NCONS)  # every warpgroup releases each tile
         fence_async_shared()
+        if SPLIT:
+            # Which share this CTA is comes from a ticket taken as it starts, not from its program id: a
+            # share waits for the one before it, and with tickets that one has always started already,
+            # in whatever order the hardware dispatches CTAs (a single-pass scan's dynamic tile ids).
+            # It reaches the warpgroups through shared memory: an argument only the split kernel had
+            # changed the whole kernel's code (Triton 3.6: 4-5 % slower at every length).
+            one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+            ticket_smem = gl.allocate_shared_memory(gl.int32, [1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+            ticket_smem.store(gl.full([1], gl.atomic_add(Flags, 1, sem="relaxed", scope="gpu"), gl.int32, one))
+            Flags = Flags + 1  # then one hand-over flag per warpgroup of each tail CTA
+        else:
+            ticket_smem = q_bar  # never read: the whole kernel's CTAs are their program ids
         args = (q_smem, k_smem, v_smem, vres_smem, ones_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, Out,
-                stride_ob, stride_oh, stride_om, H, H_KV, LQ, LK, D, n_whole, splits, Part)
+                stride_ob, stride_oh, stride_om, H, H_KV, LQ, LK, D, n_whole, splits, Flags, ML, ticket_smem)
         descs = (q_desc, k_desc, v_desc)
         if not SPLIT:
             # Programmatic dependent launch: once every whole CTA has started, the split kernel
@@ -310,21 +368,23 @@ if AVAILABLE:
     ):
         """CTA i: query rows 192·(i mod ceil(LQ/192)) of head i div ceil(LQ/192), every key."""
         _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, Out, stride_ob, stride_oh, stride_om,
-                   H, H_KV, LQ, LK, D, 0, 1, QS, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, REGISTERS, V_RES, False)
+                   H, H_KV, LQ, LK, D, 0, 1, QS, QS, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, REGISTERS, V_RES, False)
 
     @gluon.jit
     def shared_kv_split_kernel(
         q_desc, k_desc, v_desc, QS, KS, VScale, VMean, Out,
         stride_ob, stride_oh, stride_om,
         H, H_KV, LQ, LK, D,
-        n_whole, splits, Part,
+        n_whole, splits, Flags, ML,
         P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr,
         REGISTERS: gl.constexpr, V_RES: gl.constexpr,
     ):
         """The CTAs from ``n_whole`` on, each cut into ``splits`` key shares (``tail_split``): program i is
-        share i mod splits of CTA n_whole + i div splits. Writes Part, never Out."""
+        share i mod splits of CTA n_whole + i div splits, i the ticket it takes as it starts; the shares of
+        a CTA merge into its Out rows in turn (``Flags``: int32, zeroed: the ticket counter, then a flag
+        per warpgroup of each tail CTA; ``ML``: fp32 row max and sum)."""
         _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, Out, stride_ob, stride_oh, stride_om,
-                   H, H_KV, LQ, LK, D, n_whole, splits, Part, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, REGISTERS,
+                   H, H_KV, LQ, LK, D, n_whole, splits, Flags, ML, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, REGISTERS,
                    V_RES, True)
 
     def descriptors(q8, k8, v_t):

@@ -6,21 +6,25 @@ are 15.5 waves, and during the 16th 60 SMs wait. The H200 showed it: 932 TOPS at
 (15.0 waves) against 895-911 at 32,768 (bench/NOTES.md attempt 28).
 
 ``plan_tail`` keeps the whole waves as they are and cuts each CTA of the partial wave into
-``splits`` key ranges, launched after the whole CTAs; each leaves its unnormalized output rows, row
-max and row sum in a workspace, and ``merge_splits_kernel`` combines them (the flash-decoding
-merge) and writes the output. Host-side planning is plain Python; the merge kernel is plain Triton,
-so both run on any machine (the CPU tests check them through the interpreter).
+``splits`` key ranges, launched after the whole CTAs. The shares of one CTA take turns on its output
+rows, in order: share 0 writes its finished rows, and each later one waits for its predecessor's
+flag, reads those rows with their row max and row sum, merges its own into them (``merge_rows``)
+and writes them back. So no share keeps a private copy of its rows: the workspace is a row max, a
+row sum and a flag per warpgroup (bench/NOTES.md attempt 45), where fp32 rows for every share took
+up to 25 MB on an H200 beyond the quantized copies. The fixed order keeps the output deterministic;
+waiting on a predecessor relies on CTAs being dispatched in program order (as stream-K GEMMs do),
+so a waiting share's predecessor is always running or done.
+Host-side planning is plain Python and ``merge_rows`` plain Triton, so both run on any machine (the
+CPU tests check them through the interpreter).
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from .attention import finish_rows
-
 MIN_TILES_PER_SPLIT = 4  # key tiles per share: below this, pipeline fill and the partial writes dominate
-MAX_UNITS_PER_SM = 2  # split CTAs at most two per SM: bounds the workspace (2 × SMs × 100 KB at head_dim 128)
-SPLIT_COST = 0.01  # per extra share, in whole-CTA times: workspace traffic, merge, ring fill
+MAX_UNITS_PER_SM = 2  # split CTAs at most two per SM: each share past the first waits for the one before
+SPLIT_COST = 0.01  # per extra share, in whole-CTA times: the merge in turn, ring fill
 
 
 def plan_tail(n_cta: int, n_sms: int, n_tiles: int) -> tuple[int, int]:
@@ -49,45 +53,15 @@ def heads_with_split_tail(ctas_per_head: int, n_tiles: int, n_sms: int) -> int:
 
 
 @triton.jit
-def merge_splits_kernel(Part, PartML, VScale, VMean, Out, stride_ob, stride_oh, stride_om, stride_od,
-                        H, H_KV, LQ, D, n_whole, splits,
-                        CTA_ROWS: tl.constexpr, BLOCK_R: tl.constexpr, D_PAD: tl.constexpr,
-                        HAS_VSCALE: tl.constexpr, HAS_VMEAN: tl.constexpr):
-    """Output rows of one tail CTA (``BLOCK_R`` of its ``CTA_ROWS``) from its ``splits`` shares.
-
-    Share p of tail CTA t wrote rows ``(t * splits + p) * CTA_ROWS + r`` of Part (fp32 sums of P·V,
-    unnormalized) and PartML (row max in base-2 units, row sum of P). All shares scale P alike, so
-    weighting each by 2^(m_p - max) gives the softmax over every key.
-    """
-    pid = tl.program_id(0)
-    per_cta: tl.constexpr = CTA_ROWS // BLOCK_R
-    t = pid // per_cta
-    rr = (pid % per_cta) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_d = tl.arange(0, D_PAD)
-    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    l_sum = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, D_PAD], tl.float32)
-    for p in range(splits):
-        prow = ((t * splits + p) * CTA_ROWS + rr).to(tl.int64)
-        m_p = tl.load(PartML + prow * 2)
-        l_p = tl.load(PartML + prow * 2 + 1)
-        m_new = tl.maximum(m, m_p)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_use)
-        w = tl.exp2(m_p - m_use)
-        acc = acc * alpha[:, None] + tl.load(Part + prow[:, None] * D_PAD + offs_d[None, :]) * w[:, None]
-        l_sum = l_sum * alpha + l_p * w
-        m = m_new
-
-    cta = n_whole + t
-    n_m = tl.cdiv(LQ, CTA_ROWS)
-    bh = cta // n_m
-    b = bh // H
-    h = bh % H
-    bhk = b * H_KV + h // (H // H_KV)
-    out = finish_rows(acc, l_sum, VScale, VMean, bhk, offs_d, D, HAS_VSCALE, HAS_VMEAN)
-    d_ok = offs_d < D
-    rows = (cta % n_m) * CTA_ROWS + rr
-    o_ptrs = (Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
-              + rows[:, None].to(tl.int64) * stride_om + offs_d[None, :] * stride_od)
-    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(rows < LQ)[:, None] & d_ok[None, :])
+def merge_rows(o_prev, m_prev, l_prev, o_new, m_new, l_new):
+    """Two finished attention outputs of the same query rows over disjoint key ranges, as one over
+    both: each weighted by its share of the softmax's denominator (row max ``m`` in base-2 units,
+    row sum ``l`` of P scaled by 2^-m). The weights sum to 1, so V's per-channel scale and mean,
+    already applied to both, carry through. A range with no live key has ``l == 0`` and weighs 0."""
+    m = tl.maximum(m_prev, m_new)
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    a = l_prev * tl.exp2(m_prev - m_use)
+    b = l_new * tl.exp2(m_new - m_use)
+    total = a + b
+    inv = 1.0 / tl.where(total > 0, total, 1.0)
+    return o_prev * (a * inv)[:, None] + o_new * (b * inv)[:, None], m, total

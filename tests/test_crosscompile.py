@@ -126,19 +126,38 @@ import triton
 from sagetriton.kernels import api, crosscompile as cc, hopper_gluon
 from sagetriton.kernels.arch import default_config
 target = cc.parse_target("sm90")
-stores, events = {}, []
+stores, events, handover, row_loads = {}, [], {}, {}
+# The split kernel's hand-over between key shares, in program order (kernels/tail_split.py).
+HANDOVER = [("acquire", r"ld\\.global\\.gpu\\.acquire"), ("load_l2", r"ld\\.global\\.cg"),
+            ("store", r"st\\.global"), ("fence", r"fence\\.acq_rel\\.gpu"), ("barrier", r"bar\\.sync"),
+            ("release", r"atom\\.global\\.gpu\\.release"), ("ticket", r"atom\\.global\\.gpu\\.relaxed\\.add"),
+            ("atomic", r"\\batom\\.|\\bred\\.")]
 if hopper_gluon.AVAILABLE:
     for spec in api.compile_specs(default_config(target.arch_info(), 128), 128):
+        if spec["name"] not in ("shared_kv_attention_kernel", "shared_kv_split_kernel"):
+            continue
+        ptx = triton.compile(cc.launch_source(spec, target), target=target.gpu_target(),
+                             options=dict(spec.get("options") or {})).asm["ptx"]
+        ptx = "\\n".join(line.split("//")[0] for line in ptx.splitlines())
+        seq = []
+        for line in ptx.splitlines():
+            for name, pattern in HANDOVER:
+                if re.search(pattern, line):
+                    seq.append(name)
+                    break
+        handover[spec["name"]] = seq
+        if spec["name"] == "shared_kv_split_kernel":
+            for op in re.findall(r"ld\\.global[.\\w]*v4[.\\w]*", ptx):
+                row_loads[op] = row_loads.get(op, 0) + 1
         if spec["name"] == "shared_kv_attention_kernel":
-            ptx = triton.compile(cc.launch_source(spec, target), target=target.gpu_target(),
-                                 options=dict(spec.get("options") or {})).asm["ptx"]
             for op in re.findall(r"st\\.global[.\\w]*", ptx):
                 stores[op] = stores.get(op, 0) + 1
             # In program order: P·V (fp8 MMA), Q·Kᵀ (int8 MMA), TMA copies, MMA waits.
             for m in re.finditer(r"wgmma\\.mma_async[.\\w]*|cp\\.async\\.bulk\\.tensor|wgmma\\.wait_group", ptx):
                 op = m.group(0)
                 events.append("pv" if "e4m3" in op else "qk" if ".s8" in op else "tma" if "bulk" in op else "wait")
-print(json.dumps({"gluon": hopper_gluon.AVAILABLE, "stores": stores, "events": events}))
+print(json.dumps({"gluon": hopper_gluon.AVAILABLE, "stores": stores, "events": events, "handover": handover,
+                  "row_loads": row_loads}))
 """
 
 
@@ -180,6 +199,28 @@ def _after_pv_before_its_wait(events: list, i: int) -> bool:
         if e == "pv":
             return True
     return False
+
+
+def test_hopper_split_shares_hand_over_through_release_and_acquire(gluon_ptx):
+    """Each warpgroup of a key share waits for its predecessor's flag with an acquire load, reads the
+    rows it left from L2 (``.cg``, never a stale L1 line), and hands on only after its own stores are
+    fenced at GPU scope and every thread of the warpgroup has passed a barrier, with a releasing
+    atomic (kernels/tail_split.py). The whole kernel has none of it."""
+    whole = set(gluon_ptx["handover"]["shared_kv_attention_kernel"])
+    assert not {"acquire", "release", "ticket", "atomic", "fence", "load_l2"} & whole, whole
+    seq = gluon_ptx["handover"]["shared_kv_split_kernel"]
+    releases = [i for i, e in enumerate(seq) if e == "release"]
+    assert releases and "acquire" in seq and "atomic" not in seq, seq
+    # One ticket per CTA, taken before anything waits: which share a CTA is (kernels/hopper_gluon.py).
+    assert seq.count("ticket") == 1 and seq.index("ticket") < seq.index("acquire"), seq
+    for i in releases:  # (ptxas may share one epilogue between two warpgroups' partitions)
+        fence = max(j for j in range(i) if seq[j] == "fence")
+        assert "barrier" in seq[fence:i], seq[:i + 1]
+        assert "store" in seq[:fence] and "release" not in seq[fence:i], seq[:i + 1]
+    for i in (i for i, e in enumerate(seq) if e == "load_l2"):
+        assert "acquire" in seq[:i], seq[:i + 1]
+    # Its only 16-byte global loads are the rows a predecessor left: all from L2.
+    assert gluon_ptx["row_loads"].get("ld.global.cg.v4.b32") and not gluon_ptx["row_loads"].get("ld.global.v4.b32")
 
 
 # ---- the scanning and target parsing, without compiling

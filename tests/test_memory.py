@@ -71,43 +71,40 @@ def _statistics_bytes(B, H_KV, D):
     return (4 * quant.STATS_PARTS + 3) * B * H_KV * footprint.head_dim_padded(D) * footprint.FP32
 
 
-CASES = [  # (what, config, B, H, H_KV, L, D, layout, the kernel that runs)
+CASES = [  # (what, config, B, H, H_KV, L, D, layout, the kernels that run)
     ("hopper, portable kernel below the Gluon kernel's length", _sm90(128), 2, 24, 24, 4096, 128, "HND",
-     "attention_kernel"),
-    ("hopper, Gluon kernel, whole waves", _sm90(128), 2, 24, 24, 4608, 128, "HND", "shared_kv_attention_kernel"),
-    ("hopper head_dim 64, portable kernel", _sm90(64), 2, 24, 24, 8192, 64, "HND", "attention_kernel"),
+     {"attention_kernel"}),
+    ("hopper, Gluon kernel, whole waves", _sm90(128), 2, 24, 24, 4608, 128, "HND", {"shared_kv_attention_kernel"}),
+    ("hopper, Gluon kernel and a split last wave, 8K", _sm90(128), 2, 24, 24, 8192, 128, "HND",
+     {"shared_kv_attention_kernel", "shared_kv_split_kernel"}),
+    ("hopper, Gluon kernel and a split last wave, 32K", _sm90(128), 1, 12, 12, 32768, 128, "HND",
+     {"shared_kv_attention_kernel", "shared_kv_split_kernel"}),
+    ("hopper, fewer CTAs than SMs: every CTA split", _sm90(128), 1, 2, 2, 8192, 128, "HND",
+     {"shared_kv_split_kernel"}),
+    ("hopper fp8+residual, split last wave", _sm90(128, "fp8+residual"), 2, 24, 24, 8192, 128, "HND",
+     {"shared_kv_attention_kernel", "shared_kv_split_kernel"}),
+    ("hopper head_dim 64, portable kernel", _sm90(64), 2, 24, 24, 8192, 64, "HND", {"attention_kernel"}),
     ("hopper, NHD, grouped-query heads, head_dim 80 padded to 128", _sm90(80), 1, 24, 8, 3000, 80, "NHD",
-     "attention_kernel"),
-    ("ampere-class fp16 P·V: V read in place", _sm90(128, "fp16"), 1, 8, 8, 2048, 128, "HND", "attention_kernel"),
+     {"attention_kernel"}),
+    ("fp16 P·V: V read in place", _sm90(128, "fp16"), 1, 8, 8, 2048, 128, "HND", {"attention_kernel"}),
 ]
 
 
-@pytest.mark.parametrize("what, cfg, B, H, H_KV, L, D, layout, kernel", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("what, cfg, B, H, H_KV, L, D, layout, kernels", CASES, ids=[c[0] for c in CASES])
 def test_a_call_allocates_its_output_its_quantized_copies_and_per_head_statistics(
-        monkeypatch, what, cfg, B, H, H_KV, L, D, layout, kernel):
-    if kernel.startswith("shared_kv") and not hopper_gluon.AVAILABLE:
+        monkeypatch, what, cfg, B, H, H_KV, L, D, layout, kernels):
+    """Beyond output + copies: the per-head statistics and, with a split last wave, its shares'
+    hand-over (row max, row sum and a flag per warpgroup of a tail CTA: at most 400 KB on an H200).
+    Before the shares merged in turn, each kept fp32 rows: up to 25 MB, 14-17 % of the copies at
+    8K-32K tokens (bench/NOTES.md attempt 45)."""
+    if any(k.startswith("shared_kv") for k in kernels) and not hopper_gluon.AVAILABLE:
         pytest.skip("this Triton has no Gluon")
     peak, out_bytes, launches, allocations = _peak_of_call(monkeypatch, cfg, B, H, H_KV, L, D, layout)
-    assert kernel in launches, launches
-    copies = footprint.quantized_copy_bytes(B, H, H_KV, L, L, D)
-    extra = peak - out_bytes - copies
-    assert extra <= _statistics_bytes(B, H_KV, D), (extra, allocations)
+    assert set(launches) & {"attention_kernel", "shared_kv_attention_kernel", "shared_kv_split_kernel"} == kernels
+    copies = footprint.quantized_copy_bytes(B, H, H_KV, L, L, D, v_residual=cfg.v_residual)
+    allowed = _statistics_bytes(B, H_KV, D)
+    if "shared_kv_split_kernel" in kernels:
+        allowed += footprint.max_split_workspace_bytes(api.sm_count(torch.device("meta")), 3 * hopper_gluon.ROWS,
+                                                       hopper_gluon.CONSUMERS)
+    assert peak - out_bytes - copies <= allowed, (peak - out_bytes - copies, allowed, allocations)
     assert peak >= out_bytes + B * (H + H_KV) * L * footprint.head_dim_padded(D)  # it sees the int8 Q and K
-
-
-@pytest.mark.parametrize("B, H, L, pv", [(2, 24, 8192, None), (1, 12, 32768, None), (1, 24, 4608, None),
-                                         (2, 24, 8192, "fp8+residual")])
-def test_the_split_last_wave_adds_only_its_bounded_workspace(monkeypatch, B, H, L, pv):
-    """Hopper's split last wave keeps each key share's fp32 rows until the merge: the one allocation
-    beyond output + copies + statistics, at most ``MAX_UNITS_PER_SM`` shares per SM of 192 rows
-    (25 MB on an H200 at head_dim 128; 14-17 % of the copies at 8K-32K tokens, 22 % at 6K, 56 % at
-    1 x 24 heads x 4,608, whose short last wave is cut into 5 shares)."""
-    if not hopper_gluon.AVAILABLE:
-        pytest.skip("this Triton has no Gluon")
-    cfg = _sm90(128, pv)
-    peak, out_bytes, launches, allocations = _peak_of_call(monkeypatch, cfg, B, H, H, L, 128)
-    assert "shared_kv_split_kernel" in launches, launches
-    copies = footprint.quantized_copy_bytes(B, H, H, L, L, 128, v_residual=cfg.v_residual)
-    workspace = footprint.max_split_workspace_bytes(api.sm_count(torch.device("meta")), 3 * hopper_gluon.ROWS, 128)
-    extra = peak - out_bytes - copies - _statistics_bytes(B, H, 128)
-    assert 0 < extra <= workspace, (extra, workspace, allocations)
