@@ -18,7 +18,7 @@ token norms (log-normal), so that a format is not chosen for how well it fits on
 from __future__ import annotations
 
 import torch
-from common import RESULTS, cosine, environment, write_json
+from common import RESULTS, cosine, environment, rel_l1, write_json
 from sagetriton.kernels.arch import FP8_MAX
 
 E4M3_MAX = FP8_MAX["e4m3fn"]
@@ -47,8 +47,6 @@ def int8_round(x: torch.Tensor, scale: torch.Tensor, lo: int, hi: int) -> torch.
 def pv_formats(L: int = 4096, D: int = 128, H: int = 4, sharpness: float = 1.0, heavy_v: bool = False,
                tile: int = 128, seed: int = 0) -> dict:
     """Cosine and relative L1 against exact attention of FP8 and INT8 P·V (P·V roundings only)."""
-    from sagetriton.kernels.reference import rel_l1
-
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(1, H, L, D, dtype=torch.float64, generator=g) for _ in range(3))
     if heavy_v:

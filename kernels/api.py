@@ -366,7 +366,8 @@ def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, oh, dims, p_log2: float
     # The split shares' hand-over (tail_split): a ticket counter and a flag per warpgroup of a tail CTA,
     # and its rows' max and sum in two buffers.
     n_tail = n_cta - n_whole
-    turns = torch.zeros((1 + n_tail * g.CONSUMERS,), dtype=torch.int32, device=q8.device) if n_units else None
+    turns = (torch.zeros((footprint.split_flags(n_tail, g.CONSUMERS),), dtype=torch.int32, device=q8.device)
+             if n_units else None)
     ml = (torch.empty((footprint.split_workspace_bytes(n_tail, cta_rows) // footprint.FP32,), dtype=torch.float32,
                       device=q8.device) if n_units else None)
     flags = dict(HAS_VSCALE=v_scale is not None, HAS_VMEAN=v_mean is not None)

@@ -7,7 +7,7 @@ same numbers.
 """
 from __future__ import annotations
 
-import math
+import triton
 
 FP32 = 4
 
@@ -15,7 +15,7 @@ FP32 = 4
 def head_dim_padded(d: int) -> int:
     """The head dim the kernels store and load: int8 MMAs need a reduction dim of at least 32 and
     power-of-two tiles."""
-    return max(32, 1 << math.ceil(math.log2(d)))
+    return max(32, triton.next_power_of_2(d))
 
 
 def quantized_copy_bytes(batch: int, heads: int, kv_heads: int, q_len: int, k_len: int, head_dim: int,
@@ -32,11 +32,16 @@ def quantized_copy_bytes(batch: int, heads: int, kv_heads: int, q_len: int, k_le
 
 def split_workspace_bytes(n_tail_ctas: int, cta_rows: int) -> int:
     """Hopper's split last wave (``tail_split``): a row max and row sum, twice, per row of each tail CTA
-    (its shares hand them on in turn), 3 KB per CTA of 192 rows. Their flags are int32s on top."""
+    (its shares hand them on in turn), 3 KB per CTA of 192 rows. Their flags are ``split_flags`` int32s."""
     return n_tail_ctas * cta_rows * 2 * 2 * FP32
+
+
+def split_flags(n_tail_ctas: int, consumers: int) -> int:
+    """int32s of the split last wave's hand-over: the ticket counter, then a flag per warpgroup of each tail CTA."""
+    return 1 + n_tail_ctas * consumers
 
 
 def max_split_workspace_bytes(n_sms: int, cta_rows: int, consumers: int) -> int:
     """The most the split last wave can take on a GPU with ``n_sms`` SMs: fewer tail CTAs than SMs, each
     with its rows' (max, sum) pairs and a flag per warpgroup, and one ticket counter (400 KB on an H200)."""
-    return (n_sms - 1) * (split_workspace_bytes(1, cta_rows) + consumers * FP32) + FP32
+    return split_workspace_bytes(n_sms - 1, cta_rows) + split_flags(n_sms - 1, consumers) * FP32

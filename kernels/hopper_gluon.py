@@ -335,7 +335,7 @@ if AVAILABLE:
             # share waits for the one before it, and with tickets that one has always started already,
             # in whatever order the hardware dispatches CTAs (a single-pass scan's dynamic tile ids).
             # It reaches the warpgroups through shared memory: an argument only the split kernel had
-            # changed the whole kernel's code (Triton 3.6: 4-5 % slower at every length).
+            # changed the whole kernel's code (Triton 3.6: 3.5-7 % slower at every length).
             one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
             ticket_smem = gl.allocate_shared_memory(gl.int32, [1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
             ticket_smem.store(gl.full([1], gl.atomic_add(Flags, 1, sem="relaxed", scope="gpu"), gl.int32, one))

@@ -11,9 +11,9 @@ rows, in order: share 0 writes its finished rows, and each later one waits for i
 flag, reads those rows with their row max and row sum, merges its own into them (``merge_rows``)
 and writes them back. So no share keeps a private copy of its rows: the workspace is a row max, a
 row sum and a flag per warpgroup (bench/NOTES.md attempt 45), where fp32 rows for every share took
-up to 25 MB on an H200 beyond the quantized copies. The fixed order keeps the output deterministic;
-waiting on a predecessor relies on CTAs being dispatched in program order (as stream-K GEMMs do),
-so a waiting share's predecessor is always running or done.
+up to 25 MB on an H200 beyond the quantized copies. The fixed order keeps the output deterministic.
+Which share a CTA is comes from a ticket it takes as it starts (``hopper_gluon``), so the
+predecessor it waits for has always started, whatever order the hardware dispatches CTAs in.
 Host-side planning is plain Python and ``merge_rows`` plain Triton, so both run on any machine (the
 CPU tests check them through the interpreter).
 """
