@@ -10,6 +10,7 @@ against an fp32 reference on two heads. The table printed last has one column pe
 from __future__ import annotations
 
 import argparse
+import datetime
 import functools
 import importlib.util
 import json
@@ -37,6 +38,8 @@ def _child(tree: Path) -> None:
     from sagetriton.kernels.reference import cosine
     from sagetriton.kernels.selftest import alternating
 
+    print(json.dumps({"env": {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
+                              "torch": torch.__version__, "triton": triton.__version__}}), flush=True)
     for B, H, L, D, pv in SHAPES:
         sets = [tuple(torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                 for _ in range(3)]
@@ -64,7 +67,7 @@ def main() -> None:
         _child(Path(a.child).resolve())
         return
     trees = dict(t.split("=", 1) for t in a.tree)
-    rows = []
+    rows, env = [], None
     for r in range(a.rounds):
         for name, path in trees.items():
             tag = f"{name}{r + 1}"
@@ -73,11 +76,13 @@ def main() -> None:
                 print(f"{tag}: failed\n{done.stderr[-3000:]}", flush=True)
                 continue
             for line in done.stdout.splitlines():
-                if line.startswith("{"):
+                if line.startswith('{"env"'):
+                    env = json.loads(line)["env"]
+                elif line.startswith("{"):
                     rows.append({"tag": tag, **json.loads(line)})
                     print(tag, line, flush=True)
     if a.out:
-        Path(a.out).write_text(json.dumps({"trees": trees, "rows": rows}, indent=1))
+        Path(a.out).write_text(json.dumps({"env": env, "trees": trees, "rows": rows}, indent=1))
     tags = list(dict.fromkeys(r["tag"] for r in rows))
     print("shape".ljust(28) + "".join(t.rjust(9) for t in tags))
     for shape in dict.fromkeys(r["shape"] for r in rows):
