@@ -1,7 +1,7 @@
 """A/B of whole checkouts on a GPU: each tree's ``sageattn`` defaults timed at the same shapes, the
 trees alternating round by round so that drift of the machine falls on both.
 
-    python bench/ab_trees.py --tree A=/path/to/old/checkout --tree N=. [--rounds 2] [--out ab.json]
+    python bench/ab_trees.py --tree A=/path/to/old/checkout --tree N=. [--rounds 2] [--shapes d128,d64] [--out ab.json]
 
 Each tree runs in its own process (the pack is imported from that tree), times every shape with
 ``do_bench`` (median, inputs rotating, warmed by an accuracy call first) and reports TOPS and cosine
@@ -18,13 +18,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-SHAPES = [  # (B, H, L, D, pv_precision): Flux's call, the table's lengths, Wan's call
-    (2, 24, 4608, 128, "fp8"), (2, 24, 8192, 128, "fp8"), (1, 24, 16384, 128, "fp8"),
-    (1, 12, 32768, 128, "fp8"), (2, 12, 32760, 128, "fp8"), (2, 24, 8192, 128, "fp8+residual"),
-]
+SHAPE_SETS = {  # (B, H, L, D, pv_precision)
+    # Flux's call, the table's lengths, Wan's call
+    "d128": [(2, 24, 4608, 128, "fp8"), (2, 24, 8192, 128, "fp8"), (1, 24, 16384, 128, "fp8"),
+             (1, 12, 32768, 128, "fp8"), (2, 12, 32760, 128, "fp8"), (2, 24, 8192, 128, "fp8+residual")],
+    # the table's head_dim-64 lengths from where the dispatcher uses the kernel, and one below
+    "d64": [(2, 24, 4608, 64, "fp8"), (2, 24, 8192, 64, "fp8"), (1, 24, 16384, 64, "fp8"),
+            (1, 12, 32768, 64, "fp8")],
+}
 
 
-def _child(tree: Path) -> None:
+def _child(tree: Path, shapes: list) -> None:
     import torch
     import torch.nn.functional as F
     import triton.testing
@@ -40,7 +44,7 @@ def _child(tree: Path) -> None:
 
     print(json.dumps({"env": {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
                               "torch": torch.__version__, "triton": triton.__version__}}), flush=True)
-    for B, H, L, D, pv in SHAPES:
+    for B, H, L, D, pv in shapes:
         sets = [tuple(torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                 for _ in range(3)]
         q, k, v = sets[0]
@@ -61,17 +65,19 @@ def main() -> None:
     ap.add_argument("--tree", action="append", default=[], help="NAME=checkout directory")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out")
+    ap.add_argument("--shapes", default="d128", help="comma-separated shape sets: " + ", ".join(SHAPE_SETS))
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        _child(Path(a.child).resolve())
+        _child(Path(a.child).resolve(), [x for name in a.shapes.split(",") for x in SHAPE_SETS[name]])
         return
     trees = dict(t.split("=", 1) for t in a.tree)
     rows, env = [], None
     for r in range(a.rounds):
         for name, path in trees.items():
             tag = f"{name}{r + 1}"
-            done = subprocess.run([sys.executable, __file__, "--child", path], capture_output=True, text=True)
+            done = subprocess.run([sys.executable, __file__, "--child", path, "--shapes", a.shapes],
+                                  capture_output=True, text=True)
             if done.returncode:
                 print(f"{tag}: failed\n{done.stderr[-3000:]}", flush=True)
                 continue
