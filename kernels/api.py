@@ -131,84 +131,52 @@ def _prepare_mask(attn_mask, B, H, LQ, LK):
 
 
 def _kv_stats(k, v, k_sum: bool, v_stats: int, d_pad: int):
-    """One pass over a sample of K and V (same B, H, L; ``quant.stats_sample``) for the per-channel
-    statistics the quantization needs.
+    """One pass over K and V (same B, H, L) for the per-channel statistics the quantization needs.
 
-    Returns ``(parts, n_parts, sampled, stride)``: fp32 (4, B*H, n_parts, D_PAD) partials, slots K sum,
-    V min, V max (or max |v| with ``V_ABSMAX``), V sum, which the Q launch reduces
-    (``quant._finalize_kv_stats``), how many tokens they cover, and the sample's stride (1: every
-    token). ``None`` when nothing needs statistics.
+    Returns ``(parts, n_parts, k_tokens)``: fp32 (4, B*H, n_parts, D_PAD) partials, slots K sum, V
+    min, V max (or max |v| with ``V_ABSMAX``), V sum, which the Q launch reduces
+    (``quant._finalize_kv_stats``), and how many keys K's sum covers (``quant.k_mean_sample``).
+    ``None`` when nothing needs statistics.
     """
     if not k_sum and v_stats == quant.V_NONE:
-        return None, 0, 0, 1
+        return None, 0, 0
     B, H, L, D = k.shape
     block = quant.stats_block(d_pad)
     tiles = triton.cdiv(L, block)
     per_part = triton.cdiv(tiles, quant.STATS_PARTS)
     n_parts = triton.cdiv(tiles, per_part)  # every chunk holds at least one real token
-    stride, sampled = quant.stats_sample(L, d_pad)
+    k_stride, k_tokens = quant.k_mean_sample(L, d_pad)
     parts = torch.empty((4, B * H, n_parts, d_pad), dtype=torch.float32, device=k.device)
     _launch(quant.kv_stats_kernel, (n_parts, B * H), (
-        k, *k.stride(), v, *v.stride(), *parts.unbind(0), H, L, D, per_part, stride,
+        k, *k.stride(), v, *v.stride(), *parts.unbind(0), H, L, D, per_part, k_stride,
     ), dict(BLOCK=block, D_PAD=d_pad, K_SUM=k_sum, V_STATS=v_stats), num_warps=8)
-    return parts, n_parts, sampled, stride
+    return parts, n_parts, k_tokens
 
 
-def _final_buffers(kv_heads: int, head_dim: int, device):
-    """What the Q launch finalizes, in one allocation: (4, kv_heads, head_dim) fp32 (K mean, V scale,
-    V mean, V's overflowing maxima) and a flag per key/value head (V converted again)."""
-    n = 4 * kv_heads * head_dim
-    buf = torch.empty(n + kv_heads, dtype=torch.float32, device=device)
-    return buf[:n].view(4, kv_heads, head_dim), buf[n:]
+def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, stats=None, kv_div=1,
+                 bias=None, bias_mult=1.0, per_block=False, finalize=None):
+    """INT8 copy (B*H, L, D_PAD) and scales: one per block with ``per_block`` (group == block), else
+    one per token (the group's scale repeated).
 
-
-def _int8_buffers(x, block: int, d_pad: int, per_block: bool):
+    ``stats``: ``_kv_stats``'s partials, the key count, the keys K's sum covers, and the (3, B*H_KV, D)
+    K mean / V scale / V mean buffer.
+    ``finalize``: ``(k_sum, v_stats, v_range, v_pow2)`` for the launch that reduces the partials
+    into that buffer (the first one after the statistics).
+    """
     B, H, L, D = x.shape
     out = torch.empty((B * H, L, d_pad), dtype=torch.int8, device=x.device)
     scale = torch.empty((B * H, triton.cdiv(L, block) if per_block else L), dtype=torch.float32, device=x.device)
-    return out, scale
-
-
-def _quantize_q(x, group, block, d_pad, scale_mult, stats=None, kv_div=1, bias=None, bias_mult=1.0, finalize=None):
-    """INT8 copy (B*H, L, D_PAD) and per-token scales (the group's repeated).
-
-    ``stats``: ``_kv_stats``'s partials, their row count and token count, and ``_final_buffers``.
-    ``finalize``: ``(k_sum, v_stats, v_range, v_pow2, v_headroom)`` to reduce the partials into those
-    buffers (this launch runs first after the statistics). ``bias``: (B*H, L) fp32 for q·mean(K) ×
-    ``bias_mult``, the LSE's smoothing term.
-    """
-    B, H, L, D = x.shape
-    out, scale = _int8_buffers(x, block, d_pad, False)
-    parts, n_parts, sampled, (final, flags) = stats if stats is not None else (scale, 0, 1, (scale, scale))
+    parts, n_parts, l_kv, k_tokens, final = stats if stats is not None else (scale, 0, 0, 0, scale)
     slots = (parts[0].numel(), final[0].numel()) if stats is not None else (0, 0)
-    k_sum, v_stats, v_range, v_pow2, v_headroom = finalize or (False, quant.V_NONE, 1.0, False, 1.0)
-    _launch(quant.quantize_q_kernel, (triton.cdiv(L, block), B * H), (
-        x, *x.stride(), parts, slots[0], final, slots[1], flags,
+    k_sum, v_stats, v_range, v_pow2 = finalize or (False, quant.V_NONE, 1.0, False)
+    grid = (triton.cdiv(L, block), B * H)
+    _launch(quant.quantize_int8_kernel, grid, (
+        x, *x.stride(), parts, slots[0], final, slots[1],
         out, scale, bias if bias is not None else scale,
-        H, kv_div, L, sampled, D, n_parts, scale_mult, bias_mult, v_headroom,
-    ), dict(BLOCK=block, GROUP=group, D_PAD=d_pad, MEAN_DOT=bias is not None, FINALIZE=finalize is not None,
-            K_SUM=k_sum, V_STATS=v_stats, V_RANGE=v_range, V_POW2=v_pow2, PARTS_PAD=quant.STATS_PARTS), num_warps=4)
-    return out, scale
-
-
-def _quantize_k(x, group, block, d_pad, final=None, subtract_mean=False, per_block=False, redo_v=None):
-    """INT8 copy (B*H_KV, L, D_PAD) of K and its scales: one per block with ``per_block`` (group ==
-    block), else per token. ``final``: ``_final_buffers``, finalized by the Q launch; with
-    ``subtract_mean`` K's mean (its slot 0) is subtracted. ``redo_v``: ``_prepare_v``'s arguments of
-    the V conversion, for the heads whose V this launch must convert again."""
-    B, H, L, D = x.shape
-    out, scale = _int8_buffers(x, block, d_pad, per_block)
-    final, flags = final if final is not None else (scale, scale)
-    v_args, v_consts = redo_v if redo_v is not None else ((x, 0, 0, 0, 0, out, 0, 0, 0), dict(L_OUT=0))
-    if redo_v is not None and block % quant.KEY_PERM_CHUNK:
-        raise ValueError(f"key tile {block} must be a multiple of {quant.KEY_PERM_CHUNK} to convert V again")
-    _launch(quant.quantize_k_kernel, (triton.cdiv(L, block), B * H), (
-        x, *x.stride(), final, final[0].numel() if final.dim() == 3 else 0, flags, out, scale,
-        *v_args, H, L, v_consts["L_OUT"], D,
-    ), dict(BLOCK=block, GROUP=group, D_PAD=d_pad, SUBTRACT_MEAN=subtract_mean, SCALE_PER_BLOCK=per_block,
-            FIX_V=redo_v is not None, V_RANGE=v_consts.get("V_RANGE", 1.0), V_POW2=v_consts.get("V_POW2", False),
-            HAS_VMEAN=v_consts.get("HAS_MEAN", False), KEY_PERM=v_consts.get("KEY_PERM", False),
-            RESIDUAL=v_consts.get("RESIDUAL", False), INTERPRETER=interpreter_enabled()), num_warps=4)
+        H, kv_div, L, l_kv, k_tokens, D, n_parts, scale_mult, bias_mult,
+    ), dict(BLOCK=block, GROUP=group, D_PAD=d_pad, MEAN_MODE=mean_mode, SCALE_PER_BLOCK=per_block,
+            FINALIZE=finalize is not None, K_SUM=k_sum, V_STATS=v_stats, V_RANGE=v_range, V_POW2=v_pow2,
+            PARTS_PAD=quant.STATS_PARTS), num_warps=4)
     return out, scale
 
 
@@ -228,21 +196,19 @@ def _v_range(cfg: KernelConfig) -> tuple[float, bool]:
     return _FP16_TILE_V_LIMIT, True  # powers of two keep the scaling exact in fp16
 
 
-def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int, final, sampled: bool):
-    """Return (v operand, strides (b, h, n, d), v_scale, v_mean, pv_mode, p_scale, redo).
+def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int, final):
+    """Return (v operand, strides (b, h, n, d), v_scale, v_mean, pv_mode, p_scale).
 
     The plain 16-bit path reads V in place. FP8, smoothing and fp16 tile accumulation convert V
-    with the scale and mean in ``final`` (``_final_buffers``, slots 1 and 2, from
-    ``quant._finalize_kv_stats``), checking each value against the scale when it came from a
-    ``sampled`` sequence; ``redo`` holds the conversion's arguments, for ``_quantize_k``. FP8 V is
-    stored with its tokens in MMA operand order (``quant.KEY_PERM_CHUNK``-token chunks,
+    with the scale and mean in ``final`` (slots 1 and 2, from ``quant._finalize_kv_stats``). FP8 V
+    is stored with its tokens in MMA operand order (``quant.KEY_PERM_CHUNK``-token chunks,
     zero-padded), matching P's order in the kernel.
     """
     B, H, L, D = v.shape
     fp8 = cfg.pv_precision == "fp8"
     tile16 = not fp8 and cfg.pv_accum_dtype in ("fp16+fp32", "fp16")
     if _v_stats_needed(cfg, smooth_v) == quant.V_NONE:
-        return v, v.stride(), None, None, attn.PV_16BIT, 1.0, None
+        return v, v.stride(), None, None, attn.PV_16BIT, 1.0
 
     if fp8:
         out_dtype, mode, p_scale = _FP8_TORCH[cfg.fp8_format], attn.PV_FP8, FP8_MAX[cfg.fp8_format]
@@ -257,19 +223,15 @@ def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int, final, sampled:
         l_pad = L
         out = torch.empty((B * H, L, d_pad), dtype=out_dtype, device=v.device)
         stride_l, stride_d = d_pad, 1
-    final, flags = final
-    v_range, v_pow2 = _v_range(cfg)
-    args = (v, *v.stride(), out, out.stride(0), stride_l, stride_d)
-    consts = dict(D_PAD=d_pad, HAS_MEAN=smooth_v, INTERPRETER=interpreter_enabled(), KEY_PERM=fp8,
-                  RESIDUAL=fp8 and cfg.v_residual, V_RANGE=v_range)
+    scale, mean = final[1], final[2]
     block = 64
     _launch(quant.convert_v_kernel, (triton.cdiv(L, block), B * H), (
-        *args[:5], final, final[0].numel(), flags, *args[5:], H, L, l_pad, D, int(sampled),
-    ), dict(BLOCK=block, **consts), num_warps=4)
+        v, *v.stride(), scale, mean, out, out.stride(0), stride_l, stride_d, H, L, l_pad, D,
+    ), dict(BLOCK=block, D_PAD=d_pad, HAS_MEAN=smooth_v, INTERPRETER=interpreter_enabled(), KEY_PERM=fp8,
+            RESIDUAL=fp8 and cfg.v_residual), num_warps=4)
     # Kernel-side strides of the converted V as (B, H, L, D_PAD).
     strides = (H * out.stride(0), out.stride(0), stride_l, stride_d)
-    redo = (args, dict(consts, V_POW2=v_pow2, L_OUT=l_pad))
-    return out, strides, final[1], final[2] if smooth_v else None, mode, p_scale, redo
+    return out, strides, scale, mean if smooth_v else None, mode, p_scale
 
 
 def _out_shape(B: int, H: int, LQ: int, D: int, out_layout: str) -> tuple:
@@ -310,27 +272,29 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
     d_pad = head_dim_padded(D)
     q_group, k_group = cfg.group_sizes()
     v_stats = _v_stats_needed(cfg, smooth_v)
-    parts, n_parts, n_sampled, stride = _kv_stats(kh, vh, smooth_k, v_stats, d_pad)
+    parts, n_parts, k_tokens = _kv_stats(kh, vh, smooth_k, v_stats, d_pad)
     stats = final = None
     if parts is not None:
-        final = _final_buffers(B * H_KV, D, q.device)
-        stats = (parts, n_parts, n_sampled, final)
-    # Q first: its launch finalizes the statistics the V and K launches read; then V, which checks
-    # its values against a sampled scale; then K, which converts V again where that check failed.
-    # Q scales stay per token (a row vector loaded once per program); K scales are one scalar per
-    # tile whenever the granularity allows, which saves a multiply per logit in the inner loop.
+        final = torch.empty((3, B * H_KV, D), dtype=torch.float32, device=q.device)  # K mean, V scale, V mean
+        stats = (parts, n_parts, LK, k_tokens, final)
+    # Q first: its launch finalizes the statistics the K and V launches read. Q scales stay per token
+    # (a row vector loaded once per program); K scales are one scalar per tile whenever the
+    # granularity allows, which saves a multiply per logit in the inner loop.
     qbias = torch.empty((B * H, LQ), dtype=torch.float32, device=q.device) if (smooth_k and return_lse) else None
-    headroom = quant.V_HEADROOM if stride > 1 else 1.0
-    q8, qs = _quantize_q(qh, q_group, cfg.block_m, d_pad, sm_scale * quant.LOG2E, stats, H // H_KV,
-                         bias=qbias, bias_mult=sm_scale,
-                         finalize=(smooth_k, v_stats, *_v_range(cfg), headroom) if stats is not None else None)
-    # The Q launch has reduced the partials into ``final``, all later launches read: freed now (the
-    # allocator hands the block out only to work queued after that launch), they are not part of
-    # the call's peak.
-    del parts, stats
-    v_op, v_strides, v_scale, v_mean, pv_mode, p_scale, redo = _prepare_v(vh, cfg, smooth_v, d_pad, final, stride > 1)
+    q8, qs = _quantize_qk(qh, q_group, cfg.block_m, d_pad, sm_scale * quant.LOG2E,
+                          quant.MEAN_DOT if qbias is not None else quant.MEAN_NONE, stats, H // H_KV,
+                          bias=qbias, bias_mult=sm_scale,
+                          finalize=(smooth_k, v_stats, *_v_range(cfg)) if stats is not None else None)
+    if stats is not None:
+        # The Q launch has reduced the partials into ``final``, all later launches read: freed now (the
+        # allocator hands the block out only to work queued after that launch), they are not part of
+        # the call's peak.
+        stats = (final, 0, LK, k_tokens, final)
+        del parts
     k_scalar = k_group == cfg.block_n
-    k8, ks = _quantize_k(kh, k_group, cfg.block_n, d_pad, final, smooth_k, per_block=k_scalar, redo_v=redo)
+    k8, ks = _quantize_qk(kh, k_group, cfg.block_n, d_pad, 1.0, quant.MEAN_SUBTRACT if smooth_k else quant.MEAN_NONE,
+                          stats, per_block=k_scalar)
+    v_op, v_strides, v_scale, v_mean, pv_mode, p_scale = _prepare_v(vh, cfg, smooth_v, d_pad, final)
 
     # Hopper's Gluon kernel builds its own descriptors: decided before the portable kernel's. FP8 V
     # is always our converted buffer, so use_tma here means the portable kernel would read it by TMA.

@@ -101,22 +101,13 @@ STATS_TILE = 2048
 V_NONE, V_ABSMAX, V_MINMAXSUM = 0, 1, 2
 REDUCE_SUM, REDUCE_MAX, REDUCE_MIN = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
-# Both statistics may be estimates. K smoothing subtracts one vector from every key: softmax is
-# unchanged for any vector, and the mean is the one that best centres K's channels for INT8; an
-# estimate does that as well. V's mean (smooth_v) is added back after P·V, exact for any vector too.
-# V's scale must cover every |v|, which a sample can miss: see V_HEADROOM. So on long sequences the
-# statistics pass reads every SAMPLE_MAX_STRIDE-th block of K and V: 8K tokens read 25 instead of
-# 200 MB. At least SAMPLE_MIN_BLOCKS blocks (1,024 tokens at head_dim 128) are read; shorter
-# sequences are read in full.
-SAMPLE_MIN_BLOCKS = 64
-SAMPLE_MAX_STRIDE = 8
-# On a sampled sequence V's scale covers V_HEADROOM times the sample's largest |v|. FP8 keeps its
-# 3-bit mantissa at every magnitude above 2^-6, so the headroom costs only values below
-# V_HEADROOM * 2^-6 / 448 of the sample's max (fp64 on random and heavy-tailed V: no change in
-# cosine). The V conversion checks every value against the scale; a channel that still overflows
-# gets its true max recorded (an atomic max: order-free, so the same bits every run) and the K
-# launch after it converts that head's V again with the exact scale (``redo_v``). Never saturated.
-V_HEADROOM = 16.0
+# K smoothing subtracts one vector from every key: softmax is unchanged for any vector, and the mean
+# is the one that best centres K's channels for INT8. An estimate does that as well, so on long
+# sequences the statistics pass reads every K_MEAN_MAX_STRIDE-th block of K (V, whose maximum must
+# be exact, in full): 8K tokens read 112 instead of 200 MB. At least K_MEAN_MIN_BLOCKS blocks
+# (1,024 tokens at head_dim 128) are averaged; shorter sequences average every token.
+K_MEAN_MIN_BLOCKS = 64
+K_MEAN_MAX_STRIDE = 8
 
 
 def stats_block(d_pad: int) -> int:
@@ -124,12 +115,12 @@ def stats_block(d_pad: int) -> int:
     return max(16, STATS_TILE // d_pad)
 
 
-def stats_sample(length: int, d_pad: int) -> tuple[int, int]:
-    """(stride, tokens): the statistics pass reads the blocks of ``stats_block`` tokens whose index
-    is a multiple of ``stride``, ``tokens`` tokens in all (every token when ``stride`` is 1)."""
+def k_mean_sample(length: int, d_pad: int) -> tuple[int, int]:
+    """(stride, tokens): K's mean is taken over the blocks of ``stats_block`` tokens whose index is a
+    multiple of ``stride``, ``tokens`` keys in all."""
     block = stats_block(d_pad)
     blocks = -(-length // block)
-    stride = max(1, min(SAMPLE_MAX_STRIDE, blocks // SAMPLE_MIN_BLOCKS))
+    stride = max(1, min(K_MEAN_MAX_STRIDE, blocks // K_MEAN_MIN_BLOCKS))
     sampled = -(-blocks // stride)
     last = (sampled - 1) * stride  # the last sampled block, maybe partial
     return stride, (sampled - 1) * block + min(block, length - last * block)
@@ -150,12 +141,12 @@ def kv_stats_kernel(
     K, stride_kb, stride_kh, stride_kl, stride_kd,
     V, stride_vb, stride_vh, stride_vl, stride_vd,
     KSum, VLo, VHi, VSum,  # fp32 (B*H, n_parts, D_PAD) out: partials per chunk of tiles_per_part tiles
-    H, L, D, tiles_per_part, sample_stride,
+    H, L, D, tiles_per_part, k_stride,
     BLOCK: tl.constexpr, D_PAD: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr,
 ):
-    """Per-channel partials over every ``sample_stride``-th token block (``stats_sample``) of K's sum
-    and of V's max |v| (V_ABSMAX) or min, max and sum (V_MINMAXSUM), reading each block once.
-    Min/max propagate NaN, as torch.aminmax does."""
+    """Per-channel partials of K's sum over every ``k_stride``-th token block (``k_mean_sample``) and
+    of V's max |v| (V_ABSMAX) or min, max and sum (V_MINMAXSUM) over every token, reading each block
+    once. Min/max propagate NaN, as torch.aminmax does."""
     part = tl.program_id(0)
     bh = tl.program_id(1)
     # Element-wise accumulators, reduced across rows once at the end (no cross-warp step per tile).
@@ -166,18 +157,18 @@ def kv_stats_kernel(
     for i in range(0, tiles_per_part):
         blk = part * tiles_per_part + i
         offs_l = blk * BLOCK + tl.arange(0, BLOCK)
-        if blk % sample_stride == 0:
-            if K_SUM:
+        if K_SUM:
+            if blk % k_stride == 0:
                 _, _, k = _load_rows(K, stride_kb, stride_kh, stride_kl, stride_kd, bh, H, offs_l, L, D, D_PAD)
                 ksum += k
-            if V_STATS == 1:  # V_ABSMAX. Padding rows load as 0: neutral for max |v|
-                _, _, v = _load_rows(V, stride_vb, stride_vh, stride_vl, stride_vd, bh, H, offs_l, L, D, D_PAD)
-                vhi = _max_nan(vhi, tl.abs(v))
-            elif V_STATS == 2:  # V_MINMAXSUM
-                row_ok, _, v = _load_rows(V, stride_vb, stride_vh, stride_vl, stride_vd, bh, H, offs_l, L, D, D_PAD)
-                vlo = _min_nan(vlo, tl.where(row_ok[:, None], v, float("inf")))
-                vhi = _max_nan(vhi, tl.where(row_ok[:, None], v, float("-inf")))
-                vsum += v
+        if V_STATS == 1:  # V_ABSMAX. Padding rows load as 0: neutral for max |v|
+            _, _, v = _load_rows(V, stride_vb, stride_vh, stride_vl, stride_vd, bh, H, offs_l, L, D, D_PAD)
+            vhi = _max_nan(vhi, tl.abs(v))
+        elif V_STATS == 2:  # V_MINMAXSUM
+            row_ok, _, v = _load_rows(V, stride_vb, stride_vh, stride_vl, stride_vd, bh, H, offs_l, L, D, D_PAD)
+            vlo = _min_nan(vlo, tl.where(row_ok[:, None], v, float("inf")))
+            vhi = _max_nan(vhi, tl.where(row_ok[:, None], v, float("-inf")))
+            vsum += v
     dst = (bh.to(tl.int64) * tl.num_programs(0) + part) * D_PAD + tl.arange(0, D_PAD)
     if K_SUM:
         tl.store(KSum + dst, tl.sum(ksum, axis=0))
@@ -211,46 +202,59 @@ def _k_mean(Parts, kvh, n_parts, k_tokens, PARTS_PAD: tl.constexpr, D_PAD: tl.co
 
 
 @triton.jit
-def _v_scale(amax, V_RANGE: tl.constexpr, V_POW2: tl.constexpr):
-    """The scale that maps max |v| = ``amax`` into [-V_RANGE, V_RANGE]; NaN stays NaN. A channel with
-    no nonzero value gets a tiny scale rather than 1, so any nonzero value the sample missed counts
-    as an overflow (``_convert_v_rows``) instead of vanishing below fp8's smallest step."""
-    if V_POW2:  # powers of two keep the scaling exact in fp16
-        return tl.exp2(tl.ceil(tl.log2(tl.maximum(amax / V_RANGE, 1.0))))
-    return tl.where(amax > 0, amax / V_RANGE, amax + 1e-30)
-
-
-@triton.jit
-def _finalize_kv_stats(Parts, part_slot, Final, final_slot, Flags, kvh, n_parts, sampled, D, v_headroom,
-                       K_SUM: tl.constexpr, V_STATS: tl.constexpr, V_RANGE: tl.constexpr, V_POW2: tl.constexpr,
+def _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L, k_tokens, D, K_SUM: tl.constexpr,
+                       V_STATS: tl.constexpr, V_RANGE: tl.constexpr, V_POW2: tl.constexpr,
                        PARTS_PAD: tl.constexpr, D_PAD: tl.constexpr):
-    """Reduce key/value head ``kvh``'s partials into Final (4, B*H_KV, D): K mean and V mean (over the
-    ``sampled`` tokens the statistics pass read), V scale (what the attention epilogue multiplies by:
-    ``v_headroom`` times the sample's range mapped onto [-V_RANGE, V_RANGE]), and zeros in slot 3 and
-    in Flags, where the V conversion records channels that overflow that scale."""
+    """Reduce key/value head ``kvh``'s partials into Final (3, B*H_KV, D): K mean (over the
+    ``k_tokens`` keys the statistics pass summed), V scale (what the attention epilogue multiplies
+    by: V's range mapped onto [-V_RANGE, V_RANGE]) and V mean."""
     offs_d = tl.arange(0, D_PAD)
     d_ok = offs_d < D
     dst = Final + kvh * D + offs_d
     if K_SUM:
-        tl.store(dst, _k_mean(Parts, kvh, n_parts, sampled, PARTS_PAD, D_PAD), mask=d_ok)
+        tl.store(dst, _k_mean(Parts, kvh, n_parts, k_tokens, PARTS_PAD, D_PAD), mask=d_ok)
     if V_STATS == 2:  # V_MINMAXSUM: the range around the mean
         vmin = _reduce_parts(Parts + part_slot, kvh, n_parts, REDUCE_MIN, PARTS_PAD, D_PAD)
         vmax = _reduce_parts(Parts + 2 * part_slot, kvh, n_parts, REDUCE_MAX, PARTS_PAD, D_PAD)
-        mean = _reduce_parts(Parts + 3 * part_slot, kvh, n_parts, REDUCE_SUM, PARTS_PAD, D_PAD) / sampled
+        mean = _reduce_parts(Parts + 3 * part_slot, kvh, n_parts, REDUCE_SUM, PARTS_PAD, D_PAD) / L
         tl.store(dst + 2 * final_slot, mean, mask=d_ok)
         amax = tl.maximum(vmax - mean, mean - vmin)
     else:  # V_ABSMAX: max |v|, NaN if any v is
         amax = _reduce_parts(Parts + 2 * part_slot, kvh, n_parts, REDUCE_MAX, PARTS_PAD, D_PAD)
     if V_STATS != 0:
-        tl.store(dst + final_slot, _v_scale(amax * v_headroom, V_RANGE, V_POW2), mask=d_ok)
-        tl.store(dst + 3 * final_slot, tl.zeros((D_PAD,), tl.float32), mask=d_ok)
-        tl.store(Flags + kvh, 0.0)
+        if V_POW2:  # powers of two keep the scaling exact in fp16
+            scale = tl.exp2(tl.ceil(tl.log2(tl.maximum(amax / V_RANGE, 1.0))))
+        else:
+            scale = tl.where(amax > 0, amax / V_RANGE, 1.0)
+        tl.store(dst + final_slot, scale, mask=d_ok)
 
 
 @triton.jit
-def _store_int8(x, row_ok, offs_l, offs_d, bh, L, Out, Scale, scale_mult, BLOCK: tl.constexpr, GROUP: tl.constexpr,
-                D_PAD: tl.constexpr, SCALE_PER_BLOCK: tl.constexpr):
-    """Store this program's tile ``x`` (BLOCK rows at ``offs_l``, zero past D) as INT8 with its scales."""
+def quantize_int8_kernel(
+    X, stride_xb, stride_xh, stride_xl, stride_xd,
+    Parts, part_slot,  # fp32 (4, B*H_KV, n_parts, D_PAD): kv_stats_kernel's partials
+    Final, final_slot,  # fp32 (3, B*H_KV, D): K mean, V scale, V mean
+    Out, Scale, Bias,  # int8 (B*H, L, D_PAD); fp32 (B*H, L) or (B*H, L/BLOCK); fp32 (B*H, L)
+    H, H_KV_DIV, L, L_KV, K_TOKENS, D, n_parts, scale_mult, bias_mult,
+    BLOCK: tl.constexpr, GROUP: tl.constexpr, D_PAD: tl.constexpr, MEAN_MODE: tl.constexpr,
+    SCALE_PER_BLOCK: tl.constexpr, FINALIZE: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr,
+    V_RANGE: tl.constexpr, V_POW2: tl.constexpr, PARTS_PAD: tl.constexpr,
+):
+    """Quantize one tile of Q or K. With FINALIZE (the Q launch, which runs right after the
+    statistics), the first program of each key/value head also reduces the K/V partials into Final,
+    which the K and V launches after it read: one reduction per head instead of one per program."""
+    bh, offs_l, row_ok, offs_d, x = _row_tile(X, stride_xb, stride_xh, stride_xl, stride_xd, H, L, D, BLOCK, D_PAD)
+    ld_mask = row_ok[:, None] & (offs_d[None, :] < D)
+    kvh = bh // H_KV_DIV  # GQA: query head bh reads key/value head kvh
+    if FINALIZE:
+        if (tl.program_id(0) == 0) & (bh % H_KV_DIV == 0):
+            _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L_KV, K_TOKENS, D, K_SUM, V_STATS,
+                               V_RANGE, V_POW2, PARTS_PAD, D_PAD)
+
+    if MEAN_MODE == 1:
+        mean = tl.load(Final + bh * D + offs_d, mask=offs_d < D, other=0.0)
+        x = tl.where(ld_mask, x - mean[None, :], 0.0)
+
     out_ptrs = Out + bh.to(tl.int64) * L * D_PAD + offs_l[:, None].to(tl.int64) * D_PAD + offs_d[None, :]
     if SCALE_PER_BLOCK:
         # One scale per block (GROUP == BLOCK), reduced straight to a scalar; NaN and Inf are found
@@ -270,66 +274,17 @@ def _store_int8(x, row_ok, offs_l, offs_d, bh, L, Out, Scale, scale_mult, BLOCK:
         # of the group stay exact.
         row_max = tl.reduce(tl.abs(x), 1, _max_nan)
         row_bad = ~(row_max < float("inf"))
+        if MEAN_MODE == 2:
+            # q·mean(K): the per-row constant smoothing removed from the logits, needed for the LSE.
+            # Every program needs it before Final exists, so each reduces the K partials itself.
+            mean = _k_mean(Parts, kvh, n_parts, K_TOKENS, PARTS_PAD, D_PAD)
+            bias = tl.sum(x * mean[None, :], axis=1) * bias_mult
+            tl.store(Bias + bh.to(tl.int64) * L + offs_l, bias, mask=row_ok)
         amax = _group_max(tl.where(row_bad, 0.0, row_max), BLOCK, GROUP)
         scale = tl.where(amax > 0, amax / 127.0, 1.0)
         tl.store(out_ptrs, round_to_int8(x * (1.0 / scale)[:, None]), mask=row_ok[:, None])
         tl.store(Scale + bh.to(tl.int64) * L + offs_l, tl.where(row_bad, float("nan"), scale * scale_mult),
                  mask=row_ok)
-
-
-@triton.jit
-def quantize_q_kernel(
-    X, stride_xb, stride_xh, stride_xl, stride_xd,
-    Parts, part_slot,  # fp32 (4, B*H_KV, n_parts, D_PAD): kv_stats_kernel's partials
-    Final, final_slot, Flags,  # fp32 (4, B*H_KV, D): K mean, V scale, V mean, V overflow; (B*H_KV,) flags
-    Out, Scale, Bias,  # int8 (B*H, L, D_PAD); fp32 (B*H, L); fp32 (B*H, L)
-    H, H_KV_DIV, L, SAMPLED, D, n_parts, scale_mult, bias_mult, v_headroom,
-    BLOCK: tl.constexpr, GROUP: tl.constexpr, D_PAD: tl.constexpr, MEAN_DOT: tl.constexpr,
-    FINALIZE: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr,
-    V_RANGE: tl.constexpr, V_POW2: tl.constexpr, PARTS_PAD: tl.constexpr,
-):
-    """Quantize one tile of Q, scales per token (the group's repeated). With FINALIZE (the Q launch
-    runs right after the statistics) the first program of each key/value head also reduces the K/V
-    partials into Final, which the V and K launches after it read: one reduction per head instead of
-    one per program. With MEAN_DOT it stores q·mean(K) per row, the constant smoothing removed from
-    the logits, for the LSE."""
-    bh, offs_l, row_ok, offs_d, x = _row_tile(X, stride_xb, stride_xh, stride_xl, stride_xd, H, L, D, BLOCK, D_PAD)
-    kvh = bh // H_KV_DIV  # GQA: query head bh reads key/value head kvh
-    if FINALIZE:
-        if (tl.program_id(0) == 0) & (bh % H_KV_DIV == 0):
-            _finalize_kv_stats(Parts, part_slot, Final, final_slot, Flags, kvh, n_parts, SAMPLED, D, v_headroom,
-                               K_SUM, V_STATS, V_RANGE, V_POW2, PARTS_PAD, D_PAD)
-    if MEAN_DOT:
-        # Every program needs K's mean before Final exists, so each reduces the K partials itself.
-        mean = _k_mean(Parts, kvh, n_parts, SAMPLED, PARTS_PAD, D_PAD)
-        tl.store(Bias + bh.to(tl.int64) * L + offs_l, tl.sum(x * mean[None, :], axis=1) * bias_mult, mask=row_ok)
-    _store_int8(x, row_ok, offs_l, offs_d, bh, L, Out, Scale, scale_mult, BLOCK, GROUP, D_PAD, False)
-
-
-@triton.jit
-def quantize_k_kernel(
-    X, stride_xb, stride_xh, stride_xl, stride_xd,
-    Final, final_slot, Flags,  # as quantize_q_kernel's, finalized by it
-    Out, Scale,  # int8 (B*H_KV, L, D_PAD); fp32 (B*H_KV, L/BLOCK) with SCALE_PER_BLOCK, else (B*H_KV, L)
-    V, stride_vb, stride_vh, stride_vl, stride_vd, VOut, stride_ob, stride_ol, stride_od,  # FIX_V: convert_v's
-    H, L, L_OUT, D,
-    BLOCK: tl.constexpr, GROUP: tl.constexpr, D_PAD: tl.constexpr, SUBTRACT_MEAN: tl.constexpr,
-    SCALE_PER_BLOCK: tl.constexpr, FIX_V: tl.constexpr, V_RANGE: tl.constexpr, V_POW2: tl.constexpr,
-    HAS_VMEAN: tl.constexpr, KEY_PERM: tl.constexpr, RESIDUAL: tl.constexpr, INTERPRETER: tl.constexpr,
-):
-    """Quantize one tile of K, minus K's mean with SUBTRACT_MEAN. With FIX_V, when the V conversion
-    before this launch found a channel of this head beyond its sampled scale, also convert this
-    tile's tokens of V again with the exact scale (``redo_v``)."""
-    bh, offs_l, row_ok, offs_d, x = _row_tile(X, stride_xb, stride_xh, stride_xl, stride_xd, H, L, D, BLOCK, D_PAD)
-    if SUBTRACT_MEAN:
-        mean = tl.load(Final + bh * D + offs_d, mask=offs_d < D, other=0.0)
-        x = tl.where(row_ok[:, None] & (offs_d[None, :] < D), x - mean[None, :], 0.0)
-    _store_int8(x, row_ok, offs_l, offs_d, bh, L, Out, Scale, 1.0, BLOCK, GROUP, D_PAD, SCALE_PER_BLOCK)
-    if FIX_V:
-        if tl.load(Flags + bh) != 0:
-            redo_v(V, stride_vb, stride_vh, stride_vl, stride_vd, Final, final_slot, VOut, stride_ob, stride_ol,
-                   stride_od, bh, tl.program_id(0) * BLOCK, H, L, L_OUT, D, BLOCK, D_PAD, V_RANGE, V_POW2, HAS_VMEAN,
-                   KEY_PERM, RESIDUAL, INTERPRETER)
 
 
 # Keys are reordered within chunks of this many (the k-extent of one 8-bit MMA instruction).
@@ -352,23 +307,28 @@ def mma_operand_order(x, N: tl.constexpr):
 
 
 @triton.jit
-def _convert_v_rows(V, stride_vb, stride_vh, stride_vl, stride_vd, scale, Final, final_slot, Out, stride_ob,
-                    stride_ol, stride_od, bh, offs_l, H, L, L_OUT, D, D_PAD: tl.constexpr, HAS_MEAN: tl.constexpr,
-                    KEY_PERM: tl.constexpr, RESIDUAL: tl.constexpr, INTERPRETER: tl.constexpr,
-                    V_RANGE: tl.constexpr):
-    """Rows ``offs_l`` of V head ``bh`` (a multiple of 32 with KEY_PERM), minus V's mean (HAS_MEAN),
-    divided by ``scale`` (D_PAD channels), cast to Out's dtype and stored. Returns 1 if any value
-    came out beyond ±V_RANGE (never for NaN), else 0."""
-    row_ok, offs_d, v = _load_rows(V, stride_vb, stride_vh, stride_vl, stride_vd, bh, H, offs_l, L, D, D_PAD)
+def convert_v_kernel(
+    V, stride_vb, stride_vh, stride_vl, stride_vd,
+    Scale, Mean,  # fp32 (B*H, D) per-channel scale and mean (HAS_MEAN), from _finalize_kv_stats
+    Out, stride_ob, stride_ol, stride_od,  # (B*H, L, D_PAD) in any order of the last two
+    H, L, L_OUT, D,
+    BLOCK: tl.constexpr, D_PAD: tl.constexpr, HAS_MEAN: tl.constexpr, INTERPRETER: tl.constexpr,
+    KEY_PERM: tl.constexpr, RESIDUAL: tl.constexpr,
+):
+    """V minus its mean (smooth_v), divided by its per-channel scale, cast to Out's dtype.
+
+    With ``KEY_PERM`` the tokens are stored in MMA operand order and the L_OUT - L padding rows are
+    written as zeros. With ``RESIDUAL`` (fp8 only) the rounding error of each value is stored too,
+    rounded to fp8 in turn, D_PAD channel rows below V: V ≈ hi + lo to about 7 mantissa bits.
+    """
+    bh, offs_l, row_ok, offs_d, v = _row_tile(V, stride_vb, stride_vh, stride_vl, stride_vd, H, L, D, BLOCK, D_PAD)
     d_ok = offs_d < D
+    scale = tl.load(Scale + bh * D + offs_d, mask=d_ok, other=1.0)
     if HAS_MEAN:
-        v = v - tl.load(Final + 2 * final_slot + bh * D + offs_d, mask=d_ok, other=0.0)[None, :]
+        v = v - tl.load(Mean + bh * D + offs_d, mask=d_ok, other=0.0)[None, :]
     v = tl.where(d_ok[None, :] & row_ok[:, None], v / scale[None, :], 0.0)
-    # A flag, not the values' max: the max would keep every value live in registers (twice the
-    # kernel's registers on sm90); a flag accumulates as the values stream to the stores.
-    over = tl.max(tl.max((tl.abs(v) > V_RANGE).to(tl.int32), axis=1), axis=0)
-    if KEY_PERM:  # permuted in registers, so the stores stay contiguous
-        v = tl.trans(mma_operand_order(tl.trans(v), offs_l.shape[0]))
+    if KEY_PERM:  # permuted in registers, so the stores stay contiguous (BLOCK is a multiple of 32)
+        v = tl.trans(mma_operand_order(tl.trans(v), BLOCK))
     o_ptrs = (Out + bh.to(tl.int64) * stride_ob + offs_l[:, None].to(tl.int64) * stride_ol
               + offs_d[None, :] * stride_od)
     keep = offs_l[:, None] < L_OUT
@@ -380,74 +340,3 @@ def _convert_v_rows(V, stride_vb, stride_vh, stride_vl, stride_vd, scale, Final,
         if RESIDUAL:  # what rounding to fp8 lost, itself in fp8, D_PAD channel rows further on
             tl.store(o_ptrs + D_PAD * stride_od, to_fp8(v - v8.to(tl.float32), Out.dtype.element_ty, INTERPRETER),
                      mask=keep)
-    return over
-
-
-@triton.jit
-def _record_overflow(V, stride_vb, stride_vh, stride_vl, stride_vd, scale, Final, final_slot, Flags, bh, row0,
-                     H, L, D, ROWS: tl.constexpr, D_PAD: tl.constexpr, HAS_MEAN: tl.constexpr, V_RANGE: tl.constexpr):
-    """For rows row0 .. row0 + ROWS, whose scaled values overflowed: each overflowing channel's max
-    |v - mean| into Final's slot 3 (atomic max: order-free) and the head's flag, for ``redo_v``. It
-    runs only when a sampled scale fell short, so it reloads the rows (from L2) 16 at a time rather
-    than keep them live: a whole tile here doubled the kernel's registers on sm90."""
-    offs_d = tl.arange(0, D_PAD)
-    d_ok = offs_d < D
-    mean = tl.load(Final + 2 * final_slot + bh * D + offs_d, mask=d_ok & HAS_MEAN, other=0.0)
-    amax = tl.zeros((D_PAD,), tl.float32)
-    for c in tl.static_range(0, ROWS, 16):
-        offs_l = row0 + c + tl.arange(0, 16)
-        row_ok, _, v = _load_rows(V, stride_vb, stride_vh, stride_vl, stride_vd, bh, H, offs_l, L, D, D_PAD)
-        amax = tl.maximum(amax, tl.max(tl.where(row_ok[:, None], tl.abs(v - mean[None, :]), 0.0), axis=0))
-    over = (amax / scale > V_RANGE) & d_ok  # the same division as the conversion's, so the same verdict
-    tl.atomic_max(Final + 3 * final_slot + bh * D + offs_d, amax, mask=over)
-    tl.store(Flags + bh, 1.0)
-
-
-@triton.jit
-def convert_v_kernel(
-    V, stride_vb, stride_vh, stride_vl, stride_vd,
-    Final, final_slot, Flags,  # from _finalize_kv_stats: slot 1 scale, 2 mean (HAS_MEAN), 3 overflow max
-    Out, stride_ob, stride_ol, stride_od,  # (B*H, L, D_PAD) in any order of the last two
-    H, L, L_OUT, D, check,
-    BLOCK: tl.constexpr, D_PAD: tl.constexpr, HAS_MEAN: tl.constexpr, INTERPRETER: tl.constexpr,
-    KEY_PERM: tl.constexpr, RESIDUAL: tl.constexpr, V_RANGE: tl.constexpr,
-):
-    """V minus its mean (smooth_v), divided by its per-channel scale, cast to Out's dtype.
-
-    With ``KEY_PERM`` the tokens are stored in MMA operand order and the L_OUT - L padding rows are
-    written as zeros. With ``RESIDUAL`` (fp8 only) the rounding error of each value is stored too,
-    rounded to fp8 in turn, D_PAD channel rows below V: V ≈ hi + lo to about 7 mantissa bits.
-    With ``check`` (the scale came from a sample) values beyond ±V_RANGE are recorded for the K
-    launch, which converts their head again (``redo_v``).
-    """
-    bh = tl.program_id(1)
-    offs_l = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    offs_d = tl.arange(0, D_PAD)
-    scale = tl.load(Final + final_slot + bh * D + offs_d, mask=offs_d < D, other=1.0)
-    over = _convert_v_rows(V, stride_vb, stride_vh, stride_vl, stride_vd, scale, Final, final_slot, Out, stride_ob,
-                           stride_ol, stride_od, bh, offs_l, H, L, L_OUT, D, D_PAD, HAS_MEAN, KEY_PERM, RESIDUAL,
-                           INTERPRETER, V_RANGE)
-    if check:
-        if over != 0:
-            _record_overflow(V, stride_vb, stride_vh, stride_vl, stride_vd, scale, Final, final_slot, Flags, bh,
-                             tl.program_id(0) * BLOCK, H, L, D, BLOCK, D_PAD, HAS_MEAN, V_RANGE)
-
-
-@triton.jit
-def redo_v(V, stride_vb, stride_vh, stride_vl, stride_vd, Final, final_slot, Out, stride_ob, stride_ol, stride_od,
-           bh, row0, H, L, L_OUT, D, ROWS: tl.constexpr, D_PAD: tl.constexpr, V_RANGE: tl.constexpr,
-           V_POW2: tl.constexpr, HAS_MEAN: tl.constexpr, KEY_PERM: tl.constexpr, RESIDUAL: tl.constexpr,
-           INTERPRETER: tl.constexpr):
-    """Convert rows row0 .. row0 + ROWS of V head ``bh`` again, each channel that overflowed its
-    sampled scale now scaled by its true max (the others keep theirs), and store that scale. Every
-    program of the head stores the same values, so the order they run in does not matter."""
-    offs_d = tl.arange(0, D_PAD)
-    d_ok = offs_d < D
-    over = tl.load(Final + 3 * final_slot + bh * D + offs_d, mask=d_ok, other=0.0)
-    scale = tl.load(Final + final_slot + bh * D + offs_d, mask=d_ok, other=1.0)
-    scale = tl.where(over > 0, _v_scale(over, V_RANGE, V_POW2), scale)
-    tl.store(Final + final_slot + bh * D + offs_d, scale, mask=d_ok)
-    for c in tl.static_range(0, ROWS, 32):  # 32-row tiles (KEY_PERM_CHUNK; ROWS is a multiple): a rare path
-        _convert_v_rows(V, stride_vb, stride_vh, stride_vl, stride_vd, scale, Final, final_slot, Out, stride_ob,
-                        stride_ol, stride_od, bh, row0 + c + tl.arange(0, 32), H, L, L_OUT, D, D_PAD, HAS_MEAN,
-                        KEY_PERM, RESIDUAL, INTERPRETER, V_RANGE)

@@ -78,33 +78,16 @@ def exact_attention(q, k, v, layout="HND", is_causal=False, sm_scale=None, attn_
     return to_bhld(out, layout), lse
 
 
-def sampled_tokens(t: torch.Tensor) -> torch.Tensor:
-    """The tokens of a (B, H, L, D) K or V the statistics pass reads (``quant.stats_sample``: every
-    token on short sequences), as a mask over L."""
+def k_mean(kh: torch.Tensor) -> torch.Tensor:
+    """The vector K smoothing subtracts, (B, H, 1, D): the mean of the keys the statistics pass
+    samples (``quant.k_mean_sample``: every key on short sequences)."""
     from .api import head_dim_padded
 
-    L, d_pad = t.shape[2], head_dim_padded(t.shape[3])
-    stride, tokens = quant.stats_sample(L, d_pad)
-    keep = (torch.arange(L, device=t.device) // quant.stats_block(d_pad)) % stride == 0
+    L, d_pad = kh.shape[2], head_dim_padded(kh.shape[3])
+    stride, tokens = quant.k_mean_sample(L, d_pad)
+    keep = (torch.arange(L, device=kh.device) // quant.stats_block(d_pad)) % stride == 0
     assert int(keep.sum()) == tokens
-    return keep
-
-
-def k_mean(kh: torch.Tensor) -> torch.Tensor:
-    """The vector K smoothing subtracts, (B, H, 1, D): the mean of the sampled keys."""
-    return kh[:, :, sampled_tokens(kh)].mean(dim=2, keepdim=True)
-
-
-def v_scale(vc: torch.Tensor, v_range: float) -> torch.Tensor:
-    """V's per-channel scale (B, H, 1, D) for the centred ``vc``, as the kernels pick it: the sample's
-    max |v| times ``quant.V_HEADROOM`` (1 when every token is read) over ``v_range``, or, in a
-    channel where some |v| exceeds that, the channel's true max over ``v_range``."""
-    keep = sampled_tokens(vc)
-    headroom = 1.0 if bool(keep.all()) else quant.V_HEADROOM
-    sample = vc[:, :, keep].abs().amax(dim=2, keepdim=True) * headroom
-    full = vc.abs().amax(dim=2, keepdim=True)
-    scale = torch.where(sample > 0, sample / v_range, sample + 1e-30)
-    return torch.where(full > v_range * scale, full / v_range, scale)
+    return kh[:, :, keep].mean(dim=2, keepdim=True)
 
 
 def quantized_reference(q, k, v, cfg: KernelConfig, layout="HND", is_causal=False, sm_scale=None,
@@ -131,11 +114,11 @@ def quantized_reference(q, k, v, cfg: KernelConfig, layout="HND", is_causal=Fals
     p = torch.exp2(s2 - m)
     row_sum = p.sum(dim=-1, keepdim=True)
 
-    vmean = vh[:, :, sampled_tokens(vh)].mean(dim=2, keepdim=True) if smooth_v else torch.zeros_like(vh[:, :, :1])
+    vmean = vh.mean(dim=2, keepdim=True) if smooth_v else torch.zeros_like(vh[:, :, :1])
     vc = vh - vmean
     if cfg.pv_precision == "fp8":
         fmax = FP8_MAX[cfg.fp8_format]
-        vs = v_scale(vc, fmax)
+        vs = torch.where(vc.abs().amax(dim=2, keepdim=True) > 0, vc.abs().amax(dim=2, keepdim=True) / fmax, 1.0)
         v8 = (vc / vs).to(_FP8[cfg.fp8_format]).float()
         if cfg.v_residual:  # the rounding error, itself rounded to fp8, joins V
             v8 = v8 + (vc / vs - v8).to(_FP8[cfg.fp8_format]).float()

@@ -167,87 +167,15 @@ def test_lse_with_smoothing_matches_fp64(seed):
 
 
 def test_lse_with_a_sampled_k_mean_matches_fp64(seed):
-    """Long key sequences smooth K with the mean of a sample of the keys (``quant.stats_sample``);
+    """Long key sequences smooth K with the mean of a sample of the keys (``quant.k_mean_sample``);
     the LSE must add back q times that same vector, not the sampled sum over every key."""
     from sagetriton.kernels import api, quant
 
     q, k, v = make_qkv(H=1, LQ=16, LK=130 * 64, D=16, k_bias=8.0)
-    assert quant.stats_sample(k.shape[2], api.head_dim_padded(16))[0] == 2
+    assert quant.k_mean_sample(k.shape[2], api.head_dim_padded(16))[0] == 2
     _, exact = ref.exact_attention(q, k, v)
     _, lse = sageattn(q, k, v, return_lse=True)
     assert (lse.double() - exact).abs().max().item() < 0.03
-
-
-def _operand_order_inverse(v8: torch.Tensor) -> torch.Tensor:
-    """Tokens of a converted fp8 V (last axis) back in their own order: within each 32-token chunk
-    key 16h + 8j + 2t + i is stored at 16h + 4t + 2j + i (``quant.mma_operand_order``)."""
-    n = torch.arange(v8.shape[-1])
-    r = n % 32
-    stored = n - r + (r // 16) * 16 + ((r % 8) // 2) * 4 + ((r // 8) % 2) * 2 + r % 2
-    return v8[..., stored]
-
-
-def _quantize_v(k, v, cfg, smooth_v=False):
-    """A call's statistics, Q, V and K launches on (k, v) (Q is k's first tokens): returns V's final
-    scale (B*H_KV, D), the heads' redo flags, and V as converted, dequantized, in token order."""
-    from sagetriton.kernels import api
-
-    B, H_KV, L, D = k.shape
-    d_pad = api.head_dim_padded(D)
-    parts, n_parts, n_sampled, stride = api._kv_stats(k, v, True, api._v_stats_needed(cfg, smooth_v), d_pad)
-    final = api._final_buffers(B * H_KV, D, k.device)
-    headroom = kernels.quant.V_HEADROOM if stride > 1 else 1.0
-    api._quantize_q(k[:, :, :16], 16, 16, d_pad, 1.0, (parts, n_parts, n_sampled, final),
-                    finalize=(True, api._v_stats_needed(cfg, smooth_v), *api._v_range(cfg), headroom))
-    v_op, _, v_scale, _, _, _, redo = api._prepare_v(v, cfg, smooth_v, d_pad, final, stride > 1)
-    flags_after_v = final[1].clone()
-    api._quantize_k(k, 64, cfg.block_n, d_pad, final, True, per_block=True, redo_v=redo)
-    deq = _operand_order_inverse(v_op[:, :D].float())[..., :L].transpose(1, 2) * v_scale[:, None, :]
-    return v_scale.clone(), flags_after_v, deq.reshape(B, H_KV, L, D)
-
-
-def _fp8_config():
-    return KernelConfig("per_block", "fp8", "fp32", "e4m3fn", 64, 64, 4, 1)
-
-
-@pytest.mark.parametrize("what", ["outlier", "channel zero in the sample", "no overflow"])
-def test_v_beyond_its_sampled_scale_is_converted_again_exactly(seed, what):
-    """On a sampled sequence V's scale covers V_HEADROOM times the sample's max. A value beyond that,
-    in a token the sample skipped, must not saturate at fp8's 448: the V conversion records it and
-    the K launch converts that head's V again with the channel's true max. A channel that is zero on
-    the whole sample must not lose its small values either."""
-    from sagetriton.kernels import api, quant
-    from sagetriton.kernels.reference import sampled_tokens
-
-    q, k, v = make_qkv(B=1, H=2, LQ=16, LK=130 * 16, D=128)  # 16-token blocks, every second one read
-    assert quant.stats_sample(v.shape[2], 128)[0] == 2
-    v = v.float()
-    skipped = (~sampled_tokens(v)).nonzero()[:, 0]
-    if what == "outlier":
-        assert 1010 in skipped
-        v[0, 1, 1010, 5] = 300.0  # ~75x the sample's max of that channel
-    elif what == "channel zero in the sample":
-        v[0, 0, :, 7] = 0.0
-        v[0, 0, skipped, 7] = 1e-3 * torch.randn(len(skipped))  # below fp8's 2^-9 at scale 1
-    v = v.to(torch.float16)
-    scale, flags, deq = _quantize_v(k, v, _fp8_config())
-    sample_max = v.float()[:, :, sampled_tokens(v)].abs().amax(2).reshape(2, 128)
-    true_max = v.float().abs().amax(2).reshape(2, 128)
-    expected = sample_max * quant.V_HEADROOM / 448.0
-    if what == "outlier":
-        assert flags.tolist() == [0.0, 1.0]
-        expected[1, 5] = 300.0 / 448.0
-    elif what == "channel zero in the sample":
-        assert flags.tolist() == [1.0, 0.0]
-        expected[0, 7] = true_max[0, 7] / 448.0
-    else:
-        assert flags.tolist() == [0.0, 0.0]
-    assert torch.allclose(scale, expected, rtol=1e-6, atol=0)
-    # Every value within fp8's rounding (3 mantissa bits: 1/16 relative) or below its subnormal step.
-    err = (deq - v.float()).abs()
-    assert (err <= v.float().abs() / 16 + 2.0 ** -10 * scale.reshape(1, 2, 1, 128)).all()
-    if what != "no overflow":  # the whole call, against fp64: a saturated outlier is off by ~0.1 in its channel
-        check(sageattn(q, k, v, pv_precision="fp8"), q, k, v)
 
 
 def test_nan_and_inf_propagate_like_sdpa(seed):
@@ -500,34 +428,33 @@ def test_int8_rounding_is_nearest_even_with_exact_ties():
 
     vals = torch.tensor([127.0, -127.0, -126.5, -0.5, 0.5, 1.5, 2.5, -2.5, 126.5, -3.7, 3.49999976, 0.0, -0.0, 64.25])
     x = vals.repeat(16, 1)[None, None]  # (1, 1, 16, 14): every row's max |x| is 127, so the scale is exactly 1
-    q8, scale = api._quantize_q(x, 16, 16, 16, 1.0)
+    q8, scale = api._quantize_qk(x, 16, 16, 16, 1.0)
     assert torch.equal(scale, torch.ones_like(scale))
     assert q8[0, :, :14].tolist() == [torch.round(vals).to(torch.int8).tolist()] * 16
     assert (q8[0, :, 14:] == 0).all()  # head-dim padding
 
 
 def _stats_and_finalize(q, k, v, smooth_v):
-    """kv_stats_kernel, then the Q launch that reduces its partials: (parts, n_parts, (final, flags))."""
+    """kv_stats_kernel, then the Q launch that reduces its partials: (parts, n_parts, final)."""
     from sagetriton.kernels import api, quant
 
     H, H_KV, D = q.shape[1], k.shape[1], q.shape[3]
     d_pad = api.head_dim_padded(D)
     v_stats = quant.V_MINMAXSUM if smooth_v else quant.V_ABSMAX
-    parts, n_parts, n_sampled, stride = api._kv_stats(k, v, True, v_stats, d_pad)
-    final, flags = api._final_buffers(k.shape[0] * H_KV, D, k.device)
-    final.fill_(-1.0), flags.fill_(-1.0)  # slot 3 and the flags must come back zeroed
-    api._quantize_q(q, 16, 64, d_pad, 1.0, stats=(parts, n_parts, n_sampled, (final, flags)), kv_div=H // H_KV,
-                    finalize=(True, v_stats, 256.0, False, 1.0))
-    return parts, n_parts, (final, flags)
+    parts, n_parts, k_tokens = api._kv_stats(k, v, True, v_stats, d_pad)
+    final = torch.empty((3, k.shape[0] * H_KV, D), dtype=torch.float32)
+    api._quantize_qk(q, 16, 64, d_pad, 1.0, stats=(parts, n_parts, k.shape[2], k_tokens, final), kv_div=H // H_KV,
+                     finalize=(True, v_stats, 256.0, False))
+    return parts, n_parts, final
 
 
 @pytest.mark.parametrize("case", ["odd", "nhd_strided", "gqa", "long", "sampled"])
 def test_kv_statistics_match_torch(seed, case):
     """Partials of one pass over K and V, reduced in the Q launch, against fp64 torch, for strided
     views and GQA; min and max are exact (fp16 -> fp32 is exact), NaN in V propagates to its channel.
-    They cover the tokens ``stats_sample`` picks: every token except on long sequences."""
+    K's mean is over the keys ``k_mean_sample`` picks: every key except on long sequences."""
     from sagetriton.kernels import api, quant
-    from sagetriton.kernels.reference import k_mean, sampled_tokens
+    from sagetriton.kernels.reference import k_mean
 
     if case == "odd":
         q, k, v = make_qkv(LQ=13, LK=77, D=40)
@@ -538,24 +465,21 @@ def test_kv_statistics_match_torch(seed, case):
         q, k, v = make_qkv(H=6, H_KV=2, LQ=20, LK=95, D=64)
     elif case == "long":  # more token tiles than partial rows: chunks of several tiles
         q, k, v = make_qkv(H=1, LQ=8, LK=2500, D=16)
-    else:  # long enough that every third block is read (odd length: a partial last one)
+    else:  # long enough that K's mean is taken over every third block (odd length: a partial last one)
         q, k, v = make_qkv(H=2, LQ=8, LK=64 * 3 * 64 + 40, D=16)
     B, H_KV, L, D = k.shape
-    stride, n_sampled = quant.stats_sample(L, api.head_dim_padded(D))
+    stride, k_tokens = quant.k_mean_sample(L, api.head_dim_padded(D))
     assert (stride == 3) == (case == "sampled")
     v = v.clone()
-    v[0, 0, 1, 1] = float("nan")  # block 0 is always read
-    keep = sampled_tokens(k)
-    assert int(keep.sum()) == n_sampled and bool(keep.all()) == (stride == 1)
+    v[0, 0, L // 2, 1] = float("nan")
     for smooth_v in (False, True):
-        parts, n_parts, (final, flags) = _stats_and_finalize(q, k, v, smooth_v)
+        parts, n_parts, final = _stats_and_finalize(q, k, v, smooth_v)
         assert parts.shape[2] == n_parts <= 16
-        k64 = k.double().reshape(B * H_KV, L, D)
-        v64 = v.double().reshape(B * H_KV, L, D)[:, keep]
+        k64, v64 = k.double().reshape(B * H_KV, L, D), v.double().reshape(B * H_KV, L, D)
         ksum = parts[0, :, :, :D].sum(1)
         mean = k_mean(k.double()).reshape(B * H_KV, D)
         assert torch.allclose(final[0].double(), mean, rtol=1e-5, atol=1e-5)
-        assert torch.allclose(ksum.double() / n_sampled, mean, rtol=1e-5, atol=1e-5)
+        assert torch.allclose(ksum.double() / k_tokens, mean, rtol=1e-5, atol=1e-5)
         if stride == 1:
             assert torch.allclose(mean, k64.mean(1), rtol=1e-5, atol=1e-5)
         else:  # a third of the keys: near the mean of all (make_qkv's K has per-channel offsets)
@@ -576,10 +500,6 @@ def test_kv_statistics_match_torch(seed, case):
             assert torch.equal(vabs.isnan(), nan)
             assert torch.equal(vabs[~nan].double(), v64.abs().amax(1)[~nan])
             assert torch.equal(final[1][~nan].double(), v64.abs().amax(1)[~nan] / 256.0)
-            assert final[1][nan].isnan().all()
-        # What the V conversion records overflows in starts at zero.
-        assert torch.equal(final[3], torch.zeros_like(final[3]))
-        assert torch.equal(flags, torch.zeros_like(flags))
 
 
 @pytest.mark.parametrize("pv,smooth_v", [("fp16", False), ("fp8", False), ("fp8", True)])

@@ -66,9 +66,9 @@ def _peak_of_call(monkeypatch, cfg, B, H, H_KV, L, D, layout="HND"):
 
 
 def _statistics_bytes(B, H_KV, D):
-    """K mean / V range partials (``quant.STATS_PARTS`` per head and slot), their four finalized rows and
-    a flag: per head, not per token (1.6 MB at 2 x 24 heads, head_dim 128)."""
-    return ((4 * quant.STATS_PARTS + 4) * footprint.head_dim_padded(D) + 1) * B * H_KV * footprint.FP32
+    """K mean / V range partials (``quant.STATS_PARTS`` per head and slot) and their finalized row:
+    per head, not per token (1.6 MB at 2 x 24 heads, head_dim 128)."""
+    return (4 * quant.STATS_PARTS + 3) * B * H_KV * footprint.head_dim_padded(D) * footprint.FP32
 
 
 CASES = [  # (what, config, B, H, H_KV, L, D, layout, the kernels that run)
