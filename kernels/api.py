@@ -130,7 +130,12 @@ def _prepare_mask(attn_mask, B, H, LQ, LK):
     return m, kind
 
 
-def _kv_stats(k, v, k_sum: bool, v_stats: int, d_pad: int):
+def _pdl_launch(pdl: bool) -> dict:
+    """Launch options for a call's launch after its first (``KernelConfig.pdl``)."""
+    return {"launch_pdl": True} if pdl else {}
+
+
+def _kv_stats(k, v, k_sum: bool, v_stats: int, d_pad: int, pdl: bool = False):
     """One pass over K and V (same B, H, L) for the per-channel statistics the quantization needs.
 
     Returns ``(parts, n_parts, k_tokens)``: fp32 (4, B*H, n_parts, D_PAD) partials, slots K sum, V
@@ -149,12 +154,12 @@ def _kv_stats(k, v, k_sum: bool, v_stats: int, d_pad: int):
     parts = torch.empty((4, B * H, n_parts, d_pad), dtype=torch.float32, device=k.device)
     _launch(quant.kv_stats_kernel, (n_parts, B * H), (
         k, *k.stride(), v, *v.stride(), *parts.unbind(0), H, L, D, per_part, k_stride,
-    ), dict(BLOCK=block, D_PAD=d_pad, K_SUM=k_sum, V_STATS=v_stats), num_warps=8)
+    ), dict(BLOCK=block, D_PAD=d_pad, K_SUM=k_sum, V_STATS=v_stats, PDL=pdl), num_warps=8)
     return parts, n_parts, k_tokens
 
 
 def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, stats=None, kv_div=1,
-                 bias=None, bias_mult=1.0, per_block=False, finalize=None):
+                 bias=None, bias_mult=1.0, per_block=False, finalize=None, pdl=False, after=True):
     """INT8 copy (B*H, L, D_PAD) and scales: one per block with ``per_block`` (group == block), else
     one per token (the group's scale repeated).
 
@@ -162,6 +167,8 @@ def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, 
     K mean / V scale / V mean buffer.
     ``finalize``: ``(k_sum, v_stats, v_range, v_pow2)`` for the launch that reduces the partials
     into that buffer (the first one after the statistics).
+    ``pdl``: the call's launches are chained (``KernelConfig.pdl``); ``after``: this is not the
+    call's first launch, so it may start before the one before it ends.
     """
     B, H, L, D = x.shape
     out = torch.empty((B * H, L, d_pad), dtype=torch.int8, device=x.device)
@@ -176,7 +183,7 @@ def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, 
         H, kv_div, L, l_kv, k_tokens, D, n_parts, scale_mult, bias_mult,
     ), dict(BLOCK=block, GROUP=group, D_PAD=d_pad, MEAN_MODE=mean_mode, SCALE_PER_BLOCK=per_block,
             FINALIZE=finalize is not None, K_SUM=k_sum, V_STATS=v_stats, V_RANGE=v_range, V_POW2=v_pow2,
-            PARTS_PAD=quant.STATS_PARTS), num_warps=4)
+            PARTS_PAD=quant.STATS_PARTS, PDL=pdl), num_warps=4, **_pdl_launch(pdl and after))
     return out, scale
 
 
@@ -196,7 +203,7 @@ def _v_range(cfg: KernelConfig) -> tuple[float, bool]:
     return _FP16_TILE_V_LIMIT, True  # powers of two keep the scaling exact in fp16
 
 
-def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int, final):
+def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int, final, pdl: bool = False):
     """Return (v operand, strides (b, h, n, d), v_scale, v_mean, pv_mode, p_scale).
 
     The plain 16-bit path reads V in place. FP8, smoothing and fp16 tile accumulation convert V
@@ -228,7 +235,7 @@ def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int, final):
     _launch(quant.convert_v_kernel, (triton.cdiv(L, block), B * H), (
         v, *v.stride(), scale, mean, out, out.stride(0), stride_l, stride_d, H, L, l_pad, D,
     ), dict(BLOCK=block, D_PAD=d_pad, HAS_MEAN=smooth_v, INTERPRETER=interpreter_enabled(), KEY_PERM=fp8,
-            RESIDUAL=fp8 and cfg.v_residual), num_warps=4)
+            RESIDUAL=fp8 and cfg.v_residual, PDL=pdl), num_warps=4, **_pdl_launch(pdl))
     # Kernel-side strides of the converted V as (B, H, L, D_PAD).
     strides = (H * out.stride(0), out.stride(0), stride_l, stride_d)
     return out, strides, scale, mean if smooth_v else None, mode, p_scale
@@ -271,8 +278,18 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
 
     d_pad = head_dim_padded(D)
     q_group, k_group = cfg.group_sizes()
+    k_scalar = k_group == cfg.block_n
+    pdl = cfg.pdl and not interpreter_enabled()
+    # Hopper's Gluon kernel: decided first, so that its split last wave's zeroed workspace is
+    # allocated before the quantization launches and no fill runs between them and the kernel.
+    shared_kv = None
+    if (cfg.shared_kv_min_len and LQ >= cfg.shared_kv_min_len and attn_mask is None and not is_causal
+            and not return_lse and k_scalar and cfg.pv_precision == "fp8" and cfg.use_tma
+            and d_pad == hopper_gluon.HEAD_DIM and D % 8 == 0 and cfg.block_n == hopper_gluon.BLOCK_N
+            and cfg.block_m == hopper_gluon.ROWS):
+        shared_kv = _shared_kv_plan(B * H, LQ, LK, q.device)
     v_stats = _v_stats_needed(cfg, smooth_v)
-    parts, n_parts, k_tokens = _kv_stats(kh, vh, smooth_k, v_stats, d_pad)
+    parts, n_parts, k_tokens = _kv_stats(kh, vh, smooth_k, v_stats, d_pad, pdl)
     stats = final = None
     if parts is not None:
         final = torch.empty((3, B * H_KV, D), dtype=torch.float32, device=q.device)  # K mean, V scale, V mean
@@ -284,26 +301,22 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
     q8, qs = _quantize_qk(qh, q_group, cfg.block_m, d_pad, sm_scale * quant.LOG2E,
                           quant.MEAN_DOT if qbias is not None else quant.MEAN_NONE, stats, H // H_KV,
                           bias=qbias, bias_mult=sm_scale,
-                          finalize=(smooth_k, v_stats, *_v_range(cfg)) if stats is not None else None)
+                          finalize=(smooth_k, v_stats, *_v_range(cfg)) if stats is not None else None,
+                          pdl=pdl, after=parts is not None)
     if stats is not None:
         # The Q launch has reduced the partials into ``final``, all later launches read: freed now (the
-        # allocator hands the block out only to work queued after that launch), they are not part of
-        # the call's peak.
+        # allocator hands the block out only to work queued after that launch, and with ``pdl`` those
+        # launches store nothing before the Q launch has ended), they are not part of the call's peak.
         stats = (final, 0, LK, k_tokens, final)
         del parts
-    k_scalar = k_group == cfg.block_n
     k8, ks = _quantize_qk(kh, k_group, cfg.block_n, d_pad, 1.0, quant.MEAN_SUBTRACT if smooth_k else quant.MEAN_NONE,
-                          stats, per_block=k_scalar)
-    v_op, v_strides, v_scale, v_mean, pv_mode, p_scale = _prepare_v(vh, cfg, smooth_v, d_pad, final)
+                          stats, per_block=k_scalar, pdl=pdl)
+    v_op, v_strides, v_scale, v_mean, pv_mode, p_scale = _prepare_v(vh, cfg, smooth_v, d_pad, final, pdl)
 
-    # Hopper's Gluon kernel builds its own descriptors: decided before the portable kernel's. FP8 V
-    # is always our converted buffer, so use_tma here means the portable kernel would read it by TMA.
-    if (cfg.shared_kv_min_len and LQ >= cfg.shared_kv_min_len and attn_mask is None and not is_causal
-            and not return_lse and k_scalar and pv_mode == attn.PV_FP8 and cfg.use_tma
-            and d_pad == hopper_gluon.HEAD_DIM and D % 8 == 0 and cfg.block_n == hopper_gluon.BLOCK_N
-            and cfg.block_m == hopper_gluon.ROWS):
+    # FP8 V is always our converted buffer, so use_tma here means the portable kernel would read it by TMA.
+    if shared_kv is not None:
         if _run_shared_kv(q8, qs, k8, ks, v_op, v_scale, v_mean, oh, (H, H_KV, LQ, LK, D), math.log2(p_scale),
-                          cfg.v_residual):
+                          cfg.v_residual, shared_kv, pdl):
             return out, lse
 
     k_desc = v_desc = None
@@ -334,8 +347,8 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
         HAS_VSCALE=v_scale is not None, HAS_VMEAN=v_mean is not None, HAS_QBIAS=qbias is not None,
         K_SCALAR=k_scalar, RETURN_LSE=return_lse, EVEN_D=(D == d_pad) or (v_op is not vh),
         INTERPRETER=interpreter_enabled(), K_TMA=k_desc is not None, V_TMA=v_desc is not None,
-        V_T=pv_mode == attn.PV_FP8, V_RES=pv_mode == attn.PV_FP8 and cfg.v_residual,
-    ), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        V_T=pv_mode == attn.PV_FP8, V_RES=pv_mode == attn.PV_FP8 and cfg.v_residual, PDL=pdl,
+    ), num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_pdl_launch(pdl),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}))
     return out, lse
 
@@ -348,28 +361,37 @@ def shared_kv_error() -> Optional[str]:
     return _shared_kv_error
 
 
-def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, oh, dims, p_log2: float, v_residual: bool) -> bool:
-    """Hopper's Gluon kernel on the quantized tensors; False (and the portable kernel from then on,
-    logged once) if this Triton cannot build or launch it."""
-    global _shared_kv_error
+def _shared_kv_plan(n_heads: int, LQ: int, LK: int, device):
+    """(whole CTAs, shares per tail CTA, hand-over flags, row max/sum workspace) of the Gluon kernel's
+    split last wave (``tail_split``) for ``n_heads`` = B·H query heads; None where it cannot run."""
     if _shared_kv_error is not None or not hopper_gluon.AVAILABLE or interpreter_enabled():
-        return False
+        return None
+    g = hopper_gluon
+    ctas_per_head, key_tiles = g.grid(LQ, LK)
+    n_cta = ctas_per_head * n_heads
+    n_whole, splits = tail_split.plan_tail(n_cta, sm_count(device), key_tiles)
+    n_tail = n_cta - n_whole
+    # The split shares' hand-over: a ticket counter and a flag per warpgroup of a tail CTA (zeroed),
+    # and the rows' max and sum in two buffers.
+    turns = (torch.zeros((footprint.split_flags(n_tail, g.CONSUMERS),), dtype=torch.int32, device=device)
+             if n_tail else None)
+    ml = (torch.empty((footprint.split_workspace_bytes(n_tail, g.CONSUMERS * g.ROWS) // footprint.FP32,),
+                      dtype=torch.float32, device=device) if n_tail else None)
+    return n_whole, splits, turns, ml
+
+
+def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, oh, dims, p_log2: float, v_residual: bool, plan,
+                   pdl: bool = False) -> bool:
+    """Hopper's Gluon kernel on the quantized tensors, split last wave as ``plan`` (``_shared_kv_plan``);
+    False (and the portable kernel from then on, logged once) if this Triton cannot build or launch it.
+    With ``pdl`` the whole CTAs may start while the V conversion ends (they wait for its output)."""
+    global _shared_kv_error
     H, H_KV, LQ, LK, D = dims
     # The kernel tells the compiler its output rows are 16-byte aligned with contiguous channels.
     assert oh.stride(3) == 1 and D % 8 == 0, "the Gluon kernel writes only our own (.., D % 8 == 0) outputs"
     g = hopper_gluon
-    cta_rows = g.CONSUMERS * g.ROWS
-    ctas_per_head, key_tiles = g.grid(LQ, LK)
-    n_cta = ctas_per_head * q8.shape[0]
-    n_whole, splits = tail_split.plan_tail(n_cta, sm_count(q8.device), key_tiles)
-    n_units = (n_cta - n_whole) * splits
-    # The split shares' hand-over (tail_split): a ticket counter and a flag per warpgroup of a tail CTA,
-    # and its rows' max and sum in two buffers.
-    n_tail = n_cta - n_whole
-    turns = (torch.zeros((footprint.split_flags(n_tail, g.CONSUMERS),), dtype=torch.int32, device=q8.device)
-             if n_units else None)
-    ml = (torch.empty((footprint.split_workspace_bytes(n_tail, cta_rows) // footprint.FP32,), dtype=torch.float32,
-                      device=q8.device) if n_units else None)
+    n_whole, splits, turns, ml = plan
+    n_units = (hopper_gluon.grid(LQ, LK)[0] * q8.shape[0] - n_whole) * splits
     flags = dict(HAS_VSCALE=v_scale is not None, HAS_VMEAN=v_mean is not None)
     v_scale = v_scale if v_scale is not None else qs
     v_mean = v_mean if v_mean is not None else qs
@@ -377,7 +399,7 @@ def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, oh, dims, p_log2: float
     consts = dict(P_LOG2=p_log2, STAGES=g.STAGES, **flags, REGISTERS=g.REGISTERS, V_RES=v_residual)
     try:
         if n_whole:
-            _launch(g.shared_kv_attention_kernel, (n_whole,), args, consts, num_warps=4)
+            _launch(g.shared_kv_attention_kernel, (n_whole,), args, consts, num_warps=4, **_pdl_launch(pdl))
         if n_units:  # launch_pdl: may start while the whole CTAs finish (it reads none of their output)
             split_consts = dict(consts, STAGES=g.SPLIT_RESIDUAL_STAGES) if v_residual else consts
             _launch(g.shared_kv_split_kernel, (n_units,), (*args, n_whole, splits, turns, ml), split_consts,
@@ -410,18 +432,18 @@ def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: s
                     sm_scale: float, attn_mask: Optional[torch.Tensor], return_lse: bool,
                     qk_quant_gran: str, pv_precision: str, pv_accum_dtype: str, fp8_format: str,
                     block_m: int, block_n: int, num_warps: int, num_stages: int, use_tma: bool,
-                    max_registers: int, shared_kv_min_len: int, v_residual: bool, smooth_k: bool,
+                    max_registers: int, shared_kv_min_len: int, v_residual: bool, pdl: bool, smooth_k: bool,
                     smooth_v: bool, out_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
     cfg = KernelConfig(qk_quant_gran, pv_precision, pv_accum_dtype, fp8_format or None,
                        block_m, block_n, num_warps, num_stages, use_tma=use_tma, max_registers=max_registers,
-                       shared_kv_min_len=shared_kv_min_len, v_residual=v_residual)
+                       shared_kv_min_len=shared_kv_min_len, v_residual=v_residual, pdl=pdl)
     return attention_forward(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
                              out_layout)
 
 
 def _attention_fake(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, qk_quant_gran, pv_precision,
                     pv_accum_dtype, fp8_format, block_m, block_n, num_warps, num_stages, use_tma, max_registers,
-                    shared_kv_min_len, v_residual, smooth_k, smooth_v, out_layout):
+                    shared_kv_min_len, v_residual, pdl, smooth_k, smooth_v, out_layout):
     B, D = q.shape[0], q.shape[3]
     H, LQ = (q.shape[1], q.shape[2]) if layout == "HND" else (q.shape[2], q.shape[1])
     lse_shape = (B, H, LQ) if return_lse else (0,)
@@ -479,7 +501,7 @@ def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: s
         out, lse = attention_op(q, k, v, tensor_layout, bool(is_causal), float(sm_scale), attn_mask,
                                 bool(return_lse), cfg.qk_quant_gran, cfg.pv_precision, cfg.pv_accum_dtype,
                                 cfg.fp8_format or "", cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages,
-                                cfg.use_tma, cfg.max_registers, cfg.shared_kv_min_len, cfg.v_residual,
+                                cfg.use_tma, cfg.max_registers, cfg.shared_kv_min_len, cfg.v_residual, cfg.pdl,
                                 bool(smooth_k), bool(smooth_v), out_layout or tensor_layout)
     else:
         out, lse = attention_forward(q, k, v, tensor_layout, bool(is_causal), sm_scale, attn_mask,

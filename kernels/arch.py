@@ -67,6 +67,10 @@ class KernelConfig:
     shared_kv_min_len: int = 0
     # FP8 P·V only: also multiply P by V's fp8 rounding residual (the "fp8+residual" choice).
     v_residual: bool = False
+    # Programmatic dependent launch (NVIDIA sm90+): each launch of a call may start while the one
+    # before it finishes, loading its own input first and waiting only before it reads that launch's
+    # output (bench/NOTES.md attempt 49).
+    pdl: bool = False
 
     def pv_choice(self) -> str:
         """The user-visible P·V precision this config runs (a ``PV_PRECISIONS`` name)."""
@@ -113,7 +117,7 @@ _FAMILIES = {
     # with a slow host read 0.77x there, so it starts at 4,608 (1.13-1.24x, where the Gluon kernel
     # takes over: selftest.CROSSOVER_MARGIN); from 8K at 64.
     "hopper": ("e4m3fn", dict(pv_precision="fp8", pv_accum_dtype="fp32", block_m=64, block_n=128,
-                              num_warps=4, num_stages=2, min_seq_len=4608, use_tma=True)),
+                              num_warps=4, num_stages=2, min_seq_len=4608, use_tma=True, pdl=True)),
     # Tiles checked on sm120 (RTX 50xx); sm100 only checked to compile without spills.
     "blackwell": ("e4m3fn", dict(pv_precision="fp8", pv_accum_dtype="fp32", block_m=128, block_n=64, num_warps=8,
                                  num_stages=2, min_seq_len=2048)),
@@ -226,11 +230,22 @@ def tma_available() -> bool:
     return True
 
 
+def pdl_available() -> bool:
+    """Grid dependency control from Triton kernels (``gdc_wait``) exists in triton >= 3.4."""
+    try:
+        from triton.language.extra.cuda import gdc_wait  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def default_config(arch: ArchInfo, head_dim: int = 128) -> KernelConfig:
     fp8, row = _FAMILIES.get(arch.family, _FAMILIES["unknown"])
     cfg = KernelConfig(fp8_format=fp8, **row)
     if cfg.use_tma and not tma_available():
         cfg = cfg.replace(use_tma=False)
+    if cfg.pdl and not pdl_available():
+        cfg = cfg.replace(pdl=False)
     if arch.family == "hopper" and head_dim <= 64:
         # No cap here: ptxas picks 128 registers by itself (room for 4 CTAs per SM); a cap of 168 raises it.
         # Half the matrix work per exp2: cuDNN still wins at 4K tokens (0.49-0.92x over two runs).

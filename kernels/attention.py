@@ -13,7 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .quant import mma_operand_order, to_fp8
+from .quant import gdc_wait, mma_operand_order, to_fp8
 
 # P·V modes.
 PV_16BIT = 0  # P and V in 16-bit, accumulated in fp32 by the MMA
@@ -171,8 +171,10 @@ def attention_kernel(
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PV_MODE: tl.constexpr, P_LOG2: tl.constexpr,
     HAS_VSCALE: tl.constexpr, HAS_VMEAN: tl.constexpr, HAS_QBIAS: tl.constexpr,
     K_SCALAR: tl.constexpr, RETURN_LSE: tl.constexpr, EVEN_D: tl.constexpr, INTERPRETER: tl.constexpr,
-    K_TMA: tl.constexpr, V_TMA: tl.constexpr, V_T: tl.constexpr, V_RES: tl.constexpr,
+    K_TMA: tl.constexpr, V_TMA: tl.constexpr, V_T: tl.constexpr, V_RES: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:  # launched as the quantization's dependent: everything it reads, they wrote
+        gdc_wait()
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H

@@ -346,9 +346,12 @@ if AVAILABLE:
                 stride_ob, stride_oh, stride_om, H, H_KV, LQ, LK, D, n_whole, splits, Flags, ML, ticket_smem)
         descs = (q_desc, k_desc, v_desc)
         if not SPLIT:
-            # Programmatic dependent launch: once every whole CTA has started, the split kernel
-            # (launched with launch_pdl) may take each SM as its whole CTA ends, instead of waiting
-            # for the last one. It needs nothing this kernel writes, so it never waits on it.
+            # Programmatic dependent launch. This kernel may be launched while the V conversion ends
+            # (``pdl``): it waits for that launch's output before anything reads it (a no-op when not
+            # launched so). Once every whole CTA has got past that wait, the split kernel (launched
+            # with launch_pdl) may take each SM as its whole CTA ends, instead of waiting for the
+            # last one; it needs nothing this kernel writes, so it never waits on it.
+            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
             gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                       is_pure=False, pack=1)
         gl.warp_specialize([

@@ -13,6 +13,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+try:  # grid dependency control: triton >= 3.4 (arch.pdl_available); a no-op otherwise
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older Triton
+    @triton.jit
+    def gdc_wait():
+        pass
+
+    @triton.jit
+    def gdc_launch_dependents():
+        pass
+
 LOG2E = 1.4426950408889634
 
 MEAN_NONE, MEAN_SUBTRACT, MEAN_DOT = 0, 1, 2
@@ -41,6 +52,17 @@ def to_fp8(x, dtype: tl.constexpr, FIX_ROUNDING: tl.constexpr):
         nan_bits: tl.constexpr = -128 if dtype == tl.float8e4b8 else 127  # fnuz: 0x80, fn: 0x7F
         return tl.where(x == x, x.to(dtype), tl.full(x.shape, nan_bits, tl.int8).to(dtype, bitcast=True))
     return x.to(dtype)
+
+
+@triton.jit
+def pdl_start(PDL: tl.constexpr):
+    """With programmatic dependent launch, let the call's next launch start (it waits in
+    ``pdl_wait`` for this one's output) and wait for the previous launch's output. Call it after
+    loading the user's tensors, before reading anything an earlier launch of the call wrote, and
+    before any store: a buffer freed by an earlier launch may be handed out again."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
 
 
 @triton.jit
@@ -142,13 +164,15 @@ def kv_stats_kernel(
     V, stride_vb, stride_vh, stride_vl, stride_vd,
     KSum, VLo, VHi, VSum,  # fp32 (B*H, n_parts, D_PAD) out: partials per chunk of tiles_per_part tiles
     H, L, D, tiles_per_part, k_stride,
-    BLOCK: tl.constexpr, D_PAD: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr,
+    BLOCK: tl.constexpr, D_PAD: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr, PDL: tl.constexpr,
 ):
     """Per-channel partials of K's sum over every ``k_stride``-th token block (``k_mean_sample``) and
     of V's max |v| (V_ABSMAX) or min, max and sum (V_MINMAXSUM) over every token, reading each block
     once. Min/max propagate NaN, as torch.aminmax does."""
     part = tl.program_id(0)
     bh = tl.program_id(1)
+    if PDL:  # the first launch of a call: it waits for what came before it, the Q launch need not
+        gdc_launch_dependents()
     # Element-wise accumulators, reduced across rows once at the end (no cross-warp step per tile).
     ksum = tl.zeros((BLOCK, D_PAD), tl.float32)
     vsum = tl.zeros((BLOCK, D_PAD), tl.float32)
@@ -238,12 +262,13 @@ def quantize_int8_kernel(
     H, H_KV_DIV, L, L_KV, K_TOKENS, D, n_parts, scale_mult, bias_mult,
     BLOCK: tl.constexpr, GROUP: tl.constexpr, D_PAD: tl.constexpr, MEAN_MODE: tl.constexpr,
     SCALE_PER_BLOCK: tl.constexpr, FINALIZE: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr,
-    V_RANGE: tl.constexpr, V_POW2: tl.constexpr, PARTS_PAD: tl.constexpr,
+    V_RANGE: tl.constexpr, V_POW2: tl.constexpr, PARTS_PAD: tl.constexpr, PDL: tl.constexpr,
 ):
     """Quantize one tile of Q or K. With FINALIZE (the Q launch, which runs right after the
     statistics), the first program of each key/value head also reduces the K/V partials into Final,
     which the K and V launches after it read: one reduction per head instead of one per program."""
     bh, offs_l, row_ok, offs_d, x = _row_tile(X, stride_xb, stride_xh, stride_xl, stride_xd, H, L, D, BLOCK, D_PAD)
+    pdl_start(PDL)
     ld_mask = row_ok[:, None] & (offs_d[None, :] < D)
     kvh = bh // H_KV_DIV  # GQA: query head bh reads key/value head kvh
     if FINALIZE:
@@ -313,7 +338,7 @@ def convert_v_kernel(
     Out, stride_ob, stride_ol, stride_od,  # (B*H, L, D_PAD) in any order of the last two
     H, L, L_OUT, D,
     BLOCK: tl.constexpr, D_PAD: tl.constexpr, HAS_MEAN: tl.constexpr, INTERPRETER: tl.constexpr,
-    KEY_PERM: tl.constexpr, RESIDUAL: tl.constexpr,
+    KEY_PERM: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr,
 ):
     """V minus its mean (smooth_v), divided by its per-channel scale, cast to Out's dtype.
 
@@ -322,6 +347,7 @@ def convert_v_kernel(
     rounded to fp8 in turn, D_PAD channel rows below V: V ≈ hi + lo to about 7 mantissa bits.
     """
     bh, offs_l, row_ok, offs_d, v = _row_tile(V, stride_vb, stride_vh, stride_vl, stride_vd, H, L, D, BLOCK, D_PAD)
+    pdl_start(PDL)
     d_ok = offs_d < D
     scale = tl.load(Scale + bh * D + offs_d, mask=d_ok, other=1.0)
     if HAS_MEAN:

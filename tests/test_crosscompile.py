@@ -126,7 +126,7 @@ import triton
 from sagetriton.kernels import api, crosscompile as cc, hopper_gluon
 from sagetriton.kernels.arch import default_config
 target = cc.parse_target("sm90")
-stores, events, handover, row_loads = {}, [], {}, {}
+stores, events, handover, row_loads, pdl = {}, [], {}, {}, {}
 # The split kernel's hand-over between key shares, in program order (kernels/tail_split.py).
 HANDOVER = [("acquire", r"ld\\.global\\.gpu\\.acquire"), ("load_l2", r"ld\\.global\\.cg"),
             ("store", r"st\\.global"), ("fence", r"fence\\.acq_rel\\.gpu"), ("barrier", r"bar\\.sync"),
@@ -134,11 +134,18 @@ HANDOVER = [("acquire", r"ld\\.global\\.gpu\\.acquire"), ("load_l2", r"ld\\.glob
             ("atomic", r"\\batom\\.|\\bred\\.")]
 if hopper_gluon.AVAILABLE:
     for spec in api.compile_specs(default_config(target.arch_info(), 128), 128):
-        if spec["name"] not in ("shared_kv_attention_kernel", "shared_kv_split_kernel"):
-            continue
         ptx = triton.compile(cc.launch_source(spec, target), target=target.gpu_target(),
                              options=dict(spec.get("options") or {})).asm["ptx"]
         ptx = "\\n".join(line.split("//")[0] for line in ptx.splitlines())
+        # Programmatic dependent launch: the launch option, and which memory operations come
+        # before the kernel's wait for the launch before it.
+        wait = ptx.find("griddepcontrol.wait")
+        head = ptx[:wait] if wait >= 0 else ""
+        pdl[spec["name"]] = {"launch_pdl": bool((spec.get("options") or {}).get("launch_pdl")), "waits": wait >= 0,
+                             "triggers": "griddepcontrol.launch_dependents" in ptx,
+                             "before_wait": sorted(set(re.findall(r"\\b(ld\\.global|st\\.global|atom|red|cp\\.async)", head)))}
+        if spec["name"] not in ("shared_kv_attention_kernel", "shared_kv_split_kernel"):
+            continue
         seq = []
         for line in ptx.splitlines():
             for name, pattern in HANDOVER:
@@ -157,13 +164,14 @@ if hopper_gluon.AVAILABLE:
                 op = m.group(0)
                 events.append("pv" if "e4m3" in op else "qk" if ".s8" in op else "tma" if "bulk" in op else "wait")
 print(json.dumps({"gluon": hopper_gluon.AVAILABLE, "stores": stores, "events": events, "handover": handover,
-                  "row_loads": row_loads}))
+                  "row_loads": row_loads, "pdl": pdl}))
 """
 
 
 @pytest.fixture(scope="module")
 def gluon_ptx():
-    """Facts of the Hopper Gluon kernel's sm90 PTX, compiled once in a clean child (no interpreter)."""
+    """Facts of the sm90 PTX of a Hopper call's launches (the Gluon kernel's above all), compiled once in
+    a clean child (no interpreter)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(PACK_DIR / "tests"), env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, "-c", _GLUON_PTX_SCRIPT], capture_output=True, text=True,
@@ -173,6 +181,27 @@ def gluon_ptx():
     if not r["gluon"]:
         pytest.skip("this Triton has no Gluon")
     return r
+
+
+def test_hopper_launches_chain_and_wait_before_reading_what_the_one_before_wrote(gluon_ptx):
+    """With programmatic dependent launch each launch of a call after the first may start while the
+    one before it ends (bench/NOTES.md attempt 49). So it must wait (griddepcontrol.wait) before it
+    stores anything or reads an earlier launch's output: only the quantization kernels' loads of the
+    user's tensors come first. The first launch waits for nothing of ours and is an ordinary launch;
+    the split last wave reads nothing the whole CTAs write and starts when they have all got past
+    their wait."""
+    facts = gluon_ptx["pdl"]
+    assert set(facts) >= {"kv_stats_kernel", "quantize_int8_kernel", "convert_v_kernel", "attention_kernel",
+                          "shared_kv_attention_kernel", "shared_kv_split_kernel"}, facts
+    first = facts.pop("kv_stats_kernel")
+    assert first == {"launch_pdl": False, "waits": False, "triggers": True, "before_wait": []}, first
+    split = facts.pop("shared_kv_split_kernel")
+    assert split["launch_pdl"] and not split["waits"], split
+    for name, f in facts.items():
+        assert f["launch_pdl"] and f["waits"], (name, f)
+        # Loads of Q, K or V overlap the launch before; no store, atomic or TMA copy may.
+        assert f["before_wait"] == (["ld.global"] if name in ("quantize_int8_kernel", "convert_v_kernel") else []), \
+            (name, f)
 
 
 def test_hopper_kernel_writes_its_output_in_16_byte_stores(gluon_ptx):

@@ -58,8 +58,10 @@ def test_heads_for_one_call_that_runs_both_kernels():
 def test_the_split_launch_overlaps_the_whole_one(monkeypatch):
     """Hopper calls recorded on meta tensors, as the cross-compile check builds them: after whole
     CTAs, the split kernel is a programmatic dependent launch and the whole kernel triggers it, so
-    key shares start as SMs free up (bench/NOTES.md, attempt 30). With no whole CTAs before it, the
-    split kernel would follow the quantization kernels, whose output it reads: an ordinary launch."""
+    key shares start as SMs free up (bench/NOTES.md, attempt 30). The whole kernel is itself a dependent
+    launch of the V conversion (attempt 49), which it waits for before it triggers. With no whole CTAs
+    before it, the split kernel would follow the V conversion, whose output it reads without waiting:
+    an ordinary launch."""
     import inspect
 
     from sagetriton.kernels import api, crosscompile, hopper_gluon
@@ -79,7 +81,9 @@ def test_the_split_launch_overlaps_the_whole_one(monkeypatch):
     both = launches(tail_split.heads_with_split_tail(*hopper_gluon.grid(cfg.shared_kv_min_len, cfg.shared_kv_min_len),
                                                      132))
     assert both["shared_kv_split_kernel"].get("launch_pdl") is True
-    assert not both["shared_kv_attention_kernel"].get("launch_pdl")
+    assert both["shared_kv_attention_kernel"].get("launch_pdl") is True
+    source = inspect.getsource(hopper_gluon._attention.fn)
+    assert source.index("griddepcontrol.wait") < source.index("griddepcontrol.launch_dependents")
     split_only = launches(2)  # 64 CTAs on 132 SMs: every CTA split
     assert "shared_kv_attention_kernel" not in split_only
     assert split_only["shared_kv_split_kernel"].get("launch_pdl") is False
