@@ -141,9 +141,10 @@ if hopper_gluon.AVAILABLE:
         # before the kernel's wait for the launch before it.
         wait = ptx.find("griddepcontrol.wait")
         head = ptx[:wait] if wait >= 0 else ""
+        mem = r"\\b(ld\\.global|st\\.global|atom|red|cp\\.async)"
         pdl[spec["name"]] = {"launch_pdl": bool((spec.get("options") or {}).get("launch_pdl")), "waits": wait >= 0,
                              "triggers": "griddepcontrol.launch_dependents" in ptx,
-                             "before_wait": sorted(set(re.findall(r"\\b(ld\\.global|st\\.global|atom|red|cp\\.async)", head)))}
+                             "before_wait": sorted(set(re.findall(mem, head)))}
         if spec["name"] not in ("shared_kv_attention_kernel", "shared_kv_split_kernel"):
             continue
         seq = []
