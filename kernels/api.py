@@ -281,7 +281,9 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
     k_scalar = k_group == cfg.block_n
     pdl = cfg.pdl and not interpreter_enabled()
     # Hopper's Gluon kernel: decided first, so that its split last wave's zeroed workspace is
-    # allocated before the quantization launches and no fill runs between them and the kernel.
+    # allocated before the quantization launches and no fill runs between them and the kernel (with
+    # ``pdl`` each launch may start as the one before it ends). FP8 V is always our converted buffer,
+    # so use_tma here means the portable kernel would read it by TMA.
     shared_kv = None
     if (cfg.shared_kv_min_len and LQ >= cfg.shared_kv_min_len and attn_mask is None and not is_causal
             and not return_lse and k_scalar and cfg.pv_precision == "fp8" and cfg.use_tma
@@ -313,7 +315,6 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
                           stats, per_block=k_scalar, pdl=pdl)
     v_op, v_strides, v_scale, v_mean, pv_mode, p_scale = _prepare_v(vh, cfg, smooth_v, d_pad, final, pdl)
 
-    # FP8 V is always our converted buffer, so use_tma here means the portable kernel would read it by TMA.
     if shared_kv is not None:
         if _run_shared_kv(q8, qs, k8, ks, v_op, v_scale, v_mean, oh, (H, H_KV, LQ, LK, D), math.log2(p_scale),
                           cfg.v_residual, shared_kv, pdl):
