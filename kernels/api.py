@@ -363,8 +363,8 @@ def shared_kv_error() -> Optional[str]:
 
 
 def _shared_kv_plan(n_heads: int, LQ: int, LK: int, device):
-    """(whole CTAs, shares per tail CTA, hand-over flags, row max/sum workspace) of the Gluon kernel's
-    split last wave (``tail_split``) for ``n_heads`` = B·H query heads; None where it cannot run."""
+    """(whole CTAs, shares per tail CTA, split CTAs, hand-over flags, row max/sum workspace) of the Gluon
+    kernel's split last wave (``tail_split``) for ``n_heads`` = B·H query heads; None where it cannot run."""
     if _shared_kv_error is not None or not hopper_gluon.AVAILABLE or interpreter_enabled():
         return None
     g = hopper_gluon
@@ -378,7 +378,7 @@ def _shared_kv_plan(n_heads: int, LQ: int, LK: int, device):
              if n_tail else None)
     ml = (torch.empty((footprint.split_workspace_bytes(n_tail, g.CONSUMERS * g.ROWS) // footprint.FP32,),
                       dtype=torch.float32, device=device) if n_tail else None)
-    return n_whole, splits, turns, ml
+    return n_whole, splits, n_tail * splits, turns, ml
 
 
 def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, oh, dims, p_log2: float, v_residual: bool, plan,
@@ -391,8 +391,7 @@ def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, oh, dims, p_log2: float
     # The kernel tells the compiler its output rows are 16-byte aligned with contiguous channels.
     assert oh.stride(3) == 1 and D % 8 == 0, "the Gluon kernel writes only our own (.., D % 8 == 0) outputs"
     g = hopper_gluon
-    n_whole, splits, turns, ml = plan
-    n_units = (hopper_gluon.grid(LQ, LK)[0] * q8.shape[0] - n_whole) * splits
+    n_whole, splits, n_units, turns, ml = plan
     flags = dict(HAS_VSCALE=v_scale is not None, HAS_VMEAN=v_mean is not None)
     v_scale = v_scale if v_scale is not None else qs
     v_mean = v_mean if v_mean is not None else qs

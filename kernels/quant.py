@@ -56,8 +56,8 @@ def to_fp8(x, dtype: tl.constexpr, FIX_ROUNDING: tl.constexpr):
 
 @triton.jit
 def pdl_start(PDL: tl.constexpr):
-    """With programmatic dependent launch, let the call's next launch start (it waits in
-    ``pdl_wait`` for this one's output) and wait for the previous launch's output. Call it after
+    """With programmatic dependent launch, let the call's next launch start (it waits here, in turn,
+    for this one's output) and wait for the previous launch's output. Call it after
     loading the user's tensors, before reading anything an earlier launch of the call wrote, and
     before any store: a buffer freed by an earlier launch may be handed out again."""
     if PDL:
