@@ -154,6 +154,8 @@ if AVAILABLE:
                                                            instr_shape=[16, ONES_N, 32])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
 
         # CTAs of the whole kernel take every key. Those of the split kernel take a 1/splits share of the
         # keys of tail CTA n_whole + pid // splits and merge their rows into Out in turn (tail_split).
@@ -200,35 +202,16 @@ if AVAILABLE:
         rs = gl.zeros([ROWS, ONES_N], gl.float32, l_layout)
         l_acc = gl.zeros([ROWS, ONES_N], gl.float32, l_layout)
         mbarrier.wait(q_bar, 0)
-        # The last CTA of a head reaches past LQ unless 192 divides it (8K: rows 8,192-8,255 of its third
-        # warpgroup; 16K: two warpgroups). A warpgroup with no row of its own only releases each ring slot
-        # as it fills, so the others share the SM's exp2 and tensor units two ways instead of three; its
-        # rows would be the next head's, computed and thrown away. Warpgroup 0 always has rows.
-        n_mine = n_local * (row0 < LQ).to(gl.int32)
-        for i in range(n_local - n_mine):
-            mbarrier.wait(kv_ready.index(i % STAGES), (i // STAGES) & 1)
-            mbarrier.arrive(kv_empty.index(i % STAGES), count=1)
-        n_full = gl.minimum(gl.minimum(t1, LK // BN) - t0, n_mine)  # whole tiles; a partial last one may follow
+        n_full = gl.minimum(t1, LK // BN) - t0  # whole tiles; a partial last one follows if t1 reaches it
         for i in range(n_full):
             s, pv, rs, acc, m_i, l_acc = _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s, pv, rs,
                                                acc, m_i, l_acc, qs, ks_base, i, t0 * BN, LK, k_desc, v_desc, n_local,
                                                k_row0, v_row, P_LOG2, STAGES, False, p_layout, V_RES, C == 0)
-        if n_full < n_mine:
+        if n_full < n_local:
             s, pv, rs, acc, m_i, l_acc = _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s, pv, rs,
                                                acc, m_i, l_acc, qs, ks_base, n_full, t0 * BN, LK, k_desc, v_desc,
                                                n_local, k_row0, v_row, P_LOG2, STAGES, True, p_layout, V_RES, C == 0)
-        _epilogue(acc, l_acc, m_i, VScale, VMean, Out, stride_ob, stride_oh, stride_om, b, h, bhk, row0, LQ, D,
-                  Flags, ML, pid, splits, C, NCONS, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT)
 
-    @gluon.jit
-    def _epilogue(acc, l_acc, m_i, VScale, VMean, Out, stride_ob, stride_oh, stride_om, b, h, bhk, row0, LQ, D,
-                  Flags, ML, pid, splits, C: gl.constexpr, NCONS: gl.constexpr, HAS_VSCALE: gl.constexpr,
-                  HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr):
-        """One warpgroup's finished rows into Out: normalized, V's scale and mean restored, stored (or,
-        with SPLIT, merged in turn with the other key shares of its CTA)."""
-        D_PAD: gl.constexpr = acc.type.shape[1]
-        row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
-        col_o: gl.constexpr = gl.SliceLayout(0, acc.type.layout)
         l_i = gl.convert_layout(gl.max(l_acc, axis=1), row_o)  # every column holds the row sum
         out = finish_rows(acc, l_i, VScale, VMean, bhk, gl.arange(0, D_PAD, layout=col_o), D, HAS_VSCALE,
                           HAS_VMEAN).to(Out.dtype.element_ty)
