@@ -136,6 +136,8 @@ def shared_kv_cases() -> list:
                 ("fp8+residual, odd lengths", qkv(B=1, H=4, LQ=n + 77, LK=n + 129), False, residual),
                 ("fp8+residual, GQA 8/2", qkv(B=1, H=8, HKV=2, LQ=n, LK=n + 1000), False, residual),
                 # Partial last waves (kernels/tail_split.py): split CTAs only, whole + split, many shares.
+                # Each head's last CTA with rows for one warpgroup: the other two only release the ring.
+                ("two idle warpgroups per head's last CTA", qkv(B=1, H=6, LQ=n + 20, LK=n + 129), False, cfg),
                 ("tail split, 2 heads, odd lengths", qkv(B=1, H=2, LQ=n + 77, LK=n + 129), False, cfg),
                 ("tail split after whole waves, GQA 10/2, smooth_v", qkv(B=1, H=10, HKV=2, LQ=n + 77), True, cfg),
                 ("tail split, 1 head, 4x the keys", qkv(B=1, H=1, LQ=n, LK=4 * n), False, cfg),
