@@ -23,6 +23,8 @@ from .log import logger
 _FP8_TORCH = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
 # fp16 per-tile accumulation: keep |V| small enough that a tile of BLOCK_N keys sums below 65504.
 _FP16_TILE_V_LIMIT = 256.0
+ROTATION_BLOCK = 128  # channels one Hadamard block mixes (head dims above 128 get two blocks)
+INT8_MAX = 127.0  # V's range and P's largest weight with INT8 P·V (signed: Triton multiplies int8 by int8 only)
 _warned: set = set()
 
 
@@ -159,7 +161,7 @@ def _kv_stats(k, v, k_sum: bool, v_stats: int, d_pad: int, pdl: bool = False):
 
 
 def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, stats=None, kv_div=1,
-                 bias=None, bias_mult=1.0, per_block=False, finalize=None, pdl=False, after=True):
+                 bias=None, bias_mult=1.0, per_block=False, finalize=None, pdl=False, after=True, rotate=0):
     """INT8 copy (B*H, L, D_PAD) and scales: one per block with ``per_block`` (group == block), else
     one per token (the group's scale repeated).
 
@@ -169,6 +171,7 @@ def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, 
     into that buffer (the first one after the statistics).
     ``pdl``: the call's launches are chained (``KernelConfig.pdl``); ``after``: this is not the
     call's first launch, so it may start before the one before it ends.
+    ``rotate``: block size of the Hadamard rotation applied before rounding (0: none).
     """
     B, H, L, D = x.shape
     out = torch.empty((B * H, L, d_pad), dtype=torch.int8, device=x.device)
@@ -183,7 +186,7 @@ def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, 
         H, kv_div, L, l_kv, k_tokens, D, n_parts, scale_mult, bias_mult,
     ), dict(BLOCK=block, GROUP=group, D_PAD=d_pad, MEAN_MODE=mean_mode, SCALE_PER_BLOCK=per_block,
             FINALIZE=finalize is not None, K_SUM=k_sum, V_STATS=v_stats, V_RANGE=v_range, V_POW2=v_pow2,
-            PARTS_PAD=quant.STATS_PARTS, PDL=pdl), num_warps=4, **_pdl_launch(pdl and after))
+            PARTS_PAD=quant.STATS_PARTS, PDL=pdl, ROTATE=rotate), num_warps=4, **_pdl_launch(pdl and after))
     return out, scale
 
 
@@ -191,7 +194,7 @@ def _v_stats_needed(cfg: KernelConfig, smooth_v: bool) -> int:
     """Which V statistics ``_prepare_v`` needs: none for the plain 16-bit path (V read in place)."""
     if smooth_v:
         return quant.V_MINMAXSUM
-    if cfg.pv_precision == "fp8" or cfg.pv_accum_dtype in ("fp16+fp32", "fp16"):
+    if cfg.pv_precision in ("fp8", "int8") or cfg.pv_accum_dtype in ("fp16+fp32", "fp16"):
         return quant.V_ABSMAX
     return quant.V_NONE
 
@@ -200,26 +203,32 @@ def _v_range(cfg: KernelConfig) -> tuple[float, bool]:
     """(range V is scaled into, whether the scale is a power of two) for the converted V."""
     if cfg.pv_precision == "fp8":
         return FP8_MAX[cfg.fp8_format], False
+    if cfg.pv_precision == "int8":
+        return INT8_MAX, False
     return _FP16_TILE_V_LIMIT, True  # powers of two keep the scaling exact in fp16
 
 
 def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int, final, pdl: bool = False):
     """Return (v operand, strides (b, h, n, d), v_scale, v_mean, pv_mode, p_scale).
 
-    The plain 16-bit path reads V in place. FP8, smoothing and fp16 tile accumulation convert V
-    with the scale and mean in ``final`` (slots 1 and 2, from ``quant._finalize_kv_stats``). FP8 V
+    The plain 16-bit path reads V in place. FP8, INT8, smoothing and fp16 tile accumulation convert V
+    with the scale and mean in ``final`` (slots 1 and 2, from ``quant._finalize_kv_stats``). 8-bit V
     is stored with its tokens in MMA operand order (``quant.KEY_PERM_CHUNK``-token chunks,
     zero-padded), matching P's order in the kernel.
     """
     B, H, L, D = v.shape
     fp8 = cfg.pv_precision == "fp8"
-    tile16 = not fp8 and cfg.pv_accum_dtype in ("fp16+fp32", "fp16")
+    int8 = cfg.pv_precision == "int8"
+    tile16 = not (fp8 or int8) and cfg.pv_accum_dtype in ("fp16+fp32", "fp16")
     if _v_stats_needed(cfg, smooth_v) == quant.V_NONE:
         return v, v.stride(), None, None, attn.PV_16BIT, 1.0
 
-    if fp8:
-        out_dtype, mode, p_scale = _FP8_TORCH[cfg.fp8_format], attn.PV_FP8, FP8_MAX[cfg.fp8_format]
-        # Stored (D_PAD, L) per head: FP8 MMAs want P·V's B operand K-major (tokens contiguous).
+    if fp8 or int8:
+        if fp8:
+            out_dtype, mode, p_scale = _FP8_TORCH[cfg.fp8_format], attn.PV_FP8, FP8_MAX[cfg.fp8_format]
+        else:
+            out_dtype, mode, p_scale = torch.int8, attn.PV_INT8, INT8_MAX
+        # Stored (D_PAD, L) per head: 8-bit MMAs want P·V's B operand K-major (tokens contiguous).
         # Rows padded to whole operand-order chunks (16 bytes at least, as tensor descriptors need).
         l_pad = triton.cdiv(L, quant.KEY_PERM_CHUNK) * quant.KEY_PERM_CHUNK
         rows = 2 * d_pad if cfg.v_residual else d_pad  # the residual's channel rows follow V's
@@ -234,7 +243,7 @@ def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int, final, pdl: boo
     block = 64
     _launch(quant.convert_v_kernel, (triton.cdiv(L, block), B * H), (
         v, *v.stride(), scale, mean, out, out.stride(0), stride_l, stride_d, H, L, l_pad, D,
-    ), dict(BLOCK=block, D_PAD=d_pad, HAS_MEAN=smooth_v, INTERPRETER=interpreter_enabled(), KEY_PERM=fp8,
+    ), dict(BLOCK=block, D_PAD=d_pad, HAS_MEAN=smooth_v, INTERPRETER=interpreter_enabled(), KEY_PERM=fp8 or int8,
             RESIDUAL=fp8 and cfg.v_residual, PDL=pdl), num_warps=4, **_pdl_launch(pdl))
     # Kernel-side strides of the converted V as (B, H, L, D_PAD).
     strides = (H * out.stride(0), out.stride(0), stride_l, stride_d)
@@ -279,6 +288,7 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
     d_pad = head_dim_padded(D)
     q_group, k_group = cfg.group_sizes()
     k_scalar = k_group == cfg.block_n
+    rotate = min(d_pad, ROTATION_BLOCK) if cfg.qk_rotation else 0
     pdl = cfg.pdl and not interpreter_enabled()
     # Hopper's Gluon kernel: decided first, so that its split last wave's zeroed workspace is
     # allocated before the quantization launches and no fill runs between them and the kernel (with
@@ -304,7 +314,7 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
                           quant.MEAN_DOT if qbias is not None else quant.MEAN_NONE, stats, H // H_KV,
                           bias=qbias, bias_mult=sm_scale,
                           finalize=(smooth_k, v_stats, *_v_range(cfg)) if stats is not None else None,
-                          pdl=pdl, after=parts is not None)
+                          pdl=pdl, after=parts is not None, rotate=rotate)
     if stats is not None:
         # The Q launch has reduced the partials into ``final``, all later launches read: freed now (the
         # allocator hands the block out only to work queued after that launch, and with ``pdl`` those
@@ -312,7 +322,7 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
         stats = (final, 0, LK, k_tokens, final)
         del parts
     k8, ks = _quantize_qk(kh, k_group, cfg.block_n, d_pad, 1.0, quant.MEAN_SUBTRACT if smooth_k else quant.MEAN_NONE,
-                          stats, per_block=k_scalar, pdl=pdl)
+                          stats, per_block=k_scalar, pdl=pdl, rotate=rotate)
     v_op, v_strides, v_scale, v_mean, pv_mode, p_scale = _prepare_v(vh, cfg, smooth_v, d_pad, final, pdl)
 
     if shared_kv is not None:
@@ -327,7 +337,7 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
         k3 = k8.view(B * H_KV, LK, d_pad)
         k_desc = TensorDescriptor(k3, list(k3.shape), list(k3.stride()), [1, cfg.block_n, d_pad])
         if v_op is not vh:  # our own converted buffer: contiguous rows, 16-byte aligned
-            block = [1, d_pad, cfg.block_n] if pv_mode == attn.PV_FP8 else [1, cfg.block_n, d_pad]
+            block = [1, d_pad, cfg.block_n] if pv_mode in (attn.PV_FP8, attn.PV_INT8) else [1, cfg.block_n, d_pad]
             v_desc = TensorDescriptor(v_op, list(v_op.shape), list(v_op.stride()), block)
 
     mask, mask_kind = _prepare_mask(attn_mask, B, H, LQ, LK)
@@ -348,7 +358,7 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
         HAS_VSCALE=v_scale is not None, HAS_VMEAN=v_mean is not None, HAS_QBIAS=qbias is not None,
         K_SCALAR=k_scalar, RETURN_LSE=return_lse, EVEN_D=(D == d_pad) or (v_op is not vh),
         INTERPRETER=interpreter_enabled(), K_TMA=k_desc is not None, V_TMA=v_desc is not None,
-        V_T=pv_mode == attn.PV_FP8, V_RES=pv_mode == attn.PV_FP8 and cfg.v_residual, PDL=pdl,
+        V_T=pv_mode in (attn.PV_FP8, attn.PV_INT8), V_RES=pv_mode == attn.PV_FP8 and cfg.v_residual, PDL=pdl,
     ), num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_pdl_launch(pdl),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}))
     return out, lse
@@ -432,18 +442,18 @@ def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: s
                     sm_scale: float, attn_mask: Optional[torch.Tensor], return_lse: bool,
                     qk_quant_gran: str, pv_precision: str, pv_accum_dtype: str, fp8_format: str,
                     block_m: int, block_n: int, num_warps: int, num_stages: int, use_tma: bool,
-                    max_registers: int, shared_kv_min_len: int, v_residual: bool, pdl: bool, smooth_k: bool,
-                    smooth_v: bool, out_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+                    max_registers: int, shared_kv_min_len: int, v_residual: bool, pdl: bool, qk_rotation: bool,
+                    smooth_k: bool, smooth_v: bool, out_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
     cfg = KernelConfig(qk_quant_gran, pv_precision, pv_accum_dtype, fp8_format or None,
                        block_m, block_n, num_warps, num_stages, use_tma=use_tma, max_registers=max_registers,
-                       shared_kv_min_len=shared_kv_min_len, v_residual=v_residual, pdl=pdl)
+                       shared_kv_min_len=shared_kv_min_len, v_residual=v_residual, pdl=pdl, qk_rotation=qk_rotation)
     return attention_forward(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
                              out_layout)
 
 
 def _attention_fake(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, qk_quant_gran, pv_precision,
                     pv_accum_dtype, fp8_format, block_m, block_n, num_warps, num_stages, use_tma, max_registers,
-                    shared_kv_min_len, v_residual, pdl, smooth_k, smooth_v, out_layout):
+                    shared_kv_min_len, v_residual, pdl, qk_rotation, smooth_k, smooth_v, out_layout):
     B, D = q.shape[0], q.shape[3]
     H, LQ = (q.shape[1], q.shape[2]) if layout == "HND" else (q.shape[2], q.shape[1])
     lse_shape = (B, H, LQ) if return_lse else (0,)
@@ -502,7 +512,7 @@ def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: s
                                 bool(return_lse), cfg.qk_quant_gran, cfg.pv_precision, cfg.pv_accum_dtype,
                                 cfg.fp8_format or "", cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages,
                                 cfg.use_tma, cfg.max_registers, cfg.shared_kv_min_len, cfg.v_residual, cfg.pdl,
-                                bool(smooth_k), bool(smooth_v), out_layout or tensor_layout)
+                                cfg.qk_rotation, bool(smooth_k), bool(smooth_v), out_layout or tensor_layout)
     else:
         out, lse = attention_forward(q, k, v, tensor_layout, bool(is_causal), sm_scale, attn_mask,
                                      bool(return_lse), cfg, bool(smooth_k), bool(smooth_v), out_layout)

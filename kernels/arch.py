@@ -15,7 +15,8 @@ from .log import logger
 
 QK_QUANT_GRANS = ("per_block", "per_warp", "per_thread")
 # fp8+residual: fp8 P·V plus a second fp8 MMA with V's rounding error (more accurate, slower).
-PV_PRECISIONS = ("fp16", "fp8", "fp8+residual")
+# int8: P rounded to 0..127 per row and key tile, V to ±127 per channel, an INT8 MMA (every GPU has one).
+PV_PRECISIONS = ("fp16", "fp8", "fp8+residual", "int8")
 PV_ACCUM_DTYPES = ("fp32", "fp16+fp32", "fp16")
 
 
@@ -71,6 +72,9 @@ class KernelConfig:
     # before it finishes, loading its own input first and waiting only before it reads that launch's
     # output (bench/NOTES.md attempt 49).
     pdl: bool = False
+    # Multiply Q and K by a block Hadamard matrix before INT8 rounding (exact for Q·Kᵀ): spreads
+    # outlier channels and tokens' massive activations over the block.
+    qk_rotation: bool = False
 
     def pv_choice(self) -> str:
         """The user-visible P·V precision this config runs (a ``PV_PRECISIONS`` name)."""
@@ -282,6 +286,7 @@ def supported_choices(arch: ArchInfo) -> dict:
             "fp8": (fp8_ok, "" if fp8_ok else f"{arch.arch} has no fp8 matrix instructions; fp8 → fp16 on this GPU"),
             "fp8+residual": (fp8_ok, "" if fp8_ok else f"{arch.arch} has no fp8 matrix instructions; "
                              "fp8+residual → fp16 on this GPU"),
+            "int8": (True, ""),
         },
         "pv_accum_dtype": {a: (True, "") for a in PV_ACCUM_DTYPES},
         # The nodes' fallback choice: on RDNA4 torch SDPA's default path can abort the process.

@@ -1,4 +1,4 @@
-"""The attention kernel: INT8 Q·Kᵀ, online softmax in exp2, FP16/BF16 or FP8 P·V.
+"""The attention kernel: INT8 Q·Kᵀ, online softmax in exp2, FP16/BF16, FP8 or INT8 P·V.
 
 One portable Triton source for every architecture (pointer loads, no vendor intrinsics). Q and K
 arrive pre-quantized by ``quant.py`` with per-token scales that already hold sm_scale·log2(e), so a
@@ -13,22 +13,21 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .quant import gdc_wait, mma_operand_order, to_fp8
+from .quant import _ROUNDING_BIAS, gdc_wait, mma_operand_order, to_fp8
 
 # P·V modes.
 PV_16BIT = 0  # P and V in 16-bit, accumulated in fp32 by the MMA
 PV_16BIT_TILE = 1  # fp16 MMA accumulation per tile, added into the fp32 accumulator
 PV_FP8 = 2  # P and V in fp8, a fresh accumulator per tile added into fp32 (two-level)
+PV_INT8 = 3  # P in 0..127 per row and tile, V in ±127 per channel, an exact int32 sum per tile
 
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
 
 
 @triton.jit
-def _masked_softmax_tile(x, m_i, offs_m, offs_n, mask_base, stride_mm, stride_mn, LQ, LK,
-                         BOUNDARY: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
-                         P_LOG2: tl.constexpr):
-    """Apply the mask, key bounds and causality to base-2 logits; return (p · 2^P_LOG2, new row
-    max, shift)."""
+def _masked_logits(x, offs_m, offs_n, mask_base, stride_mm, stride_mn, LQ, LK,
+                   BOUNDARY: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr):
+    """Base-2 logits with the mask, key bounds and causality applied (-inf where dropped)."""
     if MASK_KIND != 0:
         m_ptrs = mask_base + offs_m[:, None].to(tl.int64) * stride_mm + offs_n[None, :].to(tl.int64) * stride_mn
         m_ok = (offs_m[:, None] < LQ) & (offs_n[None, :] < LK)
@@ -42,10 +41,7 @@ def _masked_softmax_tile(x, m_i, offs_m, offs_n, mask_base, stride_mm, stride_mn
         x = tl.where(offs_n[None, :] < LK, x, float("-inf"))
         if IS_CAUSAL:
             x = tl.where(offs_n[None, :] <= offs_m[:, None], x, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(x, 1))
-    # A row masked so far has max -inf: shift by 0 instead, so exp2 gives 0 rather than NaN.
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    return tl.math.exp2(x - (m_use - P_LOG2)[:, None]), m_new, m_use
+    return x
 
 
 @triton.jit
@@ -74,23 +70,42 @@ def _attn_tile(
 
     if K_SCALAR:
         row_scale = qs * tl.load(ks_base + start_n // BLOCK_N)
-    if K_SCALAR and not BOUNDARY and MASK_KIND == 0:
-        # Hot path: scales are positive, so the row max can be taken on the integers, and the
-        # rescale and the fp8 range factor fold into the exp2 argument (one FMA per logit).
-        m_new = tl.maximum(m_i, tl.max(s, 1).to(tl.float32) * row_scale)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s.to(tl.float32) * row_scale[:, None] - (m_use - P_LOG2)[:, None])
+    hot: tl.constexpr = K_SCALAR and not BOUNDARY and MASK_KIND == 0
+    if hot:
+        # Scales are positive, so the row max can be taken on the integers, and the rescale and the
+        # P range factor fold into the exp2 argument (one FMA per logit).
+        t_max = tl.max(s, 1).to(tl.float32) * row_scale
     else:
         if K_SCALAR:
             x = s.to(tl.float32) * row_scale[:, None]
         else:
             ks = tl.load(ks_base + offs_n, mask=offs_n < LK, other=0.0)
             x = s.to(tl.float32) * qs[:, None] * ks[None, :]
-        p, m_new, m_use = _masked_softmax_tile(x, m_i, offs_m, offs_n, mask_base, stride_mm, stride_mn, LQ, LK,
-                                               BOUNDARY, IS_CAUSAL, MASK_KIND, P_LOG2)
+        x = _masked_logits(x, offs_m, offs_n, mask_base, stride_mm, stride_mn, LQ, LK, BOUNDARY, IS_CAUSAL,
+                           MASK_KIND)
+        t_max = tl.max(x, 1)
+    m_new = tl.maximum(m_i, t_max)
+    # A row masked so far has max -inf: shift by 0 instead, so exp2 gives 0 rather than NaN.
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    if PV_MODE == 3:
+        # INT8 P is shifted by this tile's own row max, so its largest weight rounds to 2^P_LOG2 (127);
+        # beta carries the tile back to the running max.
+        shift = tl.where(t_max == float("-inf"), m_use, t_max)
+    else:
+        shift = m_use
+    if hot:
+        p = tl.math.exp2(s.to(tl.float32) * row_scale[:, None] - (shift - P_LOG2)[:, None])
+    else:
+        p = tl.math.exp2(x - (shift - P_LOG2)[:, None])
 
     alpha = tl.math.exp2(m_i - m_use)
-    l_i = l_i * alpha + tl.sum(p, 1)
+    if PV_MODE == 3:
+        p = p + _ROUNDING_BIAS  # rounded to an integer held in the low mantissa bits
+        p8 = p.to(tl.int32, bitcast=True).to(tl.int8)
+        beta = tl.math.exp2(shift - m_use - P_LOG2)
+        l_i = l_i * alpha + tl.sum(p - _ROUNDING_BIAS, 1) * beta
+    else:
+        l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
 
     v_ptrs = v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_d[None, :] * stride_vd
@@ -108,7 +123,7 @@ def _attn_tile(
             acc = tl.dot(p16, v, acc)
     elif PV_MODE == 1:
         acc += tl.dot(p.to(tl.float16), v.to(tl.float16), out_dtype=tl.float16).to(tl.float32)
-    else:
+    elif PV_MODE == 2:
         # V's tokens are stored in the MMA operand order; P is relabelled to match (no shuffles).
         p8 = mma_operand_order(to_fp8(p, v.dtype, INTERPRETER), BLOCK_N)
         pv = tl.dot(p8, v)
@@ -116,6 +131,9 @@ def _attn_tile(
             pv = tl.dot(p8, _load_v(v_desc, v_ptrs + D_PAD * stride_vd, bhk, D_PAD, start_n, offs_n, offs_d, LK, D,
                                     BLOCK_N, D_PAD, BOUNDARY, PV_MODE, EVEN_D, V_TMA, V_T), pv)
         acc += pv
+    else:
+        pv = tl.dot(mma_operand_order(p8, BLOCK_N), v)  # int32, exact
+        acc += pv.to(tl.float32) * beta[:, None]
     return acc, l_i, m_new
 
 
@@ -130,9 +148,9 @@ def _load_v(v_desc, v_ptrs, bhk, row0, start_n, offs_n, offs_d, LK, D, BLOCK_N: 
         else:
             v = v_desc.load([bhk, start_n, 0]).reshape(BLOCK_N, D_PAD)
     elif BOUNDARY:
-        # FP8 V is stored in operand order, zero-padded to whole 32-key chunks: a live key may sit
+        # 8-bit V is stored in operand order, zero-padded to whole 32-key chunks: a live key may sit
         # past LK there.
-        v_len = tl.cdiv(LK, 32) * 32 if PV_MODE == 2 else LK
+        v_len = tl.cdiv(LK, 32) * 32 if PV_MODE >= 2 else LK
         if EVEN_D:
             v = tl.load(v_ptrs, mask=offs_n[:, None] < v_len, other=0.0)
         else:
@@ -227,7 +245,9 @@ def attention_kernel(
 
     if RETURN_LSE:
         live = l_i > 0  # a fully masked row: LSE -inf, as SDPA
-        lse = tl.where(live, (m_i + tl.math.log2(tl.where(live, l_i, 1.0)) - P_LOG2) * 0.6931471805599453,
+        # l_i carries P's range factor, except with INT8 P·V, whose beta already takes it out.
+        l_log2 = P_LOG2 if PV_MODE != 3 else 0.0
+        lse = tl.where(live, (m_i + tl.math.log2(tl.where(live, l_i, 1.0)) - l_log2) * 0.6931471805599453,
                        float("-inf"))
         if HAS_QBIAS:
             lse += tl.load(QBias + bh.to(tl.int64) * LQ + offs_m, mask=m_ok, other=0.0)

@@ -74,6 +74,22 @@ def round_to_int8(y):
 
 
 @triton.jit
+def hadamard_block(D_PAD: tl.constexpr, BLOCK: tl.constexpr):
+    """(D_PAD, D_PAD) block-diagonal Hadamard matrix, ``BLOCK`` (a power of two) per block, entries
+    ±1/sqrt(BLOCK): orthogonal, so Q·Kᵀ is unchanged when both are multiplied by it, while one large
+    channel is spread over BLOCK channels before INT8 rounding (entry (i, j) is the parity of the
+    bits i and j share)."""
+    i = tl.arange(0, D_PAD)[:, None]
+    j = tl.arange(0, D_PAD)[None, :]
+    bits = i & j & (BLOCK - 1)
+    bits = bits ^ (bits >> 4)
+    bits = bits ^ (bits >> 2)
+    bits = bits ^ (bits >> 1)
+    sign = 1.0 - 2.0 * (bits & 1).to(tl.float32)
+    return tl.where(i // BLOCK == j // BLOCK, sign * (1.0 / tl.sqrt(BLOCK * 1.0)), 0.0)
+
+
+@triton.jit
 def _group_max(row_max, BLOCK: tl.constexpr, GROUP: tl.constexpr):
     """Max over consecutive groups of GROUP rows, broadcast back to every row of the group."""
     if GROUP == 1:
@@ -263,10 +279,13 @@ def quantize_int8_kernel(
     BLOCK: tl.constexpr, GROUP: tl.constexpr, D_PAD: tl.constexpr, MEAN_MODE: tl.constexpr,
     SCALE_PER_BLOCK: tl.constexpr, FINALIZE: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr,
     V_RANGE: tl.constexpr, V_POW2: tl.constexpr, PARTS_PAD: tl.constexpr, PDL: tl.constexpr,
+    ROTATE: tl.constexpr = 0,
 ):
     """Quantize one tile of Q or K. With FINALIZE (the Q launch, which runs right after the
     statistics), the first program of each key/value head also reduces the K/V partials into Final,
-    which the K and V launches after it read: one reduction per head instead of one per program."""
+    which the K and V launches after it read: one reduction per head instead of one per program.
+    With ROTATE (a block size), the tile is multiplied by ``hadamard_block`` before rounding; Q and
+    K get the same rotation, so their product is unchanged."""
     bh, offs_l, row_ok, offs_d, x = _row_tile(X, stride_xb, stride_xh, stride_xl, stride_xd, H, L, D, BLOCK, D_PAD)
     pdl_start(PDL)
     ld_mask = row_ok[:, None] & (offs_d[None, :] < D)
@@ -279,6 +298,15 @@ def quantize_int8_kernel(
     if MEAN_MODE == 1:
         mean = tl.load(Final + bh * D + offs_d, mask=offs_d < D, other=0.0)
         x = tl.where(ld_mask, x - mean[None, :], 0.0)
+
+    if MEAN_MODE == 2:
+        # q·mean(K): the per-row constant smoothing removed from the logits, needed for the LSE.
+        # Every program needs it before Final exists, so each reduces the K partials itself.
+        mean = _k_mean(Parts, kvh, n_parts, K_TOKENS, PARTS_PAD, D_PAD)
+        bias = tl.sum(x * mean[None, :], axis=1) * bias_mult
+        tl.store(Bias + bh.to(tl.int64) * L + offs_l, bias, mask=row_ok)
+    if ROTATE:
+        x = tl.dot(x, hadamard_block(D_PAD, ROTATE))
 
     out_ptrs = Out + bh.to(tl.int64) * L * D_PAD + offs_l[:, None].to(tl.int64) * D_PAD + offs_d[None, :]
     if SCALE_PER_BLOCK:
@@ -299,12 +327,6 @@ def quantize_int8_kernel(
         # of the group stay exact.
         row_max = tl.reduce(tl.abs(x), 1, _max_nan)
         row_bad = ~(row_max < float("inf"))
-        if MEAN_MODE == 2:
-            # q·mean(K): the per-row constant smoothing removed from the logits, needed for the LSE.
-            # Every program needs it before Final exists, so each reduces the K partials itself.
-            mean = _k_mean(Parts, kvh, n_parts, K_TOKENS, PARTS_PAD, D_PAD)
-            bias = tl.sum(x * mean[None, :], axis=1) * bias_mult
-            tl.store(Bias + bh.to(tl.int64) * L + offs_l, bias, mask=row_ok)
         amax = _group_max(tl.where(row_bad, 0.0, row_max), BLOCK, GROUP)
         scale = tl.where(amax > 0, amax / 127.0, 1.0)
         tl.store(out_ptrs, round_to_int8(x * (1.0 / scale)[:, None]), mask=row_ok[:, None])
@@ -340,7 +362,7 @@ def convert_v_kernel(
     BLOCK: tl.constexpr, D_PAD: tl.constexpr, HAS_MEAN: tl.constexpr, INTERPRETER: tl.constexpr,
     KEY_PERM: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr,
 ):
-    """V minus its mean (smooth_v), divided by its per-channel scale, cast to Out's dtype.
+    """V minus its mean (smooth_v), divided by its per-channel scale, cast to Out's dtype (int8: rounded).
 
     With ``KEY_PERM`` the tokens are stored in MMA operand order and the L_OUT - L padding rows are
     written as zeros. With ``RESIDUAL`` (fp8 only) the rounding error of each value is stored too,
@@ -360,6 +382,8 @@ def convert_v_kernel(
     keep = offs_l[:, None] < L_OUT
     if Out.dtype.element_ty == tl.float16:
         tl.store(o_ptrs, v.to(tl.float16), mask=keep)
+    elif Out.dtype.element_ty == tl.int8:
+        tl.store(o_ptrs, round_to_int8(v), mask=keep)
     else:
         v8 = to_fp8(v, Out.dtype.element_ty, INTERPRETER)
         tl.store(o_ptrs, v8, mask=keep)

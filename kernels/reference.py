@@ -1,7 +1,8 @@
 """Pure-torch references: the same quantized math as the kernel, and exact fp64 attention.
 
 ``quantized_reference`` mirrors the kernel's arithmetic (group scales, INT8 products, exp2 softmax,
-fp8/16-bit P·V) without tiling, so differences to the kernel are only the online-softmax order.
+fp8/16-bit P·V, INT8 P·V per key tile, the Q/K rotation), so differences to the kernel are only the
+online-softmax order.
 ``exact_attention`` is torch SDPA's math in float64: the ground truth for accuracy.
 """
 from __future__ import annotations
@@ -51,6 +52,17 @@ def _quantize_groups(x: torch.Tensor, group: int):
     return xi, scale
 
 
+def hadamard_block(d_pad: int, block: int, dtype=torch.float64) -> torch.Tensor:
+    """The kernels' rotation (``quant.hadamard_block``): block-diagonal Sylvester Hadamard, ±1/sqrt(block)."""
+    i = torch.arange(d_pad)
+    shared = (i[:, None] & i[None, :] & (block - 1))
+    parity = torch.zeros_like(shared)
+    for bit in range(max(block.bit_length() - 1, 0)):
+        parity ^= (shared >> bit) & 1
+    same_block = (i[:, None] // block) == (i[None, :] // block)
+    return torch.where(same_block, (1.0 - 2.0 * parity.to(dtype)) / math.sqrt(block), 0.0).to(dtype)
+
+
 def mask_to_additive(attn_mask: Optional[torch.Tensor], dtype=torch.float64) -> Optional[torch.Tensor]:
     if attn_mask is None:
         return None
@@ -90,6 +102,27 @@ def k_mean(kh: torch.Tensor) -> torch.Tensor:
     return kh[:, :, keep].mean(dim=2, keepdim=True)
 
 
+def _int8_pv(s2: torch.Tensor, m: torch.Tensor, vc: torch.Tensor, tile: int, heads: int):
+    """INT8 P·V as the kernels do it: per row and tile of ``tile`` keys, P shifted by the tile's own max
+    and rounded to 0..127, V rounded to ±127 per channel; the exact integer products and the rounded
+    P's row sums are brought back to the row max ``m``. Returns (P·V, row sums)."""
+    B, H, LQ, LK = s2.shape
+    pad = (-LK) % tile
+    st = torch.nn.functional.pad(s2, (0, pad), value=float("-inf")).reshape(B, H, LQ, -1, tile)
+    t_max = st.amax(dim=-1, keepdim=True)
+    shift = torch.where(torch.isinf(t_max), m[..., None], t_max)
+    p_int = torch.round(torch.exp2(st - shift) * 127.0)
+    weight = torch.exp2(shift - m[..., None]) / 127.0  # the tile's rescale to the row max
+    amax = vc.abs().amax(dim=2, keepdim=True)
+    vs = torch.where(amax > 0, amax / 127.0, 1.0)
+    v_int = torch.nn.functional.pad(torch.clamp(torch.round(vc / vs), -127, 127), (0, 0, 0, pad))
+    v_int = _expand_kv(v_int, heads).reshape(B, H, -1, tile, vc.shape[-1])
+    pv = torch.einsum("bhqtk,bhtkd->bhqtd", p_int.double(), v_int.double())  # exact integers
+    pv = (pv * weight.double()).sum(dim=3).float() * _expand_kv(vs, heads)
+    row_sum = (p_int * weight).sum(dim=(-1, -2))[..., None]
+    return pv, row_sum
+
+
 def quantized_reference(q, k, v, cfg: KernelConfig, layout="HND", is_causal=False, sm_scale=None,
                         attn_mask=None, smooth_k=True, smooth_v=False):
     """The kernel's quantized arithmetic in plain torch (fp32 softmax). Returns (out, lse)."""
@@ -98,8 +131,16 @@ def quantized_reference(q, k, v, cfg: KernelConfig, layout="HND", is_causal=Fals
     scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
     qg, kg = cfg.group_sizes()
     km = k_mean(kh) if smooth_k else torch.zeros_like(kh[:, :, :1])
-    qi, qs = _quantize_groups(qh, qg)
-    ki, ks = _quantize_groups(kh - km, kg)
+    qr, kr = qh, kh - km
+    if cfg.qk_rotation:
+        from .api import ROTATION_BLOCK, head_dim_padded
+
+        d_pad = head_dim_padded(D)
+        rot = hadamard_block(d_pad, min(d_pad, ROTATION_BLOCK), torch.float32)
+        qr = torch.nn.functional.pad(qr, (0, d_pad - D)) @ rot
+        kr = torch.nn.functional.pad(kr, (0, d_pad - D)) @ rot
+    qi, qs = _quantize_groups(qr, qg)
+    ki, ks = _quantize_groups(kr, kg)
     qs = qs * scale * math.log2(math.e)
     s2 = (qi.double() @ _expand_kv(ki, H).double().transpose(-1, -2)).float()
     s2 = s2 * qs[..., None] * _expand_kv(ks, H)[..., None, :]
@@ -116,7 +157,9 @@ def quantized_reference(q, k, v, cfg: KernelConfig, layout="HND", is_causal=Fals
 
     vmean = vh.mean(dim=2, keepdim=True) if smooth_v else torch.zeros_like(vh[:, :, :1])
     vc = vh - vmean
-    if cfg.pv_precision == "fp8":
+    if cfg.pv_precision == "int8":
+        pv, row_sum = _int8_pv(s2, m, vc, cfg.block_n, H)
+    elif cfg.pv_precision == "fp8":
         fmax = FP8_MAX[cfg.fp8_format]
         vs = torch.where(vc.abs().amax(dim=2, keepdim=True) > 0, vc.abs().amax(dim=2, keepdim=True) / fmax, 1.0)
         v8 = (vc / vs).to(_FP8[cfg.fp8_format]).float()
