@@ -128,6 +128,7 @@ def shared_kv_cases() -> list:
     n = cfg.shared_kv_min_len
     try:
         residual = cfg.with_pv_choice("fp8+residual")
+        int8 = cfg.with_pv_choice("int8").replace(qk_rotation=True)
         for name, (q, k, v), smooth_v, c_run in (
                 ("odd lengths", qkv(B=1, H=4, LQ=n + 77, LK=n + 129), False, cfg),
                 ("GQA 8/2, Lk > Lq", qkv(B=1, H=8, HKV=2, LQ=n, LK=n + 1000), False, cfg),
@@ -150,7 +151,12 @@ def shared_kv_cases() -> list:
                 ("6 waves, batch 2, GQA 12/4, smooth_v, odd lengths", qkv(B=2, H=12, HKV=4, LQ=n + 77, LK=n + 1),
                  True, cfg),
                 ("11.6 waves of 4 key tiles each", qkv(B=4, H=12, LQ=n, LK=512), False, cfg),
-                ("3.9 waves, fp8+residual", qkv(B=2, H=8, LQ=n, LK=n + 129), False, residual)):
+                ("3.9 waves, fp8+residual", qkv(B=2, H=8, LQ=n, LK=n + 129), False, residual),
+                ("int8 P·V, odd lengths", qkv(B=1, H=4, LQ=n + 77, LK=n + 129), False, int8),
+                ("int8 P·V, GQA 8/2, smooth_v", qkv(B=1, H=8, HKV=2, LQ=n, LK=n + 1000), True, int8),
+                ("int8 P·V, short K (77 keys)", qkv(B=1, H=4, LQ=n, LK=77), False, int8),
+                ("int8 P·V, tail split, 2 heads", qkv(B=1, H=2, LQ=n + 77, LK=n + 129), False, int8),
+                ("int8 P·V, 3.9 waves, batch 2", qkv(B=2, H=8, LQ=n, LK=n + 129), False, int8)):
             ran.clear()
             out, _ = api.attention_forward(q, k, v, "HND", False, None, None, False, c_run, True, smooth_v)
             again, _ = api.attention_forward(q, k, v, "HND", False, None, None, False, c_run, True, smooth_v)
@@ -181,8 +187,10 @@ def main():
         sys.exit("gpu_check.py needs a GPU")
     print(environment())
     results = []
-    for gran, pv, acc in itertools.product(("per_block", "per_warp", "per_thread"), ("fp16", "fp8", "fp8+residual"),
-                                           ("fp32", "fp16+fp32")):
+    for gran, pv, acc in itertools.product(("per_block", "per_warp", "per_thread"),
+                                           ("fp16", "fp8", "fp8+residual", "int8"), ("fp32", "fp16+fp32")):
+        if pv == "int8" and acc != "fp32":
+            continue  # INT8 P·V sums exactly in int32: no accumulation choice
         results.append(case(f"{gran} {pv} {acc}", *qkv(), min_cos=RESIDUAL_MIN_COS if pv == "fp8+residual" else 0.999,
                             qk_quant_gran=gran, pv_precision=pv, pv_accum_dtype=acc))
     for D in (40, 64, 80, 96, 120, 128, 160, 256):
@@ -206,7 +214,7 @@ def main():
     from sagetriton.kernels.api import attention_forward
     from sagetriton.kernels.arch import default_config, detect_arch
 
-    for pv in ("fp16", "fp8", "fp8+residual"):
+    for pv in ("fp16", "fp8", "fp8+residual", "int8"):
         cfg = default_config(detect_arch(), 128).with_pv_choice(pv).replace(
             use_tma=True, pv_accum_dtype="fp16+fp32" if pv == "fp16" else "fp32")
         q, k, v = qkv(LQ=1000, LK=1001)

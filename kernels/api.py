@@ -296,7 +296,7 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
     # so use_tma here means the portable kernel would read it by TMA.
     shared_kv = None
     if (cfg.shared_kv_min_len and LQ >= cfg.shared_kv_min_len and attn_mask is None and not is_causal
-            and not return_lse and k_scalar and cfg.pv_precision == "fp8" and cfg.use_tma
+            and not return_lse and k_scalar and cfg.pv_precision in ("fp8", "int8") and cfg.use_tma
             and d_pad == hopper_gluon.HEAD_DIM and D % 8 == 0 and cfg.block_n == hopper_gluon.BLOCK_N
             and cfg.block_m == hopper_gluon.ROWS):
         shared_kv = _shared_kv_plan(B * H, LQ, LK, q.device)

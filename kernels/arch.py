@@ -334,9 +334,9 @@ def resolve_config(arch: ArchInfo, head_dim: int = 128, qk_quant_gran: Optional[
         cfg = cfg.replace(pv_accum_dtype=pv_accum_dtype)
     if cfg.pv_precision == "fp8" and cfg.fp8_format is None:
         cfg = cfg.replace(fp8_format="e4m3fn")  # interpreter / unknown arch asked for fp8 explicitly
-    if cfg.shared_kv_min_len and (cfg.pv_precision != "fp8" or cfg.qk_quant_gran == "per_thread"):
-        cfg = cfg.replace(shared_kv_min_len=0)  # the Gluon kernel has FP8 P·V and one K scale per tile only
-    if cfg.pv_precision != "fp8" and cfg.max_registers:
+    if cfg.shared_kv_min_len and (cfg.pv_precision not in ("fp8", "int8") or cfg.qk_quant_gran == "per_thread"):
+        cfg = cfg.replace(shared_kv_min_len=0)  # the Gluon kernel has 8-bit P·V and one K scale per tile only
+    if cfg.pv_precision not in ("fp8", "int8") and cfg.max_registers:
         # The cap buys the fp8 kernel a third CTA per SM. 16-bit P·V tiles take 107 KB of shared
         # memory at head_dim 128, so two CTAs fit whatever the registers: a cap would only spill.
         cfg = cfg.replace(max_registers=0)

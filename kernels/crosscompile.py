@@ -75,23 +75,28 @@ def parse_targets(text: str) -> list:
 # What must be in the assembly
 
 
+_PV_PATTERNS = {  # backend kind -> P·V precision -> operand types of its matrix instruction
+    "cuda": {"fp8": r".*(\.e4m3|kind::f8f6f4)", "int8": r".*(\.s8|kind::i8)", "fp16": r".*(\.f16|\.bf16|kind::f16)"},
+    "cdna": {"fp8": r"^v_mfma_f32_\w+_(fp8_fp8|f8f6f4)$", "int8": r"^v_mfma_i32_\w+_i8$",
+             "fp16": r"^v_mfma_f32_\w+_(f16|bf16)$"},
+    "rdna": {"fp8": r"^v_wmma_f32_16x16x16_fp8_fp8", "int8": r"^v_wmma_i32_16x16x16_iu8",
+             "fp16": r"^v_wmma_f32_16x16x16_(f16|bf16)"},
+}
+
+
 def expected_instructions(target: Target, cfg: KernelConfig) -> dict:
     """label -> regex that must match one of the matrix instructions found."""
     want = {}
+    pv = cfg.pv_precision if cfg.pv_precision in ("fp8", "int8") else "fp16"
     if target.backend == "cuda":
         mma = r"^wgmma\." if target.arch // 10 == 9 else r"^(mma\.sync|tcgen05\.mma)"
         # Blackwell datacenter parts (sm100) spell the operand types as tcgen05 "kind"s.
-        want["int8 Q·Kᵀ"] = mma + r".*(\.s8|kind::i8)"
-        want[f"{cfg.pv_precision} P·V"] = mma + (r".*(\.e4m3|kind::f8f6f4)" if cfg.pv_precision == "fp8"
-                                                 else r".*(\.f16|\.bf16|kind::f16)")
-    elif target.arch.startswith("gfx9"):
-        want["int8 Q·Kᵀ"] = r"^v_mfma_i32_\w+_i8$"
-        want[f"{cfg.pv_precision} P·V"] = (r"^v_mfma_f32_\w+_(fp8_fp8|f8f6f4)$" if cfg.pv_precision == "fp8"
-                                           else r"^v_mfma_f32_\w+_(f16|bf16)$")
-    else:  # RDNA: wmma
-        want["int8 Q·Kᵀ"] = r"^v_wmma_i32_16x16x16_iu8"
-        want[f"{cfg.pv_precision} P·V"] = (r"^v_wmma_f32_16x16x16_fp8_fp8" if cfg.pv_precision == "fp8"
-                                           else r"^v_wmma_f32_16x16x16_(f16|bf16)")
+        want["int8 Q·Kᵀ"] = mma + _PV_PATTERNS["cuda"]["int8"]
+        want[f"{cfg.pv_precision} P·V"] = mma + _PV_PATTERNS["cuda"][pv]
+    else:
+        kind = "cdna" if target.arch.startswith("gfx9") else "rdna"
+        want["int8 Q·Kᵀ"] = _PV_PATTERNS[kind]["int8"]
+        want[f"{cfg.pv_precision} P·V"] = _PV_PATTERNS[kind][pv]
     return want
 
 

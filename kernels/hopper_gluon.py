@@ -21,7 +21,8 @@ One CTA per SM and equal work per CTA: when the last wave is partial, ``shared_k
 runs its CTAs in key shares instead, which merge their rows into the output in turn
 (``kernels/tail_split.py``).
 
-Scope: FP8 P·V (with fp8+residual, a second MMA with V's rounding error into the same tile sum),
+Scope: FP8 P·V (with fp8+residual, a second MMA with V's rounding error into the same tile sum) or
+INT8 P·V (P shifted by each tile's own row max and rounded to 0..127, exact int32 sums scaled back),
 head_dim padded to 128 and a multiple of 8 (16-byte output stores), per-tile K scales, no mask, not
 causal, no LSE. It wins from 4,608 query tokens (bench/results/sm90_gluon_min_len_ab2.json); ``api``
 sends it nothing else. Gluon ships inside the triton package (3.5+); without it ``AVAILABLE`` is False
@@ -30,7 +31,7 @@ and the portable kernel runs.
 from __future__ import annotations
 
 from .attention import finish_rows  # Triton functions: Gluon inlines them like its own
-from .quant import mma_operand_order
+from .quant import _ROUNDING_BIAS, mma_operand_order
 from .tail_split import merge_rows
 
 try:
@@ -107,18 +108,30 @@ if AVAILABLE:
         s = warpgroup_mma_wait(0, deps=(warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s, use_acc=False,
                                                       is_async=True),))
         row_scale = qs * gl.load(ks_base + i)
+        PV_INT8: gl.constexpr = v_smem.dtype == gl.int8
         if MASKED:  # the last tile: keys past LK belong to the next head (or are zero-filled)
             offs_n = key0 + i * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s.type.layout))
             x = gl.where((offs_n < LK)[None, :], s.to(gl.float32) * row_scale[:, None], float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(x, axis=1))
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            p = gl.exp2(x - (m_use - P_LOG2)[:, None])
+            t_max = gl.max(x, axis=1)
         else:  # scales are positive: the row max is taken on the integers
-            m_new = gl.maximum(m_i, gl.max(s, axis=1).to(gl.float32) * row_scale)
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            p = gl.exp2(s.to(gl.float32) * row_scale[:, None] - (m_use - P_LOG2)[:, None])
+            t_max = gl.max(s, axis=1).to(gl.float32) * row_scale
+        m_new = gl.maximum(m_i, t_max)
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        # INT8 P is shifted by this tile's own row max (its largest weight rounds to 127), fp8 P by the running one.
+        if PV_INT8:
+            shift = t_max
+        else:
+            shift = m_use
+        if MASKED:
+            p = gl.exp2(x - (shift - P_LOG2)[:, None])
+        else:
+            p = gl.exp2(s.to(gl.float32) * row_scale[:, None] - (shift - P_LOG2)[:, None])
         alpha = gl.exp2(m_i - m_use)
-        p8 = gl.convert_layout(mma_operand_order(p.to(v_smem.dtype), BN), p_layout)  # no data movement
+        if PV_INT8:  # rounded to an integer in the low mantissa bits, whose low byte is the int8
+            p8 = (p + _ROUNDING_BIAS).to(gl.int32, bitcast=True).to(gl.int8)
+        else:
+            p8 = p.to(v_smem.dtype)
+        p8 = gl.convert_layout(mma_operand_order(p8, BN), p_layout)  # no data movement
         pv = warpgroup_mma(p8, v_smem.index(st).permute((1, 0)), pv, use_acc=False, is_async=True)
         if V_RES:  # P times V's fp8 rounding residual, into the same tile sum
             pv = warpgroup_mma(p8, vres_smem.index(st).permute((1, 0)), pv, is_async=True)
@@ -128,8 +141,15 @@ if AVAILABLE:
                   v_row, key0, STAGES, V_RES)
         pv, rs = warpgroup_mma_wait(0, deps=(pv, rs))
         mbarrier.arrive(kv_empty.index(st), count=1)
-        acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv
-        l_acc = l_acc * gl.convert_layout(alpha, row_l)[:, None] + rs
+        if PV_INT8:  # exact int32 sums, brought to the running max (and out of P's range) by beta
+            beta = gl.exp2(shift - m_use - P_LOG2)
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv.to(gl.float32) * gl.convert_layout(
+                beta, row_o)[:, None]
+            l_acc = l_acc * gl.convert_layout(alpha, row_l)[:, None] + rs.to(gl.float32) * gl.convert_layout(
+                beta, row_l)[:, None]
+        else:
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv
+            l_acc = l_acc * gl.convert_layout(alpha, row_l)[:, None] + rs
         return s, pv, rs, acc, m_new, l_acc
 
     @gluon.jit
@@ -195,11 +215,13 @@ if AVAILABLE:
         qs = gl.load(QS + bh.to(gl.int64) * LQ + offs_m, mask=offs_m < LQ, other=0.0)
         ks_base = KS + bhk.to(gl.int64) * n_tiles + t0
         q = q_smem.index(C)
+        # 8-bit MMAs sum into int32 (INT8 P·V) or fp32 (FP8).
+        mma_sum: gl.constexpr = gl.int32 if v_smem.dtype == gl.int8 else gl.float32
         s = gl.zeros([ROWS, BN], gl.int32, s_layout)
-        pv = gl.zeros([ROWS, D_PAD], gl.float32, o_layout)
+        pv = gl.zeros([ROWS, D_PAD], mma_sum, o_layout)
         acc = gl.zeros([ROWS, D_PAD], gl.float32, o_layout)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
-        rs = gl.zeros([ROWS, ONES_N], gl.float32, l_layout)
+        rs = gl.zeros([ROWS, ONES_N], mma_sum, l_layout)
         l_acc = gl.zeros([ROWS, ONES_N], gl.float32, l_layout)
         mbarrier.wait(q_bar, 0)
         n_full = gl.minimum(t1, LK // BN) - t0  # whole tiles; a partial last one follows if t1 reaches it
@@ -316,10 +338,11 @@ if AVAILABLE:
             vres_smem = v_smem  # never read
         # B operand of the row-sum MMA: ONES_N columns of ones, K-major like Vᵀ.
         ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ONES_N, BN], v_desc.dtype)
-        # 1.0 is byte 0x38 in e4m3 (this kernel only runs on NVIDIA's e4m3fn). Triton 3.6 has no fp8
-        # constants, and an fp16 constant tile converted to fp8 stored wrong bytes there (H200), so the
-        # bits are written directly.
-        ones = gl.full([ONES_N, BN], 0x38, gl.int8, gl.BlockedLayout([1, 16], [1, 32], [4, 1], [1, 0]))
+        # 1.0 is byte 0x38 in e4m3 (this kernel only runs on NVIDIA's e4m3fn), 1 in int8. Triton 3.6 has
+        # no fp8 constants, and an fp16 constant tile converted to fp8 stored wrong bytes there (H200), so
+        # the bits are written directly.
+        one_bits: gl.constexpr = 1 if v_desc.dtype == gl.int8 else 0x38
+        ones = gl.full([ONES_N, BN], one_bits, gl.int8, gl.BlockedLayout([1, 16], [1, 32], [4, 1], [1, 0]))
         ones_smem = gl.allocate_shared_memory(v_desc.dtype, [ONES_N, BN], ones_layout,
                                               ones.to(v_desc.dtype, bitcast=True))
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -362,7 +385,7 @@ if AVAILABLE:
 
     @gluon.jit
     def shared_kv_attention_kernel(
-        q_desc, k_desc, v_desc,  # int8 Q (B*H*LQ, D_PAD), int8 K (B*H_KV*LK, D_PAD), fp8 Vᵀ (B*H_KV*D_PAD, L_PAD)
+        q_desc, k_desc, v_desc,  # int8 Q (B*H*LQ, D_PAD), int8 K (B*H_KV*LK, D_PAD), fp8/int8 Vᵀ (B*H_KV*D_PAD, L_PAD)
         QS, KS, VScale, VMean, Out,  # Out (B, H, LQ, D) by its first three strides, channels contiguous
         stride_ob, stride_oh, stride_om,
         H, H_KV, LQ, LK, D,
@@ -396,11 +419,11 @@ if AVAILABLE:
         head's rows land in the next head (masked in the kernel) or past the tensor (zero-filled by
         the TMA unit)."""
         d_pad = q8.shape[-1]
-        fp8 = gl.float8e4nv if str(v_t.dtype).endswith("e4m3fn") else gl.float8e4b8
+        v_dtype = {"torch.int8": gl.int8, "torch.float8_e4m3fn": gl.float8e4nv}.get(str(v_t.dtype), gl.float8e4b8)
 
         def make(t, block, dtype):
             return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], block,
                                     gl.NVMMASharedLayout.get_default_for(block, dtype))
 
         return (make(q8.view(-1, d_pad), [ROWS, d_pad], gl.int8), make(k8.view(-1, d_pad), [BLOCK_N, d_pad], gl.int8),
-                make(v_t.view(-1, v_t.shape[-1]), [d_pad, BLOCK_N], fp8))
+                make(v_t.view(-1, v_t.shape[-1]), [d_pad, BLOCK_N], v_dtype))
