@@ -82,7 +82,7 @@ def speed_table(arch, shapes):
         it = iter(range(10**9))
 
         rows = []
-        for label, fn, cfg in methods(arch, D):
+        for label, fn, _cfg in methods(arch, D):
             def call(fn=fn):
                 return fn(*sets[next(it) % len(sets)])
             try:
