@@ -83,7 +83,7 @@ def speed_table(arch, shapes):
 
         rows = []
         for label, fn, _cfg in methods(arch, D):
-            def call(fn=fn):
+            def call(fn=fn, sets=sets, it=it):
                 return fn(*sets[next(it) % len(sets)])
             try:
                 fn(*sets[0])  # compile outside the timing
