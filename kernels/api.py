@@ -186,7 +186,8 @@ def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, 
         H, kv_div, L, l_kv, k_tokens, D, n_parts, scale_mult, bias_mult,
     ), dict(BLOCK=block, GROUP=group, D_PAD=d_pad, MEAN_MODE=mean_mode, SCALE_PER_BLOCK=per_block,
             FINALIZE=finalize is not None, K_SUM=k_sum, V_STATS=v_stats, V_RANGE=v_range, V_POW2=v_pow2,
-            PARTS_PAD=quant.STATS_PARTS, PDL=pdl, ROTATE=rotate), num_warps=4, **_pdl_launch(pdl and after))
+            PARTS_PAD=quant.STATS_PARTS, PDL=pdl, ROTATE=rotate), num_warps=8 if rotate else 4,
+            **_pdl_launch(pdl and after))
     return out, scale
 
 

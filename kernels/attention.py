@@ -20,6 +20,7 @@ PV_16BIT = 0  # P and V in 16-bit, accumulated in fp32 by the MMA
 PV_16BIT_TILE = 1  # fp16 MMA accumulation per tile, added into the fp32 accumulator
 PV_FP8 = 2  # P and V in fp8, a fresh accumulator per tile added into fp32 (two-level)
 PV_INT8 = 3  # P in 0..127 per row and tile, V in ±127 per channel, an exact int32 sum per tile
+INT8_SHIFT_FLOOR = tl.constexpr(20.0)  # base-2 logits below the running max where INT8 P stops following a tile
 
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
 
@@ -46,7 +47,7 @@ def _masked_logits(x, offs_m, offs_n, mask_base, stride_mm, stride_mn, LQ, LK,
 
 @triton.jit
 def _attn_tile(
-    acc, l_i, m_i, q, qs, offs_m, start_n,
+    acc, l_i, m_i, sh_i, q, qs, offs_m, start_n,
     k_base, ks_base, v_base, mask_base, k_desc, v_desc, bhk,
     stride_vn, stride_vd, stride_mm, stride_mn,
     LQ, LK, D,
@@ -88,22 +89,24 @@ def _attn_tile(
     # A row masked so far has max -inf: shift by 0 instead, so exp2 gives 0 rather than NaN.
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     if PV_MODE == 3:
-        # INT8 P is shifted by this tile's own row max, so its largest weight rounds to 2^P_LOG2 (127);
-        # beta carries the tile back to the running max.
-        shift = tl.where(t_max == float("-inf"), m_use, t_max)
+        # INT8 P is shifted by this tile's own row max, so its largest weight rounds to 2^P_LOG2 (127),
+        # and the sums are kept in units of that shift (gamma moves them from the last tile's): one
+        # FMA per output element. The shift stays within 2^-INT8_SHIFT_FLOOR of the running max, where
+        # a tile's weights round to 0 anyway, so the sums cannot overflow.
+        shift = tl.maximum(t_max, m_use - INT8_SHIFT_FLOOR)
+        alpha = tl.math.exp2(sh_i - shift)
     else:
         shift = m_use
+        alpha = tl.math.exp2(m_i - m_use)
     if hot:
         p = tl.math.exp2(s.to(tl.float32) * row_scale[:, None] - (shift - P_LOG2)[:, None])
     else:
         p = tl.math.exp2(x - (shift - P_LOG2)[:, None])
 
-    alpha = tl.math.exp2(m_i - m_use)
     if PV_MODE == 3:
         p = p + _ROUNDING_BIAS  # rounded to an integer held in the low mantissa bits
         p8 = p.to(tl.int32, bitcast=True).to(tl.int8)
-        beta = tl.math.exp2(shift - m_use - P_LOG2)
-        l_i = l_i * alpha + tl.sum(p - _ROUNDING_BIAS, 1) * beta
+        l_i = l_i * alpha + tl.sum(p - _ROUNDING_BIAS, 1)
     else:
         l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
@@ -133,8 +136,8 @@ def _attn_tile(
         acc += pv
     else:
         pv = tl.dot(mma_operand_order(p8, BLOCK_N), v)  # int32, exact
-        acc += pv.to(tl.float32) * beta[:, None]
-    return acc, l_i, m_new
+        acc += pv.to(tl.float32)
+    return acc, l_i, m_new, shift
 
 
 @triton.jit
@@ -215,6 +218,7 @@ def attention_kernel(
     mask_base = Mask + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    sh_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # INT8 P·V: the shift the sums are in units of
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
 
@@ -225,14 +229,14 @@ def attention_kernel(
         full_end = tl.minimum(full_end, (pid_m * BLOCK_M // BLOCK_N) * BLOCK_N)
 
     for start_n in range(0, full_end, BLOCK_N):
-        acc, l_i, m_i = _attn_tile(
-            acc, l_i, m_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, mask_base, KDesc, VDesc, bhk,
+        acc, l_i, m_i, sh_i = _attn_tile(
+            acc, l_i, m_i, sh_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, mask_base, KDesc, VDesc, bhk,
             stride_vn, stride_vd, stride_mm, stride_mn, LQ, LK, D,
             BLOCK_N, D_PAD, False, IS_CAUSAL, MASK_KIND, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
             K_TMA, V_TMA, V_T, V_RES)
     for start_n in range(full_end, hi, BLOCK_N):
-        acc, l_i, m_i = _attn_tile(
-            acc, l_i, m_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, mask_base, KDesc, VDesc, bhk,
+        acc, l_i, m_i, sh_i = _attn_tile(
+            acc, l_i, m_i, sh_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, mask_base, KDesc, VDesc, bhk,
             stride_vn, stride_vd, stride_mm, stride_mn, LQ, LK, D,
             BLOCK_N, D_PAD, True, IS_CAUSAL, MASK_KIND, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
             K_TMA, V_TMA, V_T, V_RES)
@@ -245,9 +249,9 @@ def attention_kernel(
 
     if RETURN_LSE:
         live = l_i > 0  # a fully masked row: LSE -inf, as SDPA
-        # l_i carries P's range factor, except with INT8 P·V, whose beta already takes it out.
-        l_log2 = P_LOG2 if PV_MODE != 3 else 0.0
-        lse = tl.where(live, (m_i + tl.math.log2(tl.where(live, l_i, 1.0)) - l_log2) * 0.6931471805599453,
+        # l_i is in units of 2^(shift - P_LOG2): the running max, or INT8 P·V's last shift.
+        shift = sh_i if PV_MODE == 3 else m_i
+        lse = tl.where(live, (shift + tl.math.log2(tl.where(live, l_i, 1.0)) - P_LOG2) * 0.6931471805599453,
                        float("-inf"))
         if HAS_QBIAS:
             lse += tl.load(QBias + bh.to(tl.int64) * LQ + offs_m, mask=m_ok, other=0.0)

@@ -30,7 +30,7 @@ and the portable kernel runs.
 """
 from __future__ import annotations
 
-from .attention import finish_rows  # Triton functions: Gluon inlines them like its own
+from .attention import INT8_SHIFT_FLOOR, finish_rows  # Triton functions: Gluon inlines them like its own
 from .quant import _ROUNDING_BIAS, mma_operand_order
 from .tail_split import merge_rows
 
@@ -87,7 +87,7 @@ if AVAILABLE:
                 tma.async_copy_global_to_shared(v_desc, [v_row + D_PAD, v_col0 + i * BN], bar, vres_smem.index(st))
 
     @gluon.jit
-    def _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s, pv, rs, acc, m_i, l_acc, qs,
+    def _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s, pv, rs, acc, m_i, sh_i, l_acc, qs,
               ks_base, i, key0, LK, k_desc, v_desc, n_local, k_row0, v_row, P_LOG2: gl.constexpr,
               STAGES: gl.constexpr, MASKED: gl.constexpr, p_layout: gl.constexpr, V_RES: gl.constexpr,
               FILL: gl.constexpr):
@@ -117,20 +117,22 @@ if AVAILABLE:
             t_max = gl.max(s, axis=1).to(gl.float32) * row_scale
         m_new = gl.maximum(m_i, t_max)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        # INT8 P is shifted by this tile's own row max (its largest weight rounds to 127), fp8 P by the running one.
         if PV_INT8:
-            shift = t_max
+            # P shifted by this tile's own row max (its largest weight rounds to 127); the sums are kept
+            # in units of that shift (``attention._attn_tile``).
+            shift = gl.maximum(t_max, m_use - INT8_SHIFT_FLOOR)
+            alpha = gl.exp2(sh_i - shift)
         else:
             shift = m_use
+            alpha = gl.exp2(m_i - m_use)
         if MASKED:
-            p = gl.exp2(x - (shift - P_LOG2)[:, None])
+            arg = x - (shift - P_LOG2)[:, None]
         else:
-            p = gl.exp2(s.to(gl.float32) * row_scale[:, None] - (shift - P_LOG2)[:, None])
-        alpha = gl.exp2(m_i - m_use)
-        if PV_INT8:  # rounded to an integer in the low mantissa bits, whose low byte is the int8
-            p8 = (p + _ROUNDING_BIAS).to(gl.int32, bitcast=True).to(gl.int8)
+            arg = s.to(gl.float32) * row_scale[:, None] - (shift - P_LOG2)[:, None]
+        if PV_INT8:  # rounded to an integer held in the low mantissa bits, whose low byte is the int8
+            p8 = (gl.exp2(arg) + _ROUNDING_BIAS).to(gl.int32, bitcast=True).to(gl.int8)
         else:
-            p8 = p.to(v_smem.dtype)
+            p8 = gl.exp2(arg).to(v_smem.dtype)
         p8 = gl.convert_layout(mma_operand_order(p8, BN), p_layout)  # no data movement
         pv = warpgroup_mma(p8, v_smem.index(st).permute((1, 0)), pv, use_acc=False, is_async=True)
         if V_RES:  # P times V's fp8 rounding residual, into the same tile sum
@@ -141,16 +143,9 @@ if AVAILABLE:
                   v_row, key0, STAGES, V_RES)
         pv, rs = warpgroup_mma_wait(0, deps=(pv, rs))
         mbarrier.arrive(kv_empty.index(st), count=1)
-        if PV_INT8:  # exact int32 sums, brought to the running max (and out of P's range) by beta
-            beta = gl.exp2(shift - m_use - P_LOG2)
-            acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv.to(gl.float32) * gl.convert_layout(
-                beta, row_o)[:, None]
-            l_acc = l_acc * gl.convert_layout(alpha, row_l)[:, None] + rs.to(gl.float32) * gl.convert_layout(
-                beta, row_l)[:, None]
-        else:
-            acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv
-            l_acc = l_acc * gl.convert_layout(alpha, row_l)[:, None] + rs
-        return s, pv, rs, acc, m_new, l_acc
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv.to(gl.float32)
+        l_acc = l_acc * gl.convert_layout(alpha, row_l)[:, None] + rs.to(gl.float32)
+        return s, pv, rs, acc, m_new, shift, l_acc
 
     @gluon.jit
     def _warpgroup(args, descs, C: gl.constexpr, P_LOG2: gl.constexpr, STAGES: gl.constexpr,
@@ -221,18 +216,21 @@ if AVAILABLE:
         pv = gl.zeros([ROWS, D_PAD], mma_sum, o_layout)
         acc = gl.zeros([ROWS, D_PAD], gl.float32, o_layout)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
+        sh_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)  # INT8 P·V: the units of acc and l_acc
         rs = gl.zeros([ROWS, ONES_N], mma_sum, l_layout)
         l_acc = gl.zeros([ROWS, ONES_N], gl.float32, l_layout)
         mbarrier.wait(q_bar, 0)
         n_full = gl.minimum(t1, LK // BN) - t0  # whole tiles; a partial last one follows if t1 reaches it
         for i in range(n_full):
-            s, pv, rs, acc, m_i, l_acc = _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s, pv, rs,
-                                               acc, m_i, l_acc, qs, ks_base, i, t0 * BN, LK, k_desc, v_desc, n_local,
-                                               k_row0, v_row, P_LOG2, STAGES, False, p_layout, V_RES, C == 0)
+            s, pv, rs, acc, m_i, sh_i, l_acc = _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s,
+                                                     pv, rs, acc, m_i, sh_i, l_acc, qs, ks_base, i, t0 * BN, LK,
+                                                     k_desc, v_desc, n_local, k_row0, v_row, P_LOG2, STAGES, False,
+                                                     p_layout, V_RES, C == 0)
         if n_full < n_local:
-            s, pv, rs, acc, m_i, l_acc = _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s, pv, rs,
-                                               acc, m_i, l_acc, qs, ks_base, n_full, t0 * BN, LK, k_desc, v_desc,
-                                               n_local, k_row0, v_row, P_LOG2, STAGES, True, p_layout, V_RES, C == 0)
+            s, pv, rs, acc, m_i, sh_i, l_acc = _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s,
+                                                     pv, rs, acc, m_i, sh_i, l_acc, qs, ks_base, n_full, t0 * BN, LK,
+                                                     k_desc, v_desc, n_local, k_row0, v_row, P_LOG2, STAGES, True,
+                                                     p_layout, V_RES, C == 0)
 
         l_i = gl.convert_layout(gl.max(l_acc, axis=1), row_o)  # every column holds the row sum
         out = finish_rows(acc, l_i, VScale, VMean, bhk, gl.arange(0, D_PAD, layout=col_o), D, HAS_VSCALE,
@@ -248,6 +246,8 @@ if AVAILABLE:
         o_ptrs, o_mask = _out_rows(out, Out, stride_ob, stride_oh, stride_om, b, h, row0, LQ, D)
         if SPLIT:  # share p of this CTA: merged into what shares 0..p-1 left in Out, in turn (tail_split)
             rows: gl.constexpr = gl.SliceLayout(1, out.type.layout)
+            if v_smem.dtype == gl.int8:  # the row sums are in units of the last shift, not of the max
+                m_i = sh_i
             _merge_share(out, gl.convert_layout(m_i, rows), gl.convert_layout(l_i, rows), o_ptrs, o_mask, Flags, ML,
                          (pid // splits) * NCONS + C, pid % splits, splits)
         else:

@@ -16,6 +16,7 @@ from . import quant
 from .arch import FP8_MAX, KernelConfig
 
 _FP8 = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
+INT8_SHIFT_FLOOR = 20.0  # attention.INT8_SHIFT_FLOOR
 
 
 def cosine(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -61,6 +62,14 @@ def hadamard_block(d_pad: int, block: int, dtype=torch.float64) -> torch.Tensor:
         parity ^= (shared >> bit) & 1
     same_block = (i[:, None] // block) == (i[None, :] // block)
     return torch.where(same_block, (1.0 - 2.0 * parity.to(dtype)) / math.sqrt(block), 0.0).to(dtype)
+
+
+def _rotated(x: torch.Tensor, block: int) -> torch.Tensor:
+    """``quant._rotate``: rows divided by their max |x|, rounded to fp16, times the ±1 Hadamard signs."""
+    r = x.abs().amax(dim=-1, keepdim=True)
+    r = torch.where(r > 0, r, 1.0)
+    signs = hadamard_block(x.shape[-1], block, torch.float64) * math.sqrt(block)
+    return ((x / r).half().double() @ signs).float() * (r / math.sqrt(block))
 
 
 def mask_to_additive(attn_mask: Optional[torch.Tensor], dtype=torch.float64) -> Optional[torch.Tensor]:
@@ -110,7 +119,10 @@ def _int8_pv(s2: torch.Tensor, m: torch.Tensor, vc: torch.Tensor, tile: int, hea
     pad = (-LK) % tile
     st = torch.nn.functional.pad(s2, (0, pad), value=float("-inf")).reshape(B, H, LQ, -1, tile)
     t_max = st.amax(dim=-1, keepdim=True)
-    shift = torch.where(torch.isinf(t_max), m[..., None], t_max)
+    # Not below the running max by more than INT8_SHIFT_FLOOR (a masked tile: -inf), as the kernels.
+    running = torch.cummax(torch.nan_to_num(t_max, neginf=-1e30), dim=3).values
+    running = torch.where(running <= -1e30, 0.0, running)
+    shift = torch.maximum(t_max, running - INT8_SHIFT_FLOOR)
     p_int = torch.round(torch.exp2(st - shift) * 127.0)
     weight = torch.exp2(shift - m[..., None]) / 127.0  # the tile's rescale to the row max
     amax = vc.abs().amax(dim=2, keepdim=True)
@@ -136,9 +148,7 @@ def quantized_reference(q, k, v, cfg: KernelConfig, layout="HND", is_causal=Fals
         from .api import ROTATION_BLOCK, head_dim_padded
 
         d_pad = head_dim_padded(D)
-        rot = hadamard_block(d_pad, min(d_pad, ROTATION_BLOCK), torch.float32)
-        qr = torch.nn.functional.pad(qr, (0, d_pad - D)) @ rot
-        kr = torch.nn.functional.pad(kr, (0, d_pad - D)) @ rot
+        qr, kr = (_rotated(torch.nn.functional.pad(t, (0, d_pad - D)), min(d_pad, ROTATION_BLOCK)) for t in (qr, kr))
     qi, qs = _quantize_groups(qr, qg)
     ki, ks = _quantize_groups(kr, kg)
     qs = qs * scale * math.log2(math.e)
