@@ -13,10 +13,13 @@ if "SAGETRITON_REPORT_DIR" not in os.environ:
     import tempfile
 
     os.environ["SAGETRITON_REPORT_DIR"] = tempfile.mkdtemp(prefix="sagetriton-report-")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the tests' helper modules
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # sagetriton_import (appended: the pack's folders
+# must not shadow ComfyUI's own modules, such as its nodes.py)
 
 import pytest  # noqa: E402
-from pack_loader import find_comfyui, import_pack, prepare_comfyui_for_cpu  # noqa: E402
+
+from sagetriton_import import find_comfyui, import_pack, prepare_comfyui_for_cpu  # noqa: E402
 
 COMFYUI = find_comfyui()
 if COMFYUI is not None:

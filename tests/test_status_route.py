@@ -7,7 +7,7 @@ EXPECTED_KEYS = {"device", "arch", "vendor", "defaults", "variants", "crossover"
 
 def test_payload_without_server(pack, tmp_path, monkeypatch):
     monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path))
-    from sagetriton.kernels import report as rep
+    from sagetriton.installer import report as rep
     from sagetriton.kernels.arch import CPU_ARCH
     from sagetriton.nodes import stats
     from sagetriton.nodes.status_route import status_payload
