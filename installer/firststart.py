@@ -142,7 +142,7 @@ def run_worker_stage(mode: str, out_path: Path, echo: bool = True, sdpa_default_
     state = {"variants": {}, "sdpa_default_safe": sdpa_default_safe, "quick": quick}
     _write_json(out_path, state)
     crashes = []
-    for _attempt in range(MAX_RESTARTS + 1):
+    for _restart in range(MAX_RESTARTS + 1):
         proc = subprocess.Popen(cmd_for(out_path, mode, echo), env=env, stdout=None if echo else subprocess.DEVNULL,
                                 stderr=None if echo else subprocess.PIPE, text=True, errors="replace",
                                 # no console window popping up on Windows when started from ComfyUI

@@ -176,10 +176,9 @@ def time_call(fn, device, iters: int = 10, warmup: int = 3, repeats: int = 3) ->
     right after the L2 cache was overwritten.
 
     That is the state inside a model forward: the layers between two attention calls evict their
-    inputs from L2 (timed back to back instead, SDPA read warm caches and the H200's crossover came
-    out at 6,144 tokens, while Flux's 4,608-token calls made the whole forward 1.02x faster with the
-    kernel; bench/NOTES.md). Calls are queued without waiting, so host-side launch cost only counts
-    where it exceeds the GPU time, as in a forward.
+    inputs from L2 (timed back to back, SDPA reads warm caches and the crossover comes out too late;
+    bench/NOTES.md). Calls are queued without waiting, so host-side launch cost only counts where it
+    exceeds the GPU time, as in a forward.
     """
     import torch
 
@@ -221,11 +220,8 @@ def sdpa_fallback(arch: ArchInfo, sdpa_safe: Optional[bool]):
     return F.scaled_dot_product_attention, "default"
 
 
-# The kernel must beat SDPA by this factor to be picked at a length. Near the crossover both are
-# host-bound on fast GPUs and a 2-3 % win flips between runs, while a slow host step can make the
-# kernel 10-25 % slower there (H200, 4,096 tokens: 0.77x at head_dim 128 in a run with a slow host,
-# 0.86x at head_dim 64 in another, 1.08-1.14x in a third; bench/NOTES.md). A win inside the noise
-# is not worth that risk.
+# The kernel must beat SDPA by this factor to be picked at a length: near the crossover both are
+# host-bound and a small win flips between runs, while a slow host step costs far more (bench/NOTES.md).
 CROSSOVER_MARGIN = 0.95
 
 

@@ -101,6 +101,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_fp8_residual_variant_fits_without_spills():
     """fp8+residual adds a second P·V MMA and a second V tile per step (shared memory, TMA ring):
     it must still build with fp8 matrix instructions, in registers, on the fp8 families."""

@@ -18,7 +18,7 @@ from e2e_server import PACK_LINK, TINY_MODEL, flat_defaults, sage_server  # noqa
 
 from conftest import needs_comfyui
 
-pytestmark = needs_comfyui
+pytestmark = [needs_comfyui, pytest.mark.server, pytest.mark.browser]
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 CHROMEDRIVER = "/usr/bin/chromedriver"

@@ -10,7 +10,8 @@ import torch
 
 from sagetriton_import import PACK_DIR
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU path needs a machine without a GPU")
+pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU path needs a machine without a GPU"),
+              pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

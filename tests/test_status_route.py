@@ -1,4 +1,5 @@
 """GET /sage/status: the payload as a plain function, and the route through a real ComfyUI server."""
+import pytest
 from comfy_server import comfy_server
 
 EXPECTED_KEYS = {"device", "arch", "vendor", "defaults", "variants", "crossover", "sdpa_default_safe", "stats",
@@ -31,6 +32,7 @@ def test_payload_without_server(pack, tmp_path, monkeypatch):
     rep.invalidate_cache()
 
 
+@pytest.mark.server
 def test_status_route_in_real_comfyui(comfyui_path, tmp_path):
     import time
 
