@@ -43,7 +43,7 @@ def plan_tail(n_cta: int, n_sms: int, n_tiles: int) -> tuple[int, int]:
 
 def heads_with_split_tail(ctas_per_head: int, n_tiles: int, n_sms: int) -> int:
     """The fewest heads (2 or more) at which a call runs both whole and split CTAs, so one call
-    exercises both kernels (``api.compile_specs``, the install self-test); 2 if none does."""
+    exercises both kernels (the cross-compile check, the install self-test); 2 if none does."""
     for heads in range(2, 2 * n_sms + 2):
         n_whole, splits = plan_tail(ctas_per_head * heads, n_sms, n_tiles)
         if n_whole and splits > 1:
