@@ -21,14 +21,13 @@ if _comfyui_present():
     from .nodes.registry import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS  # noqa: F811
 
     try:  # the status page and the one-time background self-test must never stop the nodes from loading
-        from .kernels.firststart import start_background_setup
-        from .nodes.status_route import comfy_device, notify_setup, register_routes
+        from .nodes.status_route import attach_to_server
 
-        if register_routes():  # only inside a running ComfyUI server, not when tests import the pack
-            start_background_setup(device_fn=comfy_device, notify=notify_setup)
+        attach_to_server()
     except Exception as _e:  # noqa: BLE001
-        from .kernels.log import logger
+        import logging
 
-        logger.warning("[SageTriton] /sage/status or the background self-test unavailable: %s", _e)
+        logging.getLogger("SageTriton").warning("[SageTriton] /sage/status or the background self-test "
+                                                "unavailable: %s", _e)
 
 __all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "WEB_DIRECTORY", "attention_stats"]

@@ -3,7 +3,7 @@
 The pack root has an ``__init__.py`` (ComfyUI imports it), so pytest would import it as a test
 package named after the checkout folder, which fails for names that are not Python identifiers
 (``ComfyUI-SageTriton``, ``wt-install``). Tests import the pack as ``sagetriton`` through
-tests/pack_loader.py instead.
+sagetriton_import.py instead.
 """
 from pathlib import Path
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
-import importlib.util
+import itertools
 import json
 import subprocess
 import sys
@@ -33,14 +33,16 @@ def _child(tree: Path, shapes: list) -> None:
     import torch.nn.functional as F
     import triton.testing
 
-    spec = importlib.util.spec_from_file_location("sagetriton", tree / "__init__.py",
-                                                  submodule_search_locations=[str(tree)])
-    pack = importlib.util.module_from_spec(spec)
-    sys.modules["sagetriton"] = pack
-    spec.loader.exec_module(pack)
+    sys.path.append(str(Path(__file__).resolve().parent.parent))
+    from sagetriton_import import import_pack
+
+    import_pack(pack_dir=tree)  # the tree under test, not this checkout
     from sagetriton.kernels import sageattn
     from sagetriton.kernels.reference import cosine
-    from sagetriton.kernels.selftest import alternating
+
+    def alternating(fn, sets):  # the trees may predate installer/: kept here
+        turns = itertools.cycle(sets)
+        return lambda: fn(*next(turns))
 
     print(json.dumps({"env": {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
                               "torch": torch.__version__, "triton": triton.__version__}}), flush=True)

@@ -23,11 +23,11 @@ from common import RESULTS, cosine, environment, import_pack, rel_l1, write_json
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import_pack()
+from sagetriton.installer.report import crossover_seq_len  # noqa: E402
+from sagetriton.installer.selftest import alternating, measure_crossovers  # noqa: E402
 from sagetriton.kernels.api import attention_forward  # noqa: E402
 from sagetriton.kernels.arch import default_config, detect_arch, resolve_config  # noqa: E402
 from sagetriton.kernels.footprint import quantized_copy_bytes  # noqa: E402
-from sagetriton.kernels.report import crossover_seq_len  # noqa: E402
-from sagetriton.kernels.selftest import alternating, measure_crossovers  # noqa: E402
 
 SHAPES = [  # (B, H, L, D): batch x heads large enough to fill the GPU
     (2, 24, 1024, 128), (2, 24, 4096, 128), (2, 24, 8192, 128), (1, 24, 16384, 128), (1, 12, 32768, 128),

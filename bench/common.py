@@ -7,8 +7,8 @@ import platform
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from pack_loader import find_comfyui, import_pack  # noqa: E402
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # appended: ComfyUI's nodes.py must win over ours
+from sagetriton_import import find_comfyui, import_pack  # noqa: E402
 
 import_pack()
 from sagetriton.kernels.reference import cosine, rel_l1  # noqa: E402  one definition, shared with the tests

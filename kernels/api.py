@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -34,64 +36,25 @@ def _warn_once(msg: str) -> None:
         logger.warning("[SageTriton] %s", msg)
 
 
-_TRITON_DTYPE = {torch.int8: "i8", torch.int32: "i32", torch.float32: "fp32", torch.float16: "fp16",
-                 torch.bfloat16: "bf16", torch.bool: "i1", torch.float8_e4m3fn: "fp8e4nv",
-                 torch.float8_e4m3fnuz: "fp8e4b8"}
-_recorded: Optional[list] = None
+# Set by the installer's cross-compile check (``installer.crosscompile.record_launches``): each launch is
+# handed to it, with its arguments, instead of being run. None: launch.
+_launch_hook: Optional[Callable] = None
 
 
-def _arg_type(a) -> str:
-    if isinstance(a, torch.Tensor):
-        return "*" + _TRITON_DTYPE[a.dtype]
-    if isinstance(a, bool):
-        return "i1"
-    if isinstance(a, int):
-        return "i32" if -(2**31) <= a < 2**31 else "i64"
-    if isinstance(a, float):
-        return "fp32"
-    if type(a).__name__ == "TensorDescriptor":
-        return f"tensordesc<{_TRITON_DTYPE[a.base.dtype]}[{','.join(map(str, a.block_shape))}]>"
-    raise TypeError(f"no Triton type for {type(a).__name__}")
+def set_launch_hook(hook: Optional[Callable]) -> Optional[Callable]:
+    """Route launches to ``hook(kernel, grid, args, constexprs, options)`` (None: run them); returns the
+    previous hook."""
+    global _launch_hook
+    previous, _launch_hook = _launch_hook, hook
+    return previous
 
 
 def _launch(kernel, grid, args: tuple, constexprs: dict, num_warps: int, num_stages: int = 1, **options) -> None:
-    """Launch, or under ``record_launches`` describe the launch for ``triton.compile``, so the
-    cross-compile check builds exactly what a real call runs."""
-    if _recorded is None:
-        kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages, **options)
+    if _launch_hook is not None:
+        _launch_hook(kernel, grid, args, dict(constexprs), {"num_warps": num_warps, "num_stages": num_stages,
+                                                            **options})
         return
-    names = [n for n in kernel.arg_names if n not in constexprs]
-    signature = dict(zip(names, map(_arg_type, args), strict=True))
-    signature.update({n: "constexpr" for n in constexprs})
-    _recorded.append({"name": kernel.fn.__name__, "fn": kernel, "signature": signature, "args": args,
-                      "constexprs": dict(constexprs),
-                      "options": {"num_warps": num_warps, "num_stages": num_stages, **options}})
-
-
-def compile_specs(cfg: KernelConfig, head_dim: int = 128, dtype=torch.bfloat16, seq_len: int = 1024) -> list:
-    """The launches of ``sageattn`` calls with ``cfg`` (no mask), recorded on meta tensors: one at
-    ``seq_len`` and, where the config switches kernels on length (Hopper's Gluon kernel), one at
-    that length too, so every attention kernel a user can run is in the list once.
-
-    Each spec: ``{"name", "fn", "signature", "args", "constexprs", "options"}`` for
-    ``triton.compile(ASTSource(fn, signature, constexprs), target=...)`` on any machine; ``args``
-    (meta tensors and ints) let ``crosscompile`` specialize them as Triton's launcher would.
-    """
-    global _recorded
-    specs: list = []
-    for length in sorted({seq_len, max(seq_len, cfg.shared_kv_min_len)}):
-        heads = 2
-        if cfg.shared_kv_min_len and length >= cfg.shared_kv_min_len:  # record the Gluon kernel's both launches
-            heads = tail_split.heads_with_split_tail(*hopper_gluon.grid(length, length), sm_count(torch.device("meta")))
-        q = torch.empty((1, heads, length, head_dim), dtype=dtype, device="meta")
-        _recorded = []
-        try:
-            attention_forward(q, q, q, "HND", False, None, None, False, cfg, True, False)
-            seen = {s["name"] for s in specs}
-            specs += [s for s in _recorded if s["name"] not in seen]
-        finally:
-            _recorded = None
-    return specs
+    kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages, **options)
 
 
 def _check_inputs(q, k, v, layout: str, attn_mask, is_causal: bool) -> None:
@@ -105,7 +68,7 @@ def _check_inputs(q, k, v, layout: str, attn_mask, is_causal: bool) -> None:
         raise TypeError(f"sageattn supports float16, bfloat16 and float32 inputs, got {q.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError("q, k and v must be on one device")
-    if q.device.type == "cpu" and not interpreter_enabled() and _recorded is None:
+    if q.device.type == "cpu" and not interpreter_enabled() and _launch_hook is None:
         raise RuntimeError("sageattn runs on CUDA/ROCm GPUs; CPU tensors need TRITON_INTERPRET=1 (tests only)")
     if is_causal and attn_mask is not None:
         raise ValueError("attn_mask and is_causal cannot both be set (same rule as torch SDPA)")
@@ -255,11 +218,73 @@ def _out_shape(B: int, H: int, LQ: int, D: int, out_layout: str) -> tuple:
     return (B, H, LQ, D) if out_layout == "HND" else (B, LQ, H, D)
 
 
+@dataclass
+class _CallPlan:
+    """One call's shapes, output buffers and kernel choice, before anything is launched."""
+
+    qh: torch.Tensor  # q, k, v as (B, H, L, D) views
+    kh: torch.Tensor
+    vh: torch.Tensor
+    out: torch.Tensor  # in ``out_layout``; ``oh`` is the same memory seen as (B, H, L, D)
+    oh: torch.Tensor
+    lse: torch.Tensor
+    dims: tuple  # (B, H, H_KV, LQ, LK, D)
+    d_pad: int
+    sm_scale: float
+    k_scalar: bool  # one K scale per key tile
+    pdl: bool
+    shared_kv: Optional[tuple]  # the Gluon kernel's launch plan (``_shared_kv_plan``), None: the portable kernel
+
+
+@dataclass
+class _Quantized:
+    """The quantization launches' outputs, the attention kernel's inputs."""
+
+    q8: torch.Tensor
+    qs: torch.Tensor
+    qbias: Optional[torch.Tensor]
+    k8: torch.Tensor
+    ks: torch.Tensor
+    v_op: torch.Tensor
+    v_strides: tuple
+    v_scale: Optional[torch.Tensor]
+    v_mean: Optional[torch.Tensor]
+    pv_mode: int
+    p_scale: float
+
+
 def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[float], attn_mask,
                       return_lse: bool, cfg: KernelConfig, smooth_k: bool, smooth_v: bool,
                       out_layout: Optional[str] = None):
     """Run the kernels for an already-resolved config. Returns (out in ``out_layout``, default
     ``layout``; lse or empty)."""
+    plan = _plan_call(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, out_layout)
+    if plan.dims[3] == 0:
+        return plan.out, plan.lse
+    qz = _quantize(plan, cfg, smooth_k, smooth_v, return_lse)
+    if plan.shared_kv is not None:
+        B, H, H_KV, LQ, LK, D = plan.dims
+        if _run_shared_kv(qz.q8, qz.qs, qz.k8, qz.ks, qz.v_op, qz.v_scale, qz.v_mean, plan.oh, (H, H_KV, LQ, LK, D),
+                          math.log2(qz.p_scale), cfg.v_residual, plan.shared_kv, plan.pdl):
+            return plan.out, plan.lse
+    _launch_attention(plan, qz, cfg, is_causal, attn_mask, return_lse)
+    return plan.out, plan.lse
+
+
+def uses_long_sequence_kernel(cfg: KernelConfig, q_len: int, head_dim: int, masked: bool, is_causal: bool,
+                              return_lse: bool) -> bool:
+    """Whether ``cfg`` sends a call to Hopper's Gluon kernel (where this Triton can build it): long
+    enough, unmasked, 8-bit P·V through tensor descriptors, one K scale per tile, and its fixed tiles."""
+    d_pad = head_dim_padded(head_dim)
+    return bool(cfg.shared_kv_min_len and q_len >= cfg.shared_kv_min_len and not masked and not is_causal
+                and not return_lse and cfg.group_sizes()[1] == cfg.block_n and cfg.pv_precision in ("fp8", "int8")
+                and cfg.use_tma and d_pad == hopper_gluon.HEAD_DIM and head_dim % 8 == 0
+                and cfg.block_n == hopper_gluon.BLOCK_N and cfg.block_m == hopper_gluon.ROWS)
+
+
+def _plan_call(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg: KernelConfig,
+               out_layout) -> _CallPlan:
+    """Check the inputs, allocate the outputs and choose the attention kernel."""
     _check_inputs(q, k, v, layout, attn_mask, is_causal)
     out_layout = out_layout or layout
     if out_layout not in ("HND", "NHD"):
@@ -283,86 +308,84 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
     out = torch.empty(_out_shape(B, H, LQ, D, out_layout), dtype=q.dtype, device=q.device)
     oh = _as_bhld(out, out_layout)  # the kernels write through strides: either layout costs the same
     lse = torch.empty((B, H, LQ) if return_lse else (0,), dtype=torch.float32, device=q.device)
-    if LQ == 0:
-        return out, lse
-
-    d_pad = head_dim_padded(D)
-    q_group, k_group = cfg.group_sizes()
-    k_scalar = k_group == cfg.block_n
-    rotate = min(d_pad, ROTATION_BLOCK) if cfg.qk_rotation else 0
-    pdl = cfg.pdl and not interpreter_enabled()
-    # Hopper's Gluon kernel: decided first, so that its split last wave's zeroed workspace is
-    # allocated before the quantization launches and no fill runs between them and the kernel (with
-    # ``pdl`` each launch may start as the one before it ends). FP8 V is always our converted buffer,
-    # so use_tma here means the portable kernel would read it by TMA.
+    # The Gluon kernel's workspace is allocated here, before the quantization launches, so that no fill
+    # runs between them and the kernel (with ``pdl`` each launch may start as the one before it ends).
     shared_kv = None
-    if (cfg.shared_kv_min_len and LQ >= cfg.shared_kv_min_len and attn_mask is None and not is_causal
-            and not return_lse and k_scalar and cfg.pv_precision in ("fp8", "int8") and cfg.use_tma
-            and d_pad == hopper_gluon.HEAD_DIM and D % 8 == 0 and cfg.block_n == hopper_gluon.BLOCK_N
-            and cfg.block_m == hopper_gluon.ROWS):
+    if LQ and uses_long_sequence_kernel(cfg, LQ, D, attn_mask is not None, is_causal, return_lse):
         shared_kv = _shared_kv_plan(B * H, LQ, LK, q.device)
+    return _CallPlan(qh, kh, vh, out, oh, lse, (B, H, H_KV, LQ, LK, D), head_dim_padded(D), sm_scale,
+                     cfg.group_sizes()[1] == cfg.block_n, cfg.pdl and not interpreter_enabled(), shared_kv)
+
+
+def _quantize(plan: _CallPlan, cfg: KernelConfig, smooth_k: bool, smooth_v: bool, return_lse: bool) -> _Quantized:
+    """K/V statistics, then INT8 Q (which finalizes the statistics), INT8 K and the converted V."""
+    qh, kh, vh, d_pad, pdl = plan.qh, plan.kh, plan.vh, plan.d_pad, plan.pdl
+    B, H, H_KV, LQ, LK, D = plan.dims
+    q_group, k_group = cfg.group_sizes()
+    rotate = min(d_pad, ROTATION_BLOCK) if cfg.qk_rotation else 0
     v_stats = _v_stats_needed(cfg, smooth_v)
     parts, n_parts, k_tokens = _kv_stats(kh, vh, smooth_k, v_stats, d_pad, pdl)
     stats = final = None
     if parts is not None:
-        final = torch.empty((3, B * H_KV, D), dtype=torch.float32, device=q.device)  # K mean, V scale, V mean
+        final = torch.empty((3, B * H_KV, D), dtype=torch.float32, device=qh.device)  # K mean, V scale, V mean
         stats = (parts, n_parts, LK, k_tokens, final)
     # Q first: its launch finalizes the statistics the K and V launches read. Q scales stay per token
     # (a row vector loaded once per program); K scales are one scalar per tile whenever the
     # granularity allows, which saves a multiply per logit in the inner loop.
-    qbias = torch.empty((B * H, LQ), dtype=torch.float32, device=q.device) if (smooth_k and return_lse) else None
-    q8, qs = _quantize_qk(qh, q_group, cfg.block_m, d_pad, sm_scale * quant.LOG2E,
+    qbias = torch.empty((B * H, LQ), dtype=torch.float32, device=qh.device) if (smooth_k and return_lse) else None
+    q8, qs = _quantize_qk(qh, q_group, cfg.block_m, d_pad, plan.sm_scale * quant.LOG2E,
                           quant.MEAN_DOT if qbias is not None else quant.MEAN_NONE, stats, H // H_KV,
-                          bias=qbias, bias_mult=sm_scale,
+                          bias=qbias, bias_mult=plan.sm_scale,
                           finalize=(smooth_k, v_stats, *_v_range(cfg)) if stats is not None else None,
                           pdl=pdl, after=parts is not None, rotate=rotate)
     if stats is not None:
-        # The Q launch has reduced the partials into ``final``, all later launches read: freed now (the
-        # allocator hands the block out only to work queued after that launch, and with ``pdl`` those
-        # launches store nothing before the Q launch has ended), they are not part of the call's peak.
+        # The Q launch has reduced the partials into ``final``, which every later launch reads. Freed
+        # now, they are not part of the call's peak: the allocator hands the block only to work queued
+        # after that launch, and with ``pdl`` those launches store nothing before it has ended.
         stats = (final, 0, LK, k_tokens, final)
         del parts
     k8, ks = _quantize_qk(kh, k_group, cfg.block_n, d_pad, 1.0, quant.MEAN_SUBTRACT if smooth_k else quant.MEAN_NONE,
-                          stats, per_block=k_scalar, pdl=pdl, rotate=rotate)
+                          stats, per_block=plan.k_scalar, pdl=pdl, rotate=rotate)
     v_op, v_strides, v_scale, v_mean, pv_mode, p_scale = _prepare_v(vh, cfg, smooth_v, d_pad, final, pdl)
+    return _Quantized(q8, qs, qbias, k8, ks, v_op, v_strides, v_scale, v_mean, pv_mode, p_scale)
 
-    if shared_kv is not None:
-        if _run_shared_kv(q8, qs, k8, ks, v_op, v_scale, v_mean, oh, (H, H_KV, LQ, LK, D), math.log2(p_scale),
-                          cfg.v_residual, shared_kv, pdl):
-            return out, lse
 
+def _launch_attention(plan: _CallPlan, qz: _Quantized, cfg: KernelConfig, is_causal: bool, attn_mask,
+                      return_lse: bool) -> None:
+    """The portable attention kernel on the quantized operands."""
+    B, H, H_KV, LQ, LK, D = plan.dims
+    d_pad, oh, vh = plan.d_pad, plan.oh, plan.vh
     k_desc = v_desc = None
     if cfg.use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        k3 = k8.view(B * H_KV, LK, d_pad)
+        k3 = qz.k8.view(B * H_KV, LK, d_pad)
         k_desc = TensorDescriptor(k3, list(k3.shape), list(k3.stride()), [1, cfg.block_n, d_pad])
-        if v_op is not vh:  # our own converted buffer: contiguous rows, 16-byte aligned
-            block = [1, d_pad, cfg.block_n] if pv_mode in (attn.PV_FP8, attn.PV_INT8) else [1, cfg.block_n, d_pad]
-            v_desc = TensorDescriptor(v_op, list(v_op.shape), list(v_op.stride()), block)
+        if qz.v_op is not vh:  # our own converted buffer: contiguous rows, 16-byte aligned
+            block = [1, d_pad, cfg.block_n] if qz.pv_mode in (attn.PV_FP8, attn.PV_INT8) else [1, cfg.block_n, d_pad]
+            v_desc = TensorDescriptor(qz.v_op, list(qz.v_op.shape), list(qz.v_op.stride()), block)
 
     mask, mask_kind = _prepare_mask(attn_mask, B, H, LQ, LK)
-    mask_arg = mask if mask is not None else qs
+    dummy = qz.qs
+    mask_arg = mask if mask is not None else dummy
     mask_strides = mask.stride() if mask is not None else (0, 0, 0, 0)
-    dummy = qs
     grid = (triton.cdiv(LQ, cfg.block_m), B * H)
     _launch(attn.attention_kernel, grid, (
-        q8, qs, k8, ks, v_op,
-        v_scale if v_scale is not None else dummy, v_mean if v_mean is not None else dummy,
-        qbias if qbias is not None else dummy,
-        oh, lse, mask_arg, k_desc if k_desc is not None else k8, v_desc if v_desc is not None else k8,
-        *v_strides, *oh.stride(), *mask_strides,
+        qz.q8, qz.qs, qz.k8, qz.ks, qz.v_op,
+        qz.v_scale if qz.v_scale is not None else dummy, qz.v_mean if qz.v_mean is not None else dummy,
+        qz.qbias if qz.qbias is not None else dummy,
+        oh, plan.lse, mask_arg, k_desc if k_desc is not None else qz.k8, v_desc if v_desc is not None else qz.k8,
+        *qz.v_strides, *oh.stride(), *mask_strides,
         H, H_KV, LQ, LK, D,
     ), dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_PAD=d_pad,
-        IS_CAUSAL=is_causal, MASK_KIND=mask_kind, PV_MODE=pv_mode, P_LOG2=math.log2(p_scale),
-        HAS_VSCALE=v_scale is not None, HAS_VMEAN=v_mean is not None, HAS_QBIAS=qbias is not None,
-        K_SCALAR=k_scalar, RETURN_LSE=return_lse, EVEN_D=(D == d_pad) or (v_op is not vh),
+        IS_CAUSAL=is_causal, MASK_KIND=mask_kind, PV_MODE=qz.pv_mode, P_LOG2=math.log2(qz.p_scale),
+        HAS_VSCALE=qz.v_scale is not None, HAS_VMEAN=qz.v_mean is not None, HAS_QBIAS=qz.qbias is not None,
+        K_SCALAR=plan.k_scalar, RETURN_LSE=return_lse, EVEN_D=(D == d_pad) or (qz.v_op is not vh),
         INTERPRETER=interpreter_enabled(), K_TMA=k_desc is not None, V_TMA=v_desc is not None,
-        V_T=pv_mode in (attn.PV_FP8, attn.PV_INT8), V_RES=pv_mode == attn.PV_FP8 and cfg.v_residual, PDL=pdl,
-    ), num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_pdl_launch(pdl),
+        V_T=qz.pv_mode in (attn.PV_FP8, attn.PV_INT8), V_RES=qz.pv_mode == attn.PV_FP8 and cfg.v_residual, PDL=plan.pdl,
+    ), num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_pdl_launch(plan.pdl),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}))
-    return out, lse
 
 
 _shared_kv_error: Optional[str] = None  # why the Gluon kernel could not run here (then never tried again)
@@ -416,7 +439,7 @@ def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, oh, dims, p_log2: float
             _launch(g.shared_kv_split_kernel, (n_units,), (*args, n_whole, splits, turns, ml), split_consts,
                     num_warps=4, launch_pdl=bool(n_whole))
     except Exception as e:  # noqa: BLE001 - a compiler error must not break the user's run
-        if _recorded is not None:
+        if _launch_hook is not None:  # the cross-compile check must see the error
             raise
         _shared_kv_error = f"{type(e).__name__}: {str(e)[:300]}"
         logger.warning("Hopper Gluon kernel unavailable with this Triton (%s); the portable kernel runs "
@@ -487,7 +510,7 @@ def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: s
              attn_mask: Optional[torch.Tensor] = None, return_lse: bool = False, *,
              qk_quant_gran: Optional[str] = None, pv_precision: Optional[str] = None,
              pv_accum_dtype: Optional[str] = None, smooth_k: bool = True, smooth_v: bool = False,
-             out_layout: Optional[str] = None):
+             out_layout: Optional[str] = None, config: Optional[KernelConfig] = None):
     """Quantized scaled-dot-product attention.
 
     q: (B, Hq, Lq, D) for ``tensor_layout="HND"`` or (B, Lq, Hq, D) for ``"NHD"``; k, v likewise
@@ -497,13 +520,20 @@ def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: s
     semantics. Options left as ``None`` take this GPU's defaults (``kernels.arch``). ``out_layout``
     ("HND" or "NHD", default ``tensor_layout``): the output is written in that layout directly, so a
     caller that wants the other one (ComfyUI's (B, L, H·D) from (B, H, L, D) inputs) needs no
-    transposing copy.
+    transposing copy. ``config``: a config the caller already resolved (the nodes' dispatcher, with
+    its downgrades, install self-test results and arch override); it is run as given, and the three
+    option names above must then be left as ``None``.
 
     Returns ``out`` or, with ``return_lse``, ``(out, lse)`` where lse is the natural-log
     log-sum-exp per (B, Hq, Lq) in fp32.
     """
     _check_inputs(q, k, v, tensor_layout, attn_mask, is_causal)
-    cfg = _resolved_config(arch_for_device(q.device), q.shape[-1], qk_quant_gran, pv_precision, pv_accum_dtype)
+    if config is None:
+        cfg = _resolved_config(arch_for_device(q.device), q.shape[-1], qk_quant_gran, pv_precision, pv_accum_dtype)
+    elif qk_quant_gran is None and pv_precision is None and pv_accum_dtype is None:
+        cfg = config
+    else:
+        raise ValueError("pass either config or qk_quant_gran / pv_precision / pv_accum_dtype, not both")
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(q.shape[-1])
     # The custom op is what torch.compile traces (and what refuses autograd); plain eager calls skip

@@ -21,12 +21,8 @@ PV_ACCUM_DTYPES = ("fp32", "fp16+fp32", "fp16")
 
 
 def residual_crossover_factor(head_dim: int) -> int:
-    """How much later than the default variant fp8+residual pays off, per head size.
-
-    Its second P·V MMA doubles P·V's tensor work and V's traffic. On the H200 it gives 1.06x SDPA
-    at 8K tokens at head_dim 128 (the default variant's crossover is 4,608) and stays below SDPA
-    up to 32K at head_dim 64, where SDPA is then both faster and exact (bench/NOTES.md, attempt 23).
-    """
+    """How much later than the default variant fp8+residual pays off, per head size: its second P·V
+    MMA doubles P·V's tensor work and V's traffic (measurements: bench/NOTES.md, "fp8+residual")."""
     return 2 if head_dim > 64 else 16
 
 
@@ -69,8 +65,7 @@ class KernelConfig:
     # FP8 P·V only: also multiply P by V's fp8 rounding residual (the "fp8+residual" choice).
     v_residual: bool = False
     # Programmatic dependent launch (NVIDIA sm90+): each launch of a call may start while the one
-    # before it finishes, loading its own input first and waiting only before it reads that launch's
-    # output (bench/NOTES.md attempt 49).
+    # before it finishes, waiting only before it reads that launch's output.
     pdl: bool = False
     # Multiply Q and K by a block Hadamard matrix before INT8 rounding (exact for Q·Kᵀ): spreads
     # outlier channels and tokens' massive activations over the block.
@@ -115,11 +110,8 @@ _FAMILIES = {
                                    num_warps=8, num_stages=2, min_seq_len=1024)),
     "ada": ("e4m3fn", dict(pv_precision="fp8", pv_accum_dtype="fp32", block_m=128, block_n=64, num_warps=8,
                            num_stages=2, min_seq_len=1024)),
-    # Hopper tiles from bench/results/sm90_sweep.json (H200, triton 3.6): 64x128, 4 warps, K/V tiles
-    # through tensor descriptors. Crossover measured there at batch 2 x 24 heads (bench/results/
-    # sm90_kernels.json): at head_dim 128 the kernel wins by 2-14 % at 4K tokens over runs, but one run
-    # with a slow host read 0.77x there, so it starts at 4,608 (1.13-1.24x, where the Gluon kernel
-    # takes over: selftest.CROSSOVER_MARGIN); from 8K at 64.
+    # Hopper: tiles and crossover measured on the H200 (bench/results/sm90_sweep.json, sm90_kernels.json).
+    # The crossover is 4,608, not 4K, because wins at 4K were inside the host-time noise (bench/NOTES.md).
     "hopper": ("e4m3fn", dict(pv_precision="fp8", pv_accum_dtype="fp32", block_m=64, block_n=128,
                               num_warps=4, num_stages=2, min_seq_len=4608, use_tma=True, pdl=True)),
     # Tiles checked on sm120 (RTX 50xx); sm100 only checked to compile without spills.
@@ -251,16 +243,14 @@ def default_config(arch: ArchInfo, head_dim: int = 128) -> KernelConfig:
     if cfg.pdl and not pdl_available():
         cfg = cfg.replace(pdl=False)
     if arch.family == "hopper" and head_dim <= 64:
-        # No cap here: ptxas picks 128 registers by itself (room for 4 CTAs per SM); a cap of 168 raises it.
-        # Half the matrix work per exp2: cuDNN still wins at 4K tokens (0.49-0.92x over two runs).
+        # No cap: ptxas picks 128 registers by itself (4 CTAs per SM). Half the matrix work per exp2,
+        # so cuDNN wins up to longer sequences.
         cfg = cfg.replace(num_stages=3, min_seq_len=8192)
     elif arch.family == "hopper" and head_dim <= 128:
-        # 168 registers = 3 CTAs of 4 warps per SM, the occupancy measured fastest on the H200 (Nsight
-        # Compute, bench/NOTES.md). Triton 3.6 and 3.8 both land at 167-168 today; one register
-        # more and only 2 CTAs fit, so the cap guards against other versions' choices.
-        # From 4,608 query tokens the Gluon kernel is faster: since its partial last wave is split
-        # (bench/NOTES.md attempt 28) +2.6 % at 4,608 (2 × 24 heads, Flux's call), +3 % at 5,120 and
-        # 6,144; tied at 4,096, 3 % slower at 3,072 (bench/results/sm90_gluon_min_len_ab2.json).
+        # 168 registers = 3 CTAs of 4 warps per SM, the occupancy measured fastest on the H200; one
+        # register more and only 2 CTAs fit, so the cap guards against other Triton versions' choices.
+        # From 4,608 query tokens (Flux at 1024²) the Gluon kernel is faster (bench/NOTES.md, "Gluon
+        # kernel length").
         cfg = cfg.replace(max_registers=168, shared_kv_min_len=4608)
     if arch.family in ("ada", "blackwell") and head_dim <= 64:
         # At head_dim 64 the 128x64/8 tile saves only 2-3 % of loop instructions on sm89/sm120 and

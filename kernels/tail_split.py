@@ -2,16 +2,15 @@
 
 Hopper's Gluon kernel runs one CTA per SM and every CTA does the same work (192 query rows against
 all keys), so n CTAs take ceil(n / SMs) waves: at 32K tokens and 12 heads, 2,052 CTAs on 132 SMs
-are 15.5 waves, and during the 16th 60 SMs wait. The H200 showed it: 932 TOPS at 31,680 tokens
-(15.0 waves) against 895-911 at 32,768 (bench/NOTES.md attempt 28).
+are 15.5 waves, and during the 16th 60 SMs wait (measured: bench/NOTES.md, "Split last wave").
 
 ``plan_tail`` keeps the whole waves as they are and cuts each CTA of the partial wave into
 ``splits`` key ranges, launched after the whole CTAs. The shares of one CTA take turns on its output
 rows, in order: share 0 writes its finished rows, and each later one waits for its predecessor's
 flag, reads those rows with their row max and row sum, merges its own into them (``merge_rows``)
 and writes them back. So no share keeps a private copy of its rows: the workspace is a row max, a
-row sum and a flag per warpgroup (bench/NOTES.md attempt 45), where fp32 rows for every share took
-up to 25 MB on an H200 beyond the quantized copies. The fixed order keeps the output deterministic.
+row sum and a flag per warpgroup, where private fp32 rows would take tens of MB. The fixed order
+keeps the output deterministic.
 Which share a CTA is comes from a ticket it takes as it starts (``hopper_gluon``), so the
 predecessor it waits for has always started, whatever order the hardware dispatches CTAs in.
 Host-side planning is plain Python and ``merge_rows`` plain Triton, so both run on any machine (the
@@ -44,7 +43,7 @@ def plan_tail(n_cta: int, n_sms: int, n_tiles: int) -> tuple[int, int]:
 
 def heads_with_split_tail(ctas_per_head: int, n_tiles: int, n_sms: int) -> int:
     """The fewest heads (2 or more) at which a call runs both whole and split CTAs, so one call
-    exercises both kernels (``api.compile_specs``, the install self-test); 2 if none does."""
+    exercises both kernels (the cross-compile check, the install self-test); 2 if none does."""
     for heads in range(2, 2 * n_sms + 2):
         n_whole, splits = plan_tail(ctas_per_head * heads, n_sms, n_tiles)
         if n_whole and splits > 1:

@@ -1,7 +1,8 @@
 """The attention override: bind ComfyUI's backend arguments, pick kernel or fallback, run it.
 
-No ComfyUI import here: everything is plain functions and one state object, so the rules can be
-tested without ComfyUI. ComfyUI calls ``override(func, *args, **kwargs)`` where ``func`` is the
+No ComfyUI import here: binding and the fallback decision are plain functions, ``PatchState`` runs
+them (the kernel config comes from ``planner``, the counting and logging from ``stats``), so the
+rules can be tested without ComfyUI. ComfyUI calls ``override(func, *args, **kwargs)`` where ``func`` is the
 backend the model wanted and ``args/kwargs`` follow
 ``(q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False, skip_output_reshape=False, **kwargs)``.
 """
@@ -13,14 +14,14 @@ from typing import Any, Optional
 
 import torch
 
-from ..kernels.arch import ArchInfo, KernelConfig, arch_for_device, interpreter_enabled, resolve_config
+from ..kernels.arch import ArchInfo, arch_for_device, interpreter_enabled
 from ..kernels.log import logger
-from ..kernels.selftest import CROSSOVER_BATCH, CROSSOVER_HEADS
 from . import fallback as fb
 from .install_report import NoReport
+from .planner import KernelPlan, KernelPlanner
 from .schedule import is_full_precision_step
-from .settings import DEFAULT_SETTINGS, MIN_SEQ_LEN_MEASURED, SageSettings
-from .stats import RunTally, record_fallback, record_kernel
+from .settings import DEFAULT_SETTINGS, SageSettings
+from .stats import RunLog, RunTally
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
@@ -29,18 +30,8 @@ PASSIVE_KWARGS = frozenset({"transformer_options", "_inside_attn_wrapper"})
 # kwargs we understand: scale -> sm_scale, enable_gqa (kernel does GQA), low_precision_attention.
 HANDLED_KWARGS = frozenset({"scale", "enable_gqa", "low_precision_attention"})
 
-# Fallback reasons that are routing policy, not problems: logged at INFO, the others at WARNING.
-POLICY_REASONS = ("key length <", "work per call <", "full-precision step", "accuracy-critical call")
-# The crossover (install.py's measurement, or the arch table's) is where the kernel beat SDPA for
-# calls of this many batch x heads: calls with less work per call are outside what was measured. On
-# the H200 the kernel won by 2 % at 4,096 tokens and head_dim 64 with 2 x 24 heads, yet SDXL's
-# 4,096-token calls (2 x 10 heads) made its forward 10 % slower (bench/NOTES.md, crossover).
-CROSSOVER_CALL_HEADS = CROSSOVER_BATCH * CROSSOVER_HEADS
-
 # Kernel variants that failed to compile or run: disabled until ComfyUI restarts. key -> cause.
 _disabled_variants: dict[tuple, str] = {}
-# Reasons already logged for calls outside a sampling run (no run tally to remember them).
-_warned_outside_runs: set[str] = set()
 
 
 def _bind_backend_arguments(q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False,
@@ -161,13 +152,52 @@ def device_supported(device: torch.device) -> bool:
     return device.type == "cuda" or (device.type == "cpu" and interpreter_enabled())
 
 
-def _variant_key(arch: ArchInfo, cfg: KernelConfig, settings: SageSettings, call: AttentionCall, mask) -> tuple:
-    return (arch.arch, cfg.qk_quant_gran, cfg.pv_choice(), cfg.pv_accum_dtype, settings.smooth_k, settings.smooth_v,
-            call.q.dtype, call.head_dim, None if mask is None else mask.dtype)
+def call_fallback_reason(call: AttentionCall) -> Optional[str]:
+    """Why the kernel cannot take this call whatever the GPU and settings; None when it can."""
+    extra = call.semantic_kwargs
+    if extra.get("low_precision_attention", True) is False:
+        return "accuracy-critical call (low_precision_attention=False)"
+    unknown = sorted(set(extra) - HANDLED_KWARGS)
+    if unknown:
+        return f"unsupported argument {unknown[0]!r}"
+    q, k, v = call.q, call.k, call.v
+    if not device_supported(q.device):
+        return f"{q.device.type} device is not a CUDA/ROCm GPU"
+    if q.dtype not in KERNEL_DTYPES:
+        return f"dtype {str(q.dtype).replace('torch.', '')}"
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        return "q, k, v dtypes differ"
+    if call.attn_precision == torch.float32:
+        return "fp32 attn_precision requested"
+    if not (1 <= call.head_dim <= MAX_HEAD_DIM) or call.q_len == 0 or call.k_len == 0:
+        return f"head_dim {call.head_dim} outside 1..{MAX_HEAD_DIM}"
+    if call.kv_heads < 1 or call.heads % call.kv_heads:
+        return "query heads not a multiple of key heads"
+    if call.v_head_dim != call.head_dim:
+        return "v head size differs from q/k"
+    return normalize_mask(call)[1]
+
+
+def fallback_reason(call: AttentionCall, plan: KernelPlan) -> Optional[str]:
+    """Why the kernel plan for this GPU and head size does not take the call (a call that passed
+    ``call_fallback_reason``); None when it does."""
+    if plan.config is None:
+        return "no kernel variant passed the install self-test"
+    if call.k_len < plan.min_seq_len:
+        return f"key length < {plan.min_seq_len}"
+    if call.batch * call.heads * call.q_len * call.k_len < plan.min_work:
+        return f"work per call < {plan.min_work_text} (batch x heads x Lq x Lk)"
+    return None
+
+
+def _variant_key(plan: KernelPlan, settings: SageSettings, call: AttentionCall, mask) -> tuple:
+    cfg = plan.config
+    return (plan.arch.arch, cfg.qk_quant_gran, cfg.pv_choice(), cfg.pv_accum_dtype, settings.smooth_k,
+            settings.smooth_v, call.q.dtype, call.head_dim, None if mask is None else mask.dtype)
 
 
 class PatchState:
-    """Everything one patched MODEL's override needs, shared by the override and the run wrapper.
+    """One patched MODEL's override: decides per call, runs the kernel or a fallback, counts.
 
     The override is a closure over this object (not an instance with ``__call__``): ComfyUI
     deep-copies model_options on clone, and a function survives that as the same object.
@@ -178,67 +208,29 @@ class PatchState:
                  score_budget_bytes: int = fb.DEFAULT_SCORE_BUDGET, report: Optional[NoReport] = None):
         self.settings = settings
         self.previous_override = previous_override
-        self.arch_override = arch  # injected for tests (simulated GPUs); None = detect from tensors
+        self.arch_override = arch  # simulated GPUs (tests); None = detect from tensors
         self.node_id = node_id
         self.score_budget_bytes = score_budget_bytes
         self.report = report or NoReport()  # install.py's self-test: crossover, failed variants
-        self.run: Optional[RunTally] = None
-        self.notes: list[str] = []  # downgrades, shown once and in every run summary
-        self.last_config: Optional[KernelConfig] = None
-        self.last_arch: Optional[ArchInfo] = None
-        self.last_min_seq_len: Optional[int] = None
-        self._configs: dict[tuple, tuple[Optional[KernelConfig], int]] = {}
+        self.planner = KernelPlanner(settings, self.report)
+        self.runs = RunLog()
+        self.last_plan: Optional[KernelPlan] = None  # of the last call that reached the plan (run summary)
         self._step_cache: Optional[tuple[tuple, bool]] = None
         # head_dim -> (min key length, reason): calls known to go to ComfyUI's own attention by length
         # alone skip argument binding (short self- and cross-attention is most calls in a UNet).
         self._short_calls: dict[int, tuple[int, str]] = {}
 
-    # --- configuration -------------------------------------------------------------------------
+    @property
+    def run(self) -> Optional[RunTally]:
+        """The tally of the sampling run in progress, if any."""
+        return self.runs.current
+
+    def begin_run(self) -> None:
+        self.runs.begin()
+        self._step_cache = None
+
     def arch_for(self, device: torch.device) -> ArchInfo:
         return self.arch_override if self.arch_override is not None else arch_for_device(device)
-
-    def config_for(self, arch: ArchInfo, head_dim: int) -> tuple[Optional[KernelConfig], int]:
-        """Resolved kernel config (None: no variant works here) and the key-length threshold."""
-        key = (arch, head_dim)
-        if key not in self._configs:
-            cfg, notes = resolve_config(arch, head_dim, **self.settings.explicit_kernel_choices())
-            if self.report.variant_failed(arch, cfg):
-                cfg, note = self._working_variant(arch, cfg)
-                notes.append(note)
-            if cfg is not None and cfg.shared_kv_min_len and self.report.long_sequence_kernel_failed(arch):
-                cfg = cfg.replace(shared_kv_min_len=0)
-                notes.append(f"the long-sequence (Gluon) kernel failed the install self-test on {arch.arch}; "
-                             "the portable kernel serves every call")
-            for note in notes:
-                self._note(note)
-            self._configs[key] = (cfg, self._min_seq_len(arch, cfg, head_dim) if cfg is not None else 0)
-        cfg, min_len = self._configs[key]
-        if cfg is not None:
-            self.last_config, self.last_arch, self.last_min_seq_len = cfg, arch, min_len
-        return cfg, min_len
-
-    def _working_variant(self, arch: ArchInfo, cfg: KernelConfig) -> tuple[Optional[KernelConfig], str]:
-        """The closest variant that passed the install self-test, safest choices first."""
-        name = f"{cfg.qk_quant_gran}/{cfg.pv_choice()}/{cfg.pv_accum_dtype}"
-        failed = f"kernel variant {name} failed the install self-test on {arch.arch}"
-        for gran in dict.fromkeys((cfg.qk_quant_gran, "per_warp", "per_thread", "per_block")):
-            for pv in dict.fromkeys((cfg.pv_choice(), "fp16")):
-                for acc in dict.fromkeys((cfg.pv_accum_dtype, "fp32")):
-                    alt = cfg.with_pv_choice(pv).replace(qk_quant_gran=gran, pv_accum_dtype=acc)
-                    if alt != cfg and not self.report.variant_failed(arch, alt):
-                        return alt, f"{failed}; using {gran}/{pv}/{acc}"
-        return None, f"{failed}, and so did every fallback variant"
-
-    def _note(self, note: str) -> None:
-        if note not in self.notes:
-            self.notes.append(note)
-            logger.warning("[SageTriton] %s.", note)
-
-    def _min_seq_len(self, arch: ArchInfo, cfg: KernelConfig, head_dim: int) -> int:
-        if self.settings.min_seq_len != MIN_SEQ_LEN_MEASURED:
-            return self.settings.min_seq_len
-        measured = self.report.crossover(arch, cfg, head_dim)
-        return cfg.min_seq_len if measured is None else int(measured)
 
     def _full_precision_step(self, transformer_options: dict) -> bool:
         s = self.settings
@@ -255,86 +247,37 @@ class PatchState:
         self._step_cache = (key, result)
         return result
 
-    # --- run bookkeeping -------------------------------------------------------------------------
-    def begin_run(self) -> None:
-        self.run = RunTally()
-        self._step_cache = None
-
-    def end_run(self) -> Optional[RunTally]:
-        run, self.run = self.run, None
-        return run
-
-    def count_fallback(self, reason: str, detail: str = "") -> None:
-        if record_fallback(reason, self.run) or self.run is None:
-            self._log_fallback(reason, detail)
-
-    def _log_fallback(self, reason: str, detail: str = "") -> None:
-        """Once per run (the first time ``reason`` is counted in it), or once per process outside runs."""
-        if self.run is None and reason in _warned_outside_runs:
-            return
-        _warned_outside_runs.add(reason)
-        policy = reason.startswith(POLICY_REASONS)
-        log = logger.info if policy else logger.warning
-        log("[SageTriton] attention falls back (%s)%s.", reason, f": {detail}" if detail else "")
-
-    # --- the decision ------------------------------------------------------------------------------
-    def fallback_reason(self, call: AttentionCall) -> tuple[Optional[str], Any]:
-        """None and the kernel plan when the kernel takes the call; else the reason to fall back."""
-        extra = call.semantic_kwargs
-        if extra.get("low_precision_attention", True) is False:
-            return "accuracy-critical call (low_precision_attention=False)", None
-        unknown = sorted(set(extra) - HANDLED_KWARGS)
-        if unknown:
-            return f"unsupported argument {unknown[0]!r}", None
-        q, k, v = call.q, call.k, call.v
-        if not device_supported(q.device):
-            return f"{q.device.type} device is not a CUDA/ROCm GPU", None
-        if q.dtype not in KERNEL_DTYPES:
-            return f"dtype {str(q.dtype).replace('torch.', '')}", None
-        if k.dtype != q.dtype or v.dtype != q.dtype:
-            return "q, k, v dtypes differ", None
-        if call.attn_precision == torch.float32:
-            return "fp32 attn_precision requested", None
-        if not (1 <= call.head_dim <= MAX_HEAD_DIM) or call.q_len == 0 or call.k_len == 0:
-            return f"head_dim {call.head_dim} outside 1..{MAX_HEAD_DIM}", None
-        if call.kv_heads < 1 or call.heads % call.kv_heads:
-            return "query heads not a multiple of key heads", None
-        if call.v_head_dim != call.head_dim:
-            return "v head size differs from q/k", None
-        mask, why = normalize_mask(call)
-        if why:
-            return why, None
-        if self._full_precision_step(call.transformer_options):
-            return "full-precision step", None
-        arch = self.arch_for(q.device)
-        cfg, min_len = self.config_for(arch, call.head_dim)
-        if cfg is None:
-            return "no kernel variant passed the install self-test", None
-        if call.k_len < min_len:
-            reason = f"key length < {min_len}"
-            if fb.resolve_fallback_kind(self.settings.fallback, arch) == "comfy":
-                self._short_calls[call.head_dim] = (min_len, reason)
+    def decide(self, call: AttentionCall) -> tuple[Optional[str], Optional[KernelPlan]]:
+        """(None, plan) when the kernel takes the call, else (the reason to fall back, None)."""
+        reason = call_fallback_reason(call)
+        if reason is None and self._full_precision_step(call.transformer_options):
+            reason = "full-precision step"
+        if reason is not None:
             return reason, None
-        if (self.settings.min_seq_len == MIN_SEQ_LEN_MEASURED
-                and call.batch * call.heads * call.q_len * call.k_len < CROSSOVER_CALL_HEADS * min_len * min_len):
-            return f"work per call < {CROSSOVER_CALL_HEADS} x {min_len}² (batch x heads x Lq x Lk)", None
-        key = _variant_key(arch, cfg, self.settings, call, mask)
-        if key in _disabled_variants:
-            return "kernel failed (variant disabled until restart)", None
-        return None, (arch, cfg, mask, key)
+        plan = self.planner.plan(self.arch_for(call.q.device), call.head_dim)
+        if plan.config is not None:
+            self.last_plan = plan
+        reason = fallback_reason(call, plan)
+        if reason is not None:
+            too_short = call.k_len < plan.min_seq_len
+            if too_short and fb.resolve_fallback_kind(self.settings.fallback, plan.arch) == "comfy":
+                self._short_calls[call.head_dim] = (plan.min_seq_len, reason)
+            return reason, None
+        return None, plan
 
     # --- running -----------------------------------------------------------------------------------
-    def run_kernel(self, call: AttentionCall, cfg: KernelConfig, mask) -> torch.Tensor:
+    def run_kernel(self, call: AttentionCall, plan: KernelPlan, mask) -> torch.Tensor:
         from ..kernels import sageattn  # imported on first use: keeps node import cheap
 
         q, k, v, layout = kernel_inputs(call)
         # Written straight in the memory order ComfyUI returns, so comfy_output is a view: Flux's
         # (B, H, L, D) inputs would otherwise pay a transposing copy of the output per call.
         out_layout = "HND" if call.skip_output_reshape else "NHD"
+        # The plan's config as resolved here (downgrades, self-test results, arch override): the kernel
+        # library must not resolve a second one from the device.
         out = sageattn(q, k, v, tensor_layout=layout, is_causal=False, sm_scale=call.extra.get("scale"),
-                       attn_mask=mask, qk_quant_gran=cfg.qk_quant_gran, pv_precision=cfg.pv_choice(),
-                       pv_accum_dtype=cfg.pv_accum_dtype, smooth_k=self.settings.smooth_k,
-                       smooth_v=self.settings.smooth_v, out_layout=out_layout)
+                       attn_mask=mask, smooth_k=self.settings.smooth_k, smooth_v=self.settings.smooth_v,
+                       out_layout=out_layout, config=plan.config)
         return comfy_output(out, out_layout, call)
 
     def run_fallback(self, func: Callable, args: tuple, kwargs: dict, call: Optional[AttentionCall]) -> torch.Tensor:
@@ -385,29 +328,34 @@ class PatchState:
     def dispatch(self, func: Callable, args: tuple, kwargs: dict) -> torch.Tensor:
         reason = self.short_call_reason(args, kwargs)
         if reason is not None:  # no binding, no checks
-            self.count_fallback(reason)
+            self.runs.fallback(reason)
             return self._call_comfy_side(func, args, kwargs, math_only=False)
         try:
             call = bind_call(args, kwargs)
         except (TypeError, ValueError, AttributeError) as e:
-            self.count_fallback("unrecognised call signature", str(e))
+            self.runs.fallback("unrecognised call signature", str(e))
             return self.run_fallback(func, args, kwargs, None)
-        reason, plan = self.fallback_reason(call)
+        reason, plan = self.decide(call)
         if reason is None:
-            arch, cfg, mask, key = plan
-            try:
-                out = self.run_kernel(call, cfg, mask)
-            except torch.OutOfMemoryError:
-                raise  # the fallback would need the memory too; let ComfyUI report it
-            except Exception as e:  # compile or launch failure: never fail the run
-                _disabled_variants[key] = f"{type(e).__name__}: {e}"
-                logger.warning("[SageTriton] kernel %s failed on %s (%s); this variant is disabled until ComfyUI "
-                               "restarts, the fallback runs instead.", cfg, arch.arch, _disabled_variants[key])
+            mask = normalize_mask(call)[0]
+            key = _variant_key(plan, self.settings, call, mask)
+            if key in _disabled_variants:
                 reason = "kernel failed (variant disabled until restart)"
             else:
-                record_kernel(self.run)
-                return out
-        self.count_fallback(reason)
+                try:
+                    out = self.run_kernel(call, plan, mask)
+                except torch.OutOfMemoryError:
+                    raise  # the fallback would need the memory too; let ComfyUI report it
+                except Exception as e:  # compile or launch failure: never fail the run
+                    _disabled_variants[key] = f"{type(e).__name__}: {e}"
+                    logger.warning("[SageTriton] kernel %s failed on %s (%s); this variant is disabled until "
+                                   "ComfyUI restarts, the fallback runs instead.", plan.config, plan.arch.arch,
+                                   _disabled_variants[key])
+                    reason = "kernel failed (variant disabled until restart)"
+                else:
+                    self.runs.kernel()
+                    return out
+        self.runs.fallback(reason)
         return self.run_fallback(func, args, kwargs, call)
 
 

@@ -1,13 +1,13 @@
 """What install.py's self-test measured on this GPU, as the dispatcher needs it.
 
-Reads ``kernels.report`` when it exists (it may not, in an older or partial install); every
-question has a safe answer without a report: table crossover, no variant known to fail, SDPA's
-default path not known to be safe.
+Reads ``installer.report``; every question has a safe answer without a report (table crossover,
+no variant known to fail, SDPA's default path not known to be safe), and a broken report gives those.
 """
 from __future__ import annotations
 
 from typing import Optional
 
+from ..installer import report
 from ..kernels.arch import ArchInfo, KernelConfig
 from ..kernels.log import logger
 
@@ -28,32 +28,27 @@ class NoReport:
         return False
 
 
+def _safely(fn, *args):
+    """``fn(*args)``, or None when the report is broken or stale: it must never break sampling."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001
+        logger.debug("[SageTriton] self-test report unusable (%s: %s)", fn.__name__, e)
+        return None
+
+
 class InstallReport(NoReport):
     """The report written by install.py (or the first start) for the running GPU."""
 
-    def _ask(self, name: str, *args):
-        try:
-            from ..kernels import report
-        except ImportError:
-            return None
-        fn = getattr(report, name, None)
-        if fn is None:
-            return None
-        try:
-            return fn(*args)
-        except Exception as e:  # a broken or stale report must never break sampling
-            logger.debug("[SageTriton] self-test report unusable (%s: %s)", name, e)
-            return None
-
     def crossover(self, arch, cfg, head_dim: int = 128):
-        value = self._ask("crossover_for", arch, cfg, head_dim)
+        value = _safely(report.crossover_for, arch, cfg, head_dim)
         return None if value is None else int(value)
 
     def variant_failed(self, arch, cfg):
-        return bool(self._ask("is_variant_disabled", cfg, arch))
+        return bool(_safely(report.is_variant_disabled, cfg, arch))
 
     def sdpa_default_safe(self, arch):
-        return self._ask("sdpa_default_safe", arch)
+        return _safely(report.sdpa_default_safe, arch)
 
     def long_sequence_kernel_failed(self, arch):
-        return bool(self._ask("long_sequence_kernel_failed", arch))
+        return bool(_safely(report.long_sequence_kernel_failed, arch))

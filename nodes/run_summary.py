@@ -9,33 +9,35 @@ import sys
 from collections.abc import Callable
 from typing import Optional
 
-from ..kernels.arch import ArchInfo, KernelConfig
 from ..kernels.log import logger
 from .dispatch import PatchState
+from .planner import KernelPlan
 from .stats import RunTally, set_last_run
 
 WRAPPER_KEY = "sagetriton_run_summary"
 
 
-def describe_config(cfg: Optional[KernelConfig], arch: Optional[ArchInfo], min_seq_len: Optional[int]) -> str:
-    if cfg is None:
+def describe_plan(plan: Optional[KernelPlan]) -> str:
+    if plan is None or plan.config is None:
         return "kernel config not resolved (no call reached the kernel checks)"
+    cfg = plan.config
     pv = cfg.pv_choice() + (f"({cfg.fp8_format})" if cfg.pv_precision == "fp8" else "")
-    where = f" on {arch.arch}" if arch is not None else ""
-    return f"{cfg.qk_quant_gran} QK, {pv} PV, {cfg.pv_accum_dtype} accum, min_seq_len {min_seq_len}{where}"
+    return (f"{cfg.qk_quant_gran} QK, {pv} PV, {cfg.pv_accum_dtype} accum, min_seq_len {plan.min_seq_len} "
+            f"on {plan.arch.arch}")
 
 
 def build_summary(state: PatchState, run: RunTally) -> dict:
-    cfg, arch = state.last_config, state.last_arch
+    plan = state.last_plan
+    cfg, arch = (plan.config, plan.arch) if plan is not None else (None, None)
     return {
         "kernel": run.kernel,
         "fallback": dict(run.fallback.most_common()),
         "fallback_total": run.fallback_total,
         "arch": arch.arch if arch is not None else None,
         "config": cfg.as_dict() if cfg is not None else None,
-        "config_text": describe_config(cfg, arch, state.last_min_seq_len),
+        "config_text": describe_plan(plan),
         "settings": state.settings.as_dict(),
-        "notes": list(state.notes),
+        "notes": list(state.planner.notes),
         "node_id": state.node_id,
     }
 
@@ -69,7 +71,7 @@ def send_progress_text(text: str, node_id: Optional[str]) -> bool:
 
 
 def finish_run(state: PatchState) -> Optional[dict]:
-    run = state.end_run()
+    run = state.runs.end()
     if run is None:
         return None
     summary = build_summary(state, run)

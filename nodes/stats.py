@@ -1,12 +1,18 @@
 """Counters of attention calls: how many ran our kernel, how many fell back and why.
 
-Process-wide totals (``attention_stats()``) plus a per-run tally that the patch node resets at
-the start of each sampling run and reports at its end.
+Process-wide totals (``attention_stats()``) plus a per-run tally (``RunLog``) that the patch node
+resets at the start of each sampling run and reports at its end (``run_summary``).
 """
 from __future__ import annotations
 
 import threading
 from collections import Counter
+from typing import Optional
+
+from ..kernels.log import logger
+
+# Fallback reasons that are routing policy, not problems: logged at INFO, the others at WARNING.
+POLICY_REASONS = ("key length <", "work per call <", "full-precision step", "accuracy-critical call")
 
 _lock = threading.Lock()
 _total_kernel = 0
@@ -73,3 +79,35 @@ class RunTally:
     @property
     def fallback_total(self) -> int:
         return sum(self.fallback.values())
+
+
+# Reasons already logged for calls outside a sampling run (no run tally to remember them).
+_warned_outside_runs: set[str] = set()
+
+
+class RunLog:
+    """One patched model's bookkeeping: the run in progress, if any, and a log line per new fallback reason."""
+
+    def __init__(self) -> None:
+        self.current: Optional[RunTally] = None
+
+    def begin(self) -> None:
+        self.current = RunTally()
+
+    def end(self) -> Optional[RunTally]:
+        run, self.current = self.current, None
+        return run
+
+    def kernel(self) -> None:
+        record_kernel(self.current)
+
+    def fallback(self, reason: str, detail: str = "") -> None:
+        """Count it; log it once per run (the first time the run sees ``reason``), or once per process
+        outside runs."""
+        if not record_fallback(reason, self.current) and self.current is not None:
+            return
+        if self.current is None and reason in _warned_outside_runs:
+            return
+        _warned_outside_runs.add(reason)
+        log = logger.info if reason.startswith(POLICY_REASONS) else logger.warning
+        log("[SageTriton] attention falls back (%s)%s.", reason, f": {detail}" if detail else "")

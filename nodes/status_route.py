@@ -19,7 +19,7 @@ def comfy_device():
 
 
 def _versions() -> dict:
-    from ..kernels.report import pack_version
+    from ..installer.report import pack_version
 
     out = {"pack": pack_version()}
     try:
@@ -40,17 +40,20 @@ def _versions() -> dict:
 
 
 def status_payload(device=None) -> dict:
-    from ..kernels import report as rep
+    from ..installer import report as rep
+    from ..installer.firststart import setup_status
     from ..kernels.arch import default_config, detect_arch, interpreter_enabled, supported_choices
-    from ..kernels.firststart import setup_status
     from . import stats
+    from .install_report import InstallReport
+    from .planner import KernelPlanner
 
     if device is None:
         device = comfy_device()
     arch = detect_arch(device)
     r = rep.current_report(arch)
     kernel_active = arch.vendor != "cpu" or interpreter_enabled()
-    last_run = getattr(stats, "last_run", None)
+    # What an unconfigured Patch node runs at head_dim 128: the same planner the dispatcher uses.
+    plan = KernelPlanner(report=InstallReport()).plan(arch, 128)
     return {
         "device": str(device) if device is not None else ("cuda" if arch.vendor != "cpu" else "cpu"),
         "gpu": arch.name,
@@ -67,15 +70,14 @@ def status_payload(device=None) -> dict:
         "disabled_variants": (r or {}).get("disabled_variants", []),
         "crossover": (r or {}).get("crossover"),
         "long_sequence_kernel": (r or {}).get("long_sequence_kernel"),  # Hopper's Gluon kernel: self-test
-        # What the dispatcher uses for "min_seq_len: measured": the report's crossover, else the table's.
-        "min_seq_len_resolved": rep.measured_crossover(arch) or default_config(arch, 128).min_seq_len,
+        "min_seq_len_resolved": plan.min_seq_len,
         "sdpa_default_safe": (r or {}).get("sdpa_default_safe"),
         "report": {"found": r is not None, "created": (r or {}).get("created"), "path": (r or {}).get("path"),
                    "mode": (r or {}).get("mode"), "key": rep.report_key(arch)},
         "setup": setup_status(),
         "versions": _versions(),
         "stats": stats.attention_stats(),
-        "last_run": last_run() if callable(last_run) else None,
+        "last_run": stats.last_run(),
     }
 
 
@@ -87,6 +89,14 @@ def notify_setup(state: dict) -> None:
     from server import PromptServer
 
     PromptServer.instance.send_sync(SETUP_EVENT, state)
+
+
+def attach_to_server() -> None:
+    """Inside a running ComfyUI server: serve ``/sage/status`` and start the one-time background self-test."""
+    from ..installer.firststart import start_background_setup
+
+    if register_routes():  # not when tests import the pack
+        start_background_setup(device_fn=comfy_device, notify=notify_setup)
 
 
 def register_routes() -> bool:

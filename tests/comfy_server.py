@@ -24,7 +24,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from pack_loader import PACK_DIR
+from sagetriton_import import PACK_DIR
 
 PACK_FOLDER_NAME = "ComfyUI-SageTriton"  # the folder name users get from git clone / ComfyUI-Manager
 

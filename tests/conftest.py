@@ -13,24 +13,42 @@ if "SAGETRITON_REPORT_DIR" not in os.environ:
     import tempfile
 
     os.environ["SAGETRITON_REPORT_DIR"] = tempfile.mkdtemp(prefix="sagetriton-report-")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the tests' helper modules
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # sagetriton_import (appended: the pack's folders
+# must not shadow ComfyUI's own modules, such as its nodes.py)
 
 import pytest  # noqa: E402
-from pack_loader import find_comfyui, import_pack, prepare_comfyui_for_cpu  # noqa: E402
+
+from sagetriton_import import find_comfyui, import_pack, prepare_comfyui_for_cpu  # noqa: E402
 
 COMFYUI = find_comfyui()
 if COMFYUI is not None:
     prepare_comfyui_for_cpu(COMFYUI)
 
 PACK = import_pack()
-# pytest imports the checkout's own __init__.py (the root is a package) under the folder's name, or
-# as "__init__" when that name is not an identifier (ComfyUI-SageTriton, wt-nodes): without a parent
-# package its relative imports fail. Hand pytest the pack we already imported.
-_checkout = Path(PACK.__file__).parent.name
-sys.modules.setdefault(_checkout if _checkout.isidentifier() else "__init__", PACK)
-
 needs_comfyui = pytest.mark.skipif(
     COMFYUI is None, reason="ComfyUI not found (set COMFYUI_PATH, or clone it to ~/ComfyUI)")
+
+
+# Test groups (``-m``): unit (no ComfyUI: kernels through the Triton interpreter, dispatch, installer),
+# comfyui (ComfyUI imported in this process), server (a ComfyUI server started; with browser, Chromium
+# drives its frontend), gpu (a real GPU, skipped without one), slow (child processes that compile for
+# every target). The fast part alone: ``pytest -m "unit and not slow"``.
+GROUPS = ("unit", "comfyui", "server", "browser", "gpu", "slow")
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & {"check_targets_json", "gluon_ptx"}:  # cross-compiled in a child process
+            item.add_marker("slow")
+        if "sage_server" in fixtures and not item.get_closest_marker("server"):
+            item.add_marker("server")
+        if "comfyui_path" in fixtures or item.get_closest_marker("server"):
+            item.add_marker("comfyui")
+        if not any(item.get_closest_marker(m) for m in ("comfyui", "gpu")):
+            item.add_marker("unit")
 
 
 def pytest_report_header(config):

@@ -7,7 +7,8 @@ import sys
 import time
 
 import pytest
-from pack_loader import PACK_DIR
+
+from sagetriton_import import PACK_DIR
 
 TARGETS = ("sm80", "sm86", "sm89", "sm90", "sm120", "gfx1100", "gfx1201", "gfx942")
 
@@ -87,24 +88,25 @@ def test_default_attention_kernel_fits_without_spills(check_targets_json, target
 RESIDUAL_TARGETS = ("sm89", "sm90", "sm120", "gfx1201", "gfx942")
 _RESIDUAL_SCRIPT = """
 import json, sys
-from pack_loader import import_pack
+from sagetriton_import import import_pack
 import_pack()
-from sagetriton.kernels import api, crosscompile as cc
+from sagetriton.installer import crosscompile as cc
 from sagetriton.kernels.arch import resolve_config
 out = {}
 for name in sys.argv[1:]:
     arch = cc.parse_target(name).arch_info()  # the config Sage Settings' "fp8+residual" resolves to there
-    specs = lambda cfg, d: api.compile_specs(resolve_config(arch, d, pv_precision="fp8+residual")[0], d)
+    specs = lambda cfg, d: cc.compile_specs(resolve_config(arch, d, pv_precision="fp8+residual")[0], d)
     out[name] = cc.compile_target(cc.parse_target(name), 128, specs)
 print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_fp8_residual_variant_fits_without_spills():
     """fp8+residual adds a second P·V MMA and a second V tile per step (shared memory, TMA ring):
     it must still build with fp8 matrix instructions, in registers, on the fp8 families."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(PACK_DIR / "tests"), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(PACK_DIR), env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, "-c", _RESIDUAL_SCRIPT, *RESIDUAL_TARGETS], capture_output=True,
                           text=True, cwd=str(PACK_DIR), timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -120,10 +122,11 @@ def test_fp8_residual_variant_fits_without_spills():
 
 _GLUON_PTX_SCRIPT = """
 import json, re
-from pack_loader import import_pack
+from sagetriton_import import import_pack
 import_pack()
 import triton
-from sagetriton.kernels import api, crosscompile as cc, hopper_gluon
+from sagetriton.installer import crosscompile as cc
+from sagetriton.kernels import api, hopper_gluon
 from sagetriton.kernels.arch import default_config
 target = cc.parse_target("sm90")
 stores, events, handover, row_loads, pdl = {}, [], {}, {}, {}
@@ -133,7 +136,7 @@ HANDOVER = [("acquire", r"ld\\.global\\.gpu\\.acquire"), ("load_l2", r"ld\\.glob
             ("release", r"atom\\.global\\.gpu\\.release"), ("ticket", r"atom\\.global\\.gpu\\.relaxed\\.add"),
             ("atomic", r"\\batom\\.|\\bred\\.")]
 if hopper_gluon.AVAILABLE:
-    for spec in api.compile_specs(default_config(target.arch_info(), 128), 128):
+    for spec in cc.compile_specs(default_config(target.arch_info(), 128), 128):
         ptx = triton.compile(cc.launch_source(spec, target), target=target.gpu_target(),
                              options=dict(spec.get("options") or {})).asm["ptx"]
         ptx = "\\n".join(line.split("//")[0] for line in ptx.splitlines())
@@ -174,7 +177,7 @@ def gluon_ptx():
     """Facts of the sm90 PTX of a Hopper call's launches (the Gluon kernel's above all), compiled once in
     a clean child (no interpreter)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(PACK_DIR / "tests"), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(PACK_DIR), env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, "-c", _GLUON_PTX_SCRIPT], capture_output=True, text=True,
                           cwd=str(PACK_DIR), timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -258,7 +261,7 @@ def test_hopper_split_shares_hand_over_through_release_and_acquire(gluon_ptx):
 
 @pytest.fixture
 def cc(pack):
-    from sagetriton.kernels import crosscompile
+    from sagetriton.installer import crosscompile
 
     return crosscompile
 

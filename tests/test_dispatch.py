@@ -212,8 +212,8 @@ def test_unsupported_choice_is_downgraded_once_visibly(caplog):
     with caplog.at_level(logging.WARNING, logger="SageTriton"):
         call_override(state, q, k, v)
         call_override(state, q, k, v)
-    assert state.run.kernel == 2 and state.last_config.pv_precision == "fp16"
-    assert len(state.notes) == 1 and "fp8" in state.notes[0]
+    assert state.run.kernel == 2 and state.last_plan.config.pv_precision == "fp16"
+    assert len(state.planner.notes) == 1 and "fp8" in state.planner.notes[0]
     assert len([r for r in caplog.records if "fp8" in r.getMessage()]) == 1
 
 
@@ -370,7 +370,7 @@ def test_measured_crossover_replaces_the_table_value():
     call_override(state, *random_qkv(lq=36, lk=8, d=16))
     call_override(state, *random_qkv(lq=36, lk=36, d=16))  # 2 x 2 heads x 36²: more work than 48 x 10²
     assert state.run.kernel == 1 and dict(state.run.fallback) == {"key length < 10": 1}
-    assert state.last_min_seq_len == 10
+    assert state.last_plan.min_seq_len == 10
 
 
 def test_crossover_is_looked_up_per_head_size():
@@ -400,16 +400,16 @@ def test_variant_that_failed_the_self_test_is_replaced_by_a_working_one(caplog):
     with caplog.at_level(logging.WARNING, logger="SageTriton"):
         call_override(state, *random_qkv(lq=16, lk=16, d=32))
     assert state.run.kernel == 1
-    assert (state.last_config.qk_quant_gran, state.last_config.pv_precision) == ("per_block", "fp16")
+    assert (state.last_plan.config.qk_quant_gran, state.last_plan.config.pv_precision) == ("per_block", "fp16")
     assert any("per_thread/fp16/fp32 failed the install self-test" in r.getMessage() for r in caplog.records)
 
 
 def test_long_sequence_kernel_that_failed_the_self_test_is_not_configured(caplog):
     hopper = arch_from_properties(SimpleNamespace(name="NVIDIA H200", major=9, minor=0), is_hip=False)
-    assert run_state(SageSettings()).config_for(hopper, 128)[0].shared_kv_min_len == 4608
+    assert run_state(SageSettings()).planner.plan(hopper, 128).config.shared_kv_min_len == 4608
     state = run_state(SageSettings(), report=MeasuredReport(long_failed=True))
     with caplog.at_level(logging.WARNING, logger="SageTriton"):
-        cfg, _ = state.config_for(hopper, 128)
+        cfg = state.planner.plan(hopper, 128).config
     assert cfg.shared_kv_min_len == 0 and cfg.pv_precision == "fp8"  # same variant, portable kernel only
     assert any("long-sequence (Gluon) kernel failed the install self-test on sm90" in r.getMessage()
                for r in caplog.records)
@@ -428,3 +428,83 @@ def test_rdna4_honours_explicit_sdpa_only_where_the_probe_found_it_safe():
     assert fallback.resolve_fallback_kind("sdpa", RDNA4, sdpa_default_safe=True) == "sdpa"
     assert fallback.resolve_fallback_kind("sdpa", RDNA4, sdpa_default_safe=None) == "math"
     assert fallback.resolve_fallback_kind("auto", RDNA4, sdpa_default_safe=True) == "math"
+
+
+# --- what reaches the launch -------------------------------------------------------------------------
+HOPPER = arch_from_properties(SimpleNamespace(name="NVIDIA H200", major=9, minor=0), is_hip=False)
+ATTENTION_KERNELS = {"attention_kernel", "shared_kv_attention_kernel", "shared_kv_split_kernel"}
+
+
+@pytest.fixture
+def launches(monkeypatch, pack):
+    """The kernel launches of the calls made in the test, recorded instead of run (the cross-compile
+    check's hook), as outside the interpreter: where the Gluon kernel is planned."""
+    from sagetriton.installer.crosscompile import record_launches
+    from sagetriton.kernels import api
+
+    monkeypatch.setattr(api, "interpreter_enabled", lambda: False)
+    with record_launches() as recorded:
+        yield recorded
+
+
+def attention_launches(recorded) -> dict:
+    return {s["name"]: s for s in recorded if s["name"] in ATTENTION_KERNELS}
+
+
+def assert_portable_launch_runs(spec, cfg):
+    c, o = spec["constexprs"], spec["options"]
+    assert (c["BLOCK_M"], c["BLOCK_N"], c["K_TMA"]) == (cfg.block_m, cfg.block_n, cfg.use_tma)
+    assert (o["num_warps"], o["num_stages"], o.get("maxnreg", 0)) == (cfg.num_warps, cfg.num_stages,
+                                                                       cfg.max_registers)
+
+
+def test_the_arch_override_reaches_the_launch(launches):
+    """A simulated A100 on CPU tensors: the launch gets the A100's tiles, not the CPU's."""
+    from sagetriton.kernels.arch import resolve_config
+
+    state = run_state(arch=AMPERE)
+    call_override(state, *random_qkv(lq=64, lk=64, d=64))
+    assert state.run.kernel == 1
+    cfg = resolve_config(AMPERE, 64)[0]
+    assert state.last_plan.config == cfg and (cfg.block_m, cfg.num_warps, cfg.num_stages) == (128, 8, 3)
+    (spec,) = attention_launches(launches).values()
+    assert spec["name"] == "attention_kernel"
+    assert_portable_launch_runs(spec, cfg)
+
+
+def test_long_sequences_on_hopper_reach_the_gluon_kernel(launches):
+    from sagetriton.kernels import hopper_gluon
+
+    if not hopper_gluon.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    state = run_state(arch=HOPPER)
+    n = state.planner.plan(HOPPER, 128).config.shared_kv_min_len
+    assert n == 4608
+    call_override(state, *random_qkv(b=1, h=2, lq=n, lk=n, d=128, dtype=torch.bfloat16))
+    names = set(attention_launches(launches))
+    assert names and names <= {"shared_kv_attention_kernel", "shared_kv_split_kernel"}, names
+
+
+def test_a_gluon_kernel_that_failed_the_self_test_never_reaches_the_launch(launches):
+    """The report says the Gluon kernel failed its accuracy self-test: every call, however long, runs the
+    portable kernel with Hopper's config (the kernel library must not resolve a config of its own)."""
+    from sagetriton.kernels.arch import resolve_config
+
+    state = run_state(arch=HOPPER, report=MeasuredReport(long_failed=True))
+    call_override(state, *random_qkv(b=1, h=2, lq=4608, lk=4608, d=128, dtype=torch.bfloat16))
+    assert state.run.kernel == 1
+    cfg = state.last_plan.config
+    assert cfg == resolve_config(HOPPER, 128)[0].replace(shared_kv_min_len=0)
+    (spec,) = attention_launches(launches).values()
+    assert spec["name"] == "attention_kernel"
+    assert_portable_launch_runs(spec, cfg)
+    assert (cfg.block_n, cfg.max_registers, cfg.use_tma) == (128, 168, True)  # Hopper's, not the CPU's
+
+
+def test_sageattn_takes_a_resolved_config_or_options_not_both(pack):
+    from sagetriton.kernels import sageattn
+    from sagetriton.kernels.arch import KernelConfig
+
+    q, k, v = random_qkv(lq=8, lk=8, d=16)
+    with pytest.raises(ValueError, match="not both"):
+        sageattn(q, k, v, config=KernelConfig(), qk_quant_gran="per_block")

@@ -4,7 +4,7 @@ import pytest
 
 @pytest.fixture
 def doctor(pack):
-    from sagetriton.kernels import doctor
+    from sagetriton.installer import doctor
 
     return doctor
 

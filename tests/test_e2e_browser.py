@@ -1,7 +1,7 @@
 """End-to-end in a real headless browser: ComfyUI's frontend with the SageTriton extension loaded.
 
 Debian's chromium + chromedriver (installed by .ci/run), driven by selenium. Screenshots go to
-tests/artifacts/ (git-ignored).
+tests/artifacts/ (git-ignored); the README's picture, docs/img/nodes.png, is a copy of nodes.png.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from e2e_server import PACK_LINK, TINY_MODEL, flat_defaults, sage_server  # noqa
 
 from conftest import needs_comfyui
 
-pytestmark = needs_comfyui
+pytestmark = [needs_comfyui, pytest.mark.server, pytest.mark.browser]
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -181,6 +181,39 @@ def test_nodes_show_gpu_and_defaults_from_the_server(driver, sage_server):  # no
     marks = [line for line in settings["lines"] if line.startswith("⚠")]
     assert marks == [f"⚠ {r['short']}" for values in fmt["bad"].values() for r in values.values()]
     _shot(driver, "sagetriton_nodes.png")
+
+
+# The README's picture: the two nodes wired as a user would, nothing from the tests in the graph.
+README_GRAPH = """
+app.graph.clear();
+const add = (type, pos) => { const n = LiteGraph.createNode(type); n.pos = pos; app.graph.add(n); return n; };
+const unet = add("UNETLoader", [20, 40]);
+const settings = add("SageTritonSettings", [20, 200]);
+const patch = add("SageTritonPatchModelAttention", [420, 40]);
+const ks = add("KSampler", [820, 40]);
+unet.connect(0, patch, 0); settings.connect(0, patch, 1); patch.connect(0, ks, 0);
+app.canvas.ds.scale = 1; app.canvas.ds.offset = [20, 20];
+app.graph.setDirtyCanvas(true, true);
+const rect = app.canvas.canvas.getBoundingClientRect();
+const nodes = [unet, settings, patch, ks];
+const x1 = Math.max(...nodes.map(n => n.pos[0] + n.size[0])), y1 = Math.max(...nodes.map(n => n.pos[1] + n.size[1]));
+return {settings: settings.id, box: [rect.left, rect.top, rect.left + x1 + 50, rect.top + y1 + 40]};
+"""
+
+
+def test_readme_screenshot_of_the_two_nodes(driver, sage_server):  # noqa: F811
+    """tests/artifacts/nodes.png, cropped to the workflow (docs/img/nodes.png is a copy of it)."""
+    image = pytest.importorskip("PIL.Image")
+    _, status = sage_server.get("/sage/status")
+    ids = driver.execute_script(README_GRAPH)
+    _wait_panel(driver, ids["settings"], f"SageTriton · {status['arch']}", "the info panel")
+    time.sleep(0.5)  # one more frame
+    full = _shot(driver, "nodes_full.png")
+    scale = driver.execute_script("return window.devicePixelRatio || 1")
+    box = tuple(round(v * scale) for v in ids["box"])
+    with image.open(full) as shot:
+        shot.crop(box).save(ARTIFACTS / "nodes.png")
+    assert (ARTIFACTS / "nodes.png").stat().st_size > 10_000
 
 
 def test_unsupported_choices_are_marked(driver, sage_server):  # noqa: F811

@@ -10,7 +10,7 @@ from e2e_server import PACK_LINK, TINY_MODEL, choices_of, flat_defaults, sage_se
 
 from conftest import needs_comfyui
 
-pytestmark = needs_comfyui
+pytestmark = [needs_comfyui, pytest.mark.server]
 
 SETTINGS = "SageTritonSettings"
 PATCH = "SageTritonPatchModelAttention"

@@ -29,7 +29,7 @@ state["current"] = None; state["complete"] = True; write()
 
 @pytest.fixture
 def fs(pack):
-    from sagetriton.kernels import firststart
+    from sagetriton.installer import firststart
 
     return firststart
 
@@ -79,7 +79,7 @@ def test_disabled_from_counts_failed_builds_and_selftests(fs):
 
 def test_oom_is_recognised(pack):
     import torch
-    from sagetriton.kernels.selftest import is_oom
+    from sagetriton.installer.selftest import is_oom
 
     assert is_oom(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert is_oom(RuntimeError("HIP out of memory. Tried to allocate"))
@@ -105,8 +105,8 @@ def test_background_job_skips_cpu_and_notifies(fs, monkeypatch):
 
 
 def test_background_job_uses_existing_report_or_runs_setup(fs, monkeypatch):
+    from sagetriton.installer import report
     from sagetriton.kernels import arch as arch_mod
-    from sagetriton.kernels import report
 
     rdna4 = arch_mod.ArchInfo("amd", "gfx1201", "rdna4", "RX 9070 XT", 32, "e4m3fn")
     monkeypatch.setattr(arch_mod, "detect_arch", lambda device=None: rdna4)
@@ -144,7 +144,7 @@ def test_autosetup_can_be_disabled(fs, monkeypatch):
 
 
 def test_run_setup_on_rdna4_probes_sdpa_first_and_writes_the_report(fs, monkeypatch, tmp_path):
-    from sagetriton.kernels import report, sdpa_probe
+    from sagetriton.installer import report, sdpa_probe
     from sagetriton.kernels.arch import ArchInfo
 
     monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path))
@@ -169,7 +169,7 @@ def test_run_setup_on_rdna4_probes_sdpa_first_and_writes_the_report(fs, monkeypa
 
 
 def test_run_setup_without_results_is_not_cached(fs, monkeypatch, tmp_path):
-    from sagetriton.kernels import report
+    from sagetriton.installer import report
     from sagetriton.kernels.arch import ArchInfo
 
     monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path))

@@ -7,9 +7,11 @@ import sys
 
 import pytest
 import torch
-from pack_loader import PACK_DIR
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU path needs a machine without a GPU")
+from sagetriton_import import PACK_DIR
+
+pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU path needs a machine without a GPU"),
+              pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
@@ -60,21 +62,14 @@ def test_worker_crash_does_not_fail_install(tmp_path):
     # A worker that dies at start-up (as with a broken GPU driver) is reported; install.py still exits 0.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["SAGETRITON_REPORT_DIR"] = str(tmp_path)
-    code = ("import runpy, sys; sys.argv = ['install.py', '--skip-cross-compile'];"
-            "import importlib; inst = runpy.run_path('install.py', run_name='not_main');"
-            "fs = inst['pack_module']('kernels.firststart');"
+    code = ("import sys; from sagetriton_import import import_pack; import_pack(run_init=False);"
+            "from sagetriton.installer import cli, firststart as fs;"
             "fs._worker_cmd = lambda out, mode, echo: [sys.executable, '-c', 'import os; os.abort()'];"
-            "sys.exit(inst['main'](['--skip-cross-compile']))")
+            "sys.exit(cli.main(['--skip-cross-compile']))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=str(PACK_DIR), capture_output=True, text=True,
                           env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "SIGABRT" in proc.stdout
-
-
-def _load_install():
-    import runpy
-
-    return runpy.run_path(str(PACK_DIR / "install.py"), run_name="install_under_test")
 
 
 def _gpu_env(doctor):
@@ -88,10 +83,8 @@ def _gpu_env(doctor):
 def test_gpu_path_with_a_simulated_rdna4(monkeypatch, tmp_path, capsys):
     """install.py's GPU branch (this machine has no GPU): doctor, setup, tables, report reuse, --strict."""
     monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path))
-    inst = _load_install()
-    doctor = inst["pack_module"]("kernels.doctor")
-    fs = inst["pack_module"]("kernels.firststart")
-    report = inst["pack_module"]("kernels.report")
+    from sagetriton.installer import cli, doctor, report
+    from sagetriton.installer import firststart as fs
     monkeypatch.setattr(doctor, "probe_environment", lambda: _gpu_env(doctor))
     calls = []
 
@@ -111,35 +104,35 @@ def test_gpu_path_with_a_simulated_rdna4(monkeypatch, tmp_path, capsys):
         return r
 
     monkeypatch.setattr(fs, "run_setup", fake_setup)
-    assert inst["main"]([]) == 0
+    assert cli.main([]) == 0
     out = capsys.readouterr().out
     assert calls == [("gfx1201", "rdna4", "gpu")]
     assert "Build + self-test on AMD Radeon RX 9070 XT (gfx1201, rdna4)" in out
     assert "per_thread/fp8/fp16" in out and "turned off" in out
     assert "from 2048 tokens" in out and "NOT safe" in out
     # Second run: the report for this GPU/torch/triton/pack is reused, nothing is rebuilt.
-    assert inst["main"]([]) == 0
+    assert cli.main([]) == 0
     assert "Already built and self-tested" in capsys.readouterr().out and len(calls) == 1
-    assert inst["main"](["--strict"]) == 1  # a variant is turned off
-    assert inst["main"](["--force"]) == 0 and len(calls) == 2
+    assert cli.main(["--strict"]) == 1  # a variant is turned off
+    assert cli.main(["--force"]) == 0 and len(calls) == 2
 
 
 def test_strict_on_cpu_fails_only_when_something_failed(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    inst = _load_install()
-    fs = inst["pack_module"]("kernels.firststart")
-    cc = inst["pack_module"]("kernels.crosscompile")
+    from sagetriton.installer import cli
+    from sagetriton.installer import crosscompile as cc
+    from sagetriton.installer import firststart as fs
     good = {"complete": True, "mode": "interpreter", "variants": {}, "disabled_variants": []}
     monkeypatch.setattr(fs, "run_setup", lambda *a, **k: dict(good))
     cross = {t: {"ok": True, "instructions": ["x"], "config": {}} for t in cc.DEFAULT_TARGETS}
     monkeypatch.setattr(cc, "check_targets", lambda *a, **k: cross)
-    assert inst["main"](["--strict"]) == 0  # no GPU alone is not a failure
+    assert cli.main(["--strict"]) == 0  # no GPU alone is not a failure
     cross["gfx942"] = {"ok": False, "instructions": [], "error": "LLVM ERROR: Cannot select"}
-    assert inst["main"](["--strict"]) == 1
-    assert inst["main"]([]) == 0  # ComfyUI-Manager semantics
+    assert cli.main(["--strict"]) == 1
+    assert cli.main([]) == 0  # ComfyUI-Manager semantics
     assert "LLVM ERROR: Cannot select" in capsys.readouterr().out
     monkeypatch.setattr(fs, "run_setup", lambda *a, **k: dict(good, disabled_variants=["per_block/fp8/fp16"]))
     cross["gfx942"]["ok"] = True
-    assert inst["main"](["--strict"]) == 1
-    assert inst["main"](["--check-targets", "sm90,rtx4090"]) == 2  # a usage error, whatever --strict says
+    assert cli.main(["--strict"]) == 1
+    assert cli.main(["--check-targets", "sm90,rtx4090"]) == 2  # a usage error, whatever --strict says

@@ -391,11 +391,11 @@ def test_supported_choices_mark_what_a_gpu_cannot_run():
 def test_register_cap_reaches_the_attention_launch(target, head_dim, cap):
     """The Hopper register cap (3 CTAs per SM whatever ptxas would pick) is handed to the compiler by
     the same launch a real call makes; no other arch gets one (AMD has no such option)."""
+    from sagetriton.installer.crosscompile import compile_specs, parse_target
     from sagetriton.kernels.arch import default_config
-    from sagetriton.kernels.crosscompile import parse_target
 
     cfg = default_config(parse_target(target).arch_info(), head_dim)
-    specs = kernels.api.compile_specs(cfg, head_dim)
+    specs = compile_specs(cfg, head_dim)
     (attn,) = [s for s in specs if s["name"] == "attention_kernel"]
     assert attn["options"].get("maxnreg") == cap
     assert all("maxnreg" not in s["options"] for s in specs if s["name"] != "attention_kernel")
@@ -529,8 +529,8 @@ def test_inputs_that_need_gradients_get_a_clear_error_not_silent_zero_grads(seed
 def test_hopper_register_cap_only_for_fp8_pv():
     """The cap buys the fp8 kernel a third CTA per SM; the 16-bit P·V kernel is held to two by shared
     memory, so Sage Settings' fp16 choice drops the cap instead of spilling."""
+    from sagetriton.installer.crosscompile import parse_target
     from sagetriton.kernels.arch import resolve_config
-    from sagetriton.kernels.crosscompile import parse_target
 
     hopper = parse_target("sm90").arch_info()
     assert resolve_config(hopper, 128)[0].max_registers == 168

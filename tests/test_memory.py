@@ -11,7 +11,8 @@ import weakref
 
 import pytest
 import torch
-from sagetriton.kernels import api, crosscompile, footprint, hopper_gluon, quant
+from sagetriton.installer import crosscompile
+from sagetriton.kernels import api, footprint, hopper_gluon, quant
 from sagetriton.kernels.arch import default_config, resolve_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -50,17 +51,16 @@ def _sm90(head_dim, pv=None):
 def _peak_of_call(monkeypatch, cfg, B, H, H_KV, L, D, layout="HND"):
     """(peak bytes, output bytes, the call's launches) of one call on meta tensors."""
     monkeypatch.setattr(api, "interpreter_enabled", lambda: False)  # nothing runs: launches are recorded
-    monkeypatch.setattr(api, "_recorded", [])
 
     def make(heads):
         shape = (B, heads, L, D) if layout == "HND" else (B, L, heads, D)
         return torch.empty(shape, dtype=torch.bfloat16, device="meta")
 
     q, k, v = make(H), make(H_KV), make(H_KV)
-    with PeakBytes() as mode:
+    with PeakBytes() as mode, crosscompile.record_launches() as recorded:
         out, _ = api.attention_forward(q, k, v, layout, False, None, None, False, cfg, True, False)
         out_bytes = out.untyped_storage().nbytes()
-        launches = [s["name"] for s in api._recorded]
+        launches = [s["name"] for s in recorded]
         del out
     return mode.peak, out_bytes, launches, mode.allocations
 

@@ -4,9 +4,8 @@ import subprocess
 import sys
 import textwrap
 
-from pack_loader import PACK_DIR
-
 from conftest import needs_comfyui
+from sagetriton_import import PACK_DIR
 
 
 def test_imports_without_comfyui_as_a_kernel_library():

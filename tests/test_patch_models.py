@@ -28,9 +28,9 @@ RDNA4 = arch_from_properties(SimpleNamespace(name="AMD Radeon RX 9070 XT", gcnAr
 def no_install_report(monkeypatch, tmp_path, pack):
     """Hermetic: no self-test report from this checkout's earlier runs; a test may write its own."""
     monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path / "report"))
-    pack.kernels.report.invalidate_cache()
-    yield pack.kernels.report
-    pack.kernels.report.invalidate_cache()
+    pack.installer.report.invalidate_cache()
+    yield pack.installer.report
+    pack.installer.report.invalidate_cache()
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pytest
 @pytest.fixture
 def rep(pack, tmp_path, monkeypatch):
     monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path))
-    from sagetriton.kernels import report
+    from sagetriton.installer import report
 
     report.invalidate_cache()
     yield report
@@ -112,7 +112,7 @@ def test_cache_is_refreshed_by_save(rep, rdna4, monkeypatch):
 
 
 def test_report_dir_default_is_writable_and_overridable(pack, monkeypatch, tmp_path):
-    from sagetriton.kernels import report
+    from sagetriton.installer import report
 
     monkeypatch.delenv("SAGETRITON_REPORT_DIR", raising=False)
     d = report.report_dir()
@@ -133,7 +133,7 @@ def test_kernel_never_faster_keeps_sdpa_beyond_the_measured_range(rep, rdna4, mo
 
 
 def test_crossover_from_timings(pack):
-    from sagetriton.kernels.selftest import crossover_from_timings
+    from sagetriton.installer.selftest import crossover_from_timings
 
     t = lambda n, k, s: {"seq_len": n, "kernel_ms": k, "sdpa_ms": s}  # noqa: E731
     # Faster from 4096 on; the win at 1024 is noise (slower again at 2048) and does not count.

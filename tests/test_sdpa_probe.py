@@ -4,7 +4,7 @@ import pytest
 
 @pytest.fixture
 def probe(pack):
-    from sagetriton.kernels import sdpa_probe
+    from sagetriton.installer import sdpa_probe
 
     return sdpa_probe
 
@@ -33,7 +33,7 @@ def test_hanging_child_is_stopped(probe):
 
 
 def test_wrong_results_are_unsafe(probe):
-    from sagetriton.kernels.childproc import RESULT_MARK
+    from sagetriton.installer.childproc import RESULT_MARK
 
     code = (f"import json; print({RESULT_MARK!r} + json.dumps({{'cases': [{{'dtype': 'float16', 'shape': [1], "
             f"'finite': True, 'max_rel_err': 0.8}}]}}))")
@@ -52,7 +52,7 @@ def test_only_rdna4_is_probed(probe):
 
 
 def test_windows_crash_codes_are_named(pack):
-    from sagetriton.kernels.childproc import ChildResult
+    from sagetriton.installer.childproc import ChildResult
 
     assert "access violation" in ChildResult(0xC0000005, "", "").describe()
     assert "access violation" in ChildResult(-1073741819, "", "").describe()  # the same code, signed

@@ -5,7 +5,7 @@ import torch
 
 @pytest.fixture
 def st(pack):
-    from sagetriton.kernels import selftest
+    from sagetriton.installer import selftest
 
     return selftest
 

@@ -1,4 +1,5 @@
 """GET /sage/status: the payload as a plain function, and the route through a real ComfyUI server."""
+import pytest
 from comfy_server import comfy_server
 
 EXPECTED_KEYS = {"device", "arch", "vendor", "defaults", "variants", "crossover", "sdpa_default_safe", "stats",
@@ -7,7 +8,7 @@ EXPECTED_KEYS = {"device", "arch", "vendor", "defaults", "variants", "crossover"
 
 def test_payload_without_server(pack, tmp_path, monkeypatch):
     monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path))
-    from sagetriton.kernels import report as rep
+    from sagetriton.installer import report as rep
     from sagetriton.kernels.arch import CPU_ARCH
     from sagetriton.nodes import stats
     from sagetriton.nodes.status_route import status_payload
@@ -31,6 +32,7 @@ def test_payload_without_server(pack, tmp_path, monkeypatch):
     rep.invalidate_cache()
 
 
+@pytest.mark.server
 def test_status_route_in_real_comfyui(comfyui_path, tmp_path):
     import time
 

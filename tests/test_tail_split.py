@@ -64,7 +64,8 @@ def test_the_split_launch_overlaps_the_whole_one(monkeypatch):
     an ordinary launch."""
     import inspect
 
-    from sagetriton.kernels import api, crosscompile, hopper_gluon
+    from sagetriton.installer import crosscompile
+    from sagetriton.kernels import api, hopper_gluon
 
     if not hopper_gluon.AVAILABLE:
         pytest.skip("this Triton has no Gluon")
@@ -74,9 +75,9 @@ def test_the_split_launch_overlaps_the_whole_one(monkeypatch):
 
     def launches(heads):
         q = torch.empty((1, heads, cfg.shared_kv_min_len, 128), dtype=torch.bfloat16, device="meta")
-        monkeypatch.setattr(api, "_recorded", [])
-        api.attention_forward(q, q, q, "HND", False, None, None, False, cfg, True, False)
-        return {s["name"]: s["options"] for s in api._recorded}
+        with crosscompile.record_launches() as recorded:
+            api.attention_forward(q, q, q, "HND", False, None, None, False, cfg, True, False)
+        return {s["name"]: s["options"] for s in recorded}
 
     both = launches(tail_split.heads_with_split_tail(*hopper_gluon.grid(cfg.shared_kv_min_len, cfg.shared_kv_min_len),
                                                      132))
@@ -94,16 +95,17 @@ def test_the_hopper_kernel_takes_head_dims_its_16_byte_stores_can_write(monkeypa
     """The Gluon kernel stores its output in 16-byte pieces whose alignment it states to the compiler
     (bench/NOTES.md, attempt 39): true only when head_dim is a multiple of 8, so any other head_dim
     (still padded to 128) goes to the portable kernel, which makes no such claim."""
-    from sagetriton.kernels import api, crosscompile, hopper_gluon
+    from sagetriton.installer import crosscompile
+    from sagetriton.kernels import api, hopper_gluon
 
     if not hopper_gluon.AVAILABLE:
         pytest.skip("this Triton has no Gluon")
     monkeypatch.setattr(api, "interpreter_enabled", lambda: False)  # nothing runs: launches are recorded
     cfg = default_config(crosscompile.parse_target("sm90").arch_info(), head_dim)
     q = torch.empty((1, 2, cfg.shared_kv_min_len, head_dim), dtype=torch.bfloat16, device="meta")
-    monkeypatch.setattr(api, "_recorded", [])
-    api.attention_forward(q, q, q, "HND", False, None, None, False, cfg, True, False)
-    names = {s["name"] for s in api._recorded}
+    with crosscompile.record_launches() as recorded:
+        api.attention_forward(q, q, q, "HND", False, None, None, False, cfg, True, False)
+    names = {s["name"] for s in recorded}
     assert ("shared_kv_split_kernel" in names) is gluon, names
     assert ("attention_kernel" in names) is not gluon, names
 

@@ -17,12 +17,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Optional
 
-from .arch import ArchInfo, KernelConfig, arch_from_properties, default_config
+from ..kernels.arch import ArchInfo, KernelConfig, arch_from_properties, default_config
 from .doctor import GpuInfo
 from .progress import progress_bar
 
@@ -109,12 +110,71 @@ def matrix_instructions(asm: str, backend: str) -> list:
 # Compiling
 
 
-def _kernel_specs(cfg: KernelConfig, head_dim: int) -> list:
-    """What to compile for ``cfg``: the launches of a real ``sageattn`` call, recorded by the kernel
-    library on meta tensors (``kernels.api.compile_specs``), so this check builds what users run."""
-    from .api import compile_specs
+def _arg_type(a) -> str:
+    """The Triton signature type of one launch argument."""
+    import torch
 
-    return compile_specs(cfg, head_dim)
+    dtypes = {torch.int8: "i8", torch.int32: "i32", torch.float32: "fp32", torch.float16: "fp16",
+              torch.bfloat16: "bf16", torch.bool: "i1", torch.float8_e4m3fn: "fp8e4nv",
+              torch.float8_e4m3fnuz: "fp8e4b8"}
+    if isinstance(a, torch.Tensor):
+        return "*" + dtypes[a.dtype]
+    if isinstance(a, bool):
+        return "i1"
+    if isinstance(a, int):
+        return "i32" if -(2**31) <= a < 2**31 else "i64"
+    if isinstance(a, float):
+        return "fp32"
+    if type(a).__name__ == "TensorDescriptor":
+        return f"tensordesc<{dtypes[a.base.dtype]}[{','.join(map(str, a.block_shape))}]>"
+    raise TypeError(f"no Triton type for {type(a).__name__}")
+
+
+@contextmanager
+def record_launches():
+    """Inside the block, the kernel library's launches are described, not run: yields the list of specs
+    (``{"name", "fn", "signature", "args", "constexprs", "options"}``) they append to."""
+    from ..kernels import api
+
+    specs: list = []
+
+    def record(kernel, grid, args, constexprs, options):
+        names = [n for n in kernel.arg_names if n not in constexprs]
+        signature = dict(zip(names, map(_arg_type, args), strict=True))
+        signature.update({n: "constexpr" for n in constexprs})
+        specs.append({"name": kernel.fn.__name__, "fn": kernel, "signature": signature, "args": args,
+                      "constexprs": constexprs, "options": options})
+
+    previous = api.set_launch_hook(record)
+    try:
+        yield specs
+    finally:
+        api.set_launch_hook(previous)
+
+
+def compile_specs(cfg: KernelConfig, head_dim: int = 128, dtype=None, seq_len: int = 1024) -> list:
+    """The launches of ``sageattn`` calls with ``cfg`` (no mask), recorded on meta tensors: one at
+    ``seq_len`` and, where the config switches kernels on length (Hopper's Gluon kernel), one at
+    that length too, so every attention kernel a user can run is in the list once. So this check
+    builds what users run; ``args`` (meta tensors and ints) let ``launch_source`` specialize them as
+    Triton's launcher would."""
+    import torch
+
+    from ..kernels import api, hopper_gluon, tail_split
+
+    dtype = dtype or torch.bfloat16
+    specs: list = []
+    for length in sorted({seq_len, max(seq_len, cfg.shared_kv_min_len)}):
+        heads = 2
+        if cfg.shared_kv_min_len and length >= cfg.shared_kv_min_len:  # record the Gluon kernel's both launches
+            heads = tail_split.heads_with_split_tail(*hopper_gluon.grid(length, length),
+                                                     api.sm_count(torch.device("meta")))
+        q = torch.empty((1, heads, length, head_dim), dtype=dtype, device="meta")
+        with record_launches() as recorded:
+            api.attention_forward(q, q, q, "HND", False, None, None, False, cfg, True, False)
+        seen = {s["name"] for s in specs}
+        specs += [s for s in recorded if s["name"] not in seen]
+    return specs
 
 
 def launch_source(spec: dict, target: Target):
@@ -199,7 +259,7 @@ def compile_target(target: Target, head_dim: int = 128, specs_for: Optional[Call
     result = {"ok": False, "instructions": [], "arch": arch.arch, "family": arch.family,
               "config": cfg.as_dict(), "head_dim": head_dim}
     try:
-        specs = (specs_for or _kernel_specs)(cfg, head_dim)
+        specs = (specs_for or compile_specs)(cfg, head_dim)
         found: set = set()
         for spec in specs:
             try:

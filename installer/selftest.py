@@ -12,8 +12,8 @@ import math
 import time
 from typing import Optional
 
-from .arch import PV_ACCUM_DTYPES, QK_QUANT_GRANS, ArchInfo, default_config, supported_choices
-from .report import variant_name
+from ..kernels.arch import PV_ACCUM_DTYPES, QK_QUANT_GRANS, ArchInfo, default_config, supported_choices
+from .report import CROSSOVER_BATCH, CROSSOVER_HEADS, variant_name
 
 # A broken build (miscompile, wrong layout) lands far below these; a correct one is ~0.9993+ / ~0.03.
 MIN_COSINE = 0.99
@@ -24,8 +24,6 @@ GPU_ACCURACY_SHAPES = ((1, 8, 1024, 1024, 128), (2, 4, 333, 77, 64))  # (B, H, L
 CPU_ACCURACY_SHAPES = ((1, 2, 64, 64, 64), (1, 2, 100, 77, 40))
 # 4608 = Flux at 1024² (4096 image + 512 text tokens); 6144 splits the 4K-8K gap.
 CROSSOVER_LENGTHS = (256, 512, 1024, 2048, 4096, 4608, 6144, 8192, 16384)
-CROSSOVER_HEADS = 24  # Flux / SD3-like
-CROSSOVER_BATCH = 2  # cond + uncond: how samplers call attention
 CROSSOVER_HEAD_DIMS = (128, 64)  # the first is the report's headline; the others go to "by_head_dim"
 
 
@@ -71,7 +69,7 @@ def reference(q, k, v):
 
 
 def _sageattn():
-    from . import sageattn
+    from ..kernels import sageattn
 
     return sageattn
 
@@ -100,7 +98,7 @@ def build_variant(variant: dict, head_dim: int, device, dtype, tokens: int = 256
 
 def accuracy(variant: dict, shapes, device, dtype) -> dict:
     """Worst cosine / relative L1 over ``shapes`` vs fp32 MATH SDPA. Never raises."""
-    from .reference import cosine, rel_l1  # torch-importing: kept off this module's import path
+    from ..kernels.reference import cosine, rel_l1  # torch-importing: kept off this module's import path
     worst = {"cosine": 1.0, "rel_l1": 0.0}
     try:
         for i, shape in enumerate(shapes):
@@ -127,7 +125,7 @@ def long_sequence_kernel(arch: ArchInfo, device, dtype) -> Optional[dict]:
     The runtime falls back to the portable kernel by itself if it cannot build the Gluon kernel; this
     makes that happen here, once, in front of the user, and catches wrong numbers, which no fallback
     would. A failure turns the long-sequence kernel off, not the variant. Never raises."""
-    from . import api, hopper_gluon, tail_split
+    from ..kernels import api, hopper_gluon, tail_split
 
     cfg = default_config(arch, 128)
     if not cfg.shared_kv_min_len or getattr(device, "type", None) != "cuda":
@@ -178,10 +176,9 @@ def time_call(fn, device, iters: int = 10, warmup: int = 3, repeats: int = 3) ->
     right after the L2 cache was overwritten.
 
     That is the state inside a model forward: the layers between two attention calls evict their
-    inputs from L2 (timed back to back instead, SDPA read warm caches and the H200's crossover came
-    out at 6,144 tokens, while Flux's 4,608-token calls made the whole forward 1.02x faster with the
-    kernel; bench/NOTES.md). Calls are queued without waiting, so host-side launch cost only counts
-    where it exceeds the GPU time, as in a forward.
+    inputs from L2 (timed back to back, SDPA reads warm caches and the crossover comes out too late;
+    bench/NOTES.md). Calls are queued without waiting, so host-side launch cost only counts where it
+    exceeds the GPU time, as in a forward.
     """
     import torch
 
@@ -223,11 +220,8 @@ def sdpa_fallback(arch: ArchInfo, sdpa_safe: Optional[bool]):
     return F.scaled_dot_product_attention, "default"
 
 
-# The kernel must beat SDPA by this factor to be picked at a length. Near the crossover both are
-# host-bound on fast GPUs and a 2-3 % win flips between runs, while a slow host step can make the
-# kernel 10-25 % slower there (H200, 4,096 tokens: 0.77x at head_dim 128 in a run with a slow host,
-# 0.86x at head_dim 64 in another, 1.08-1.14x in a third; bench/NOTES.md). A win inside the noise
-# is not worth that risk.
+# The kernel must beat SDPA by this factor to be picked at a length: near the crossover both are
+# host-bound and a small win flips between runs, while a slow host step costs far more (bench/NOTES.md).
 CROSSOVER_MARGIN = 0.95
 
 

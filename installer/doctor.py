@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .arch import ArchInfo, arch_from_properties
+from ..kernels.arch import ArchInfo, arch_from_properties
 
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
 MARKS = {OK: "[ OK ]", WARN: "[WARN]", FAIL: "[FAIL]", INFO: "[INFO]"}

@@ -21,9 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
-from .arch import CPU_ARCH, ArchInfo
+from ..kernels.arch import CPU_ARCH, ArchInfo
+from ..kernels.log import logger
 from .childproc import ChildResult
-from .log import logger
 from .progress import progress_bar
 from .report import new_report, report_dir, report_key, save_report
 
@@ -57,8 +57,8 @@ def worker_main(out_path: str, mode: str, show_progress: bool = True) -> int:
     """Build and self-test every variant, then (GPU) measure the crossover; progress goes to ``out_path``."""
     import torch
 
+    from ..kernels.arch import detect_arch
     from . import selftest
-    from .arch import detect_arch
 
     path = Path(out_path)
     state = _read_json(path) or {"variants": {}}
@@ -142,7 +142,7 @@ def run_worker_stage(mode: str, out_path: Path, echo: bool = True, sdpa_default_
     state = {"variants": {}, "sdpa_default_safe": sdpa_default_safe, "quick": quick}
     _write_json(out_path, state)
     crashes = []
-    for _attempt in range(MAX_RESTARTS + 1):
+    for _restart in range(MAX_RESTARTS + 1):
         proc = subprocess.Popen(cmd_for(out_path, mode, echo), env=env, stdout=None if echo else subprocess.DEVNULL,
                                 stderr=None if echo else subprocess.PIPE, text=True, errors="replace",
                                 # no console window popping up on Windows when started from ComfyUI
@@ -286,7 +286,7 @@ def setup_status() -> dict:
 def _background_job(delay: float, device_fn: Optional[Callable]) -> None:
     try:
         time.sleep(delay)  # let ComfyUI finish starting: the worker competes for CPU while it compiles
-        from .arch import detect_arch
+        from ..kernels.arch import detect_arch
         from .report import current_report
 
         arch = detect_arch(device_fn() if device_fn else None)
@@ -344,5 +344,3 @@ def start_background_setup(delay: Optional[float] = None, device_fn: Optional[Ca
         _state.thread.start()
     return True
 
-
-ensure_setup_started = start_background_setup  # for the patch node: call on first use, costs nothing after

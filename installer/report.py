@@ -17,13 +17,17 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from .arch import ArchInfo, residual_crossover_factor
-from .log import logger
+from ..kernels.arch import ArchInfo, residual_crossover_factor
+from ..kernels.log import logger
 
 SCHEMA = 1
+# The crossover is measured for calls of this many batch x heads (cond + uncond, Flux / SD3-like heads):
+# the dispatcher sends calls with less work per call to the fallback, whatever their length.
+CROSSOVER_BATCH = 2
+CROSSOVER_HEADS = 24
 ENV_DIR = "SAGETRITON_REPORT_DIR"
 PACK_DIR = Path(__file__).resolve().parent.parent
-_KERNELS_DIR = Path(__file__).resolve().parent
+_KERNELS_DIR = PACK_DIR / "kernels"
 
 
 def pack_version() -> str:
@@ -36,7 +40,8 @@ def pack_version() -> str:
 
 
 def kernels_digest() -> str:
-    """Hash of the kernel library's sources: an edited kernel invalidates reports even without a version bump."""
+    """Hash of the kernel library's sources (``kernels/`` only): an edited kernel invalidates reports even
+    without a version bump, an edited installer message does not."""
     h = hashlib.sha1()
     for p in sorted(_KERNELS_DIR.glob("*.py")):
         h.update(p.name.encode())
@@ -155,7 +160,7 @@ def invalidate_cache() -> None:
 def current_report(arch: Optional[ArchInfo] = None) -> Optional[dict]:
     """The report for the running GPU (``detect_arch()`` when not given), or None."""
     if arch is None:
-        from .arch import detect_arch
+        from ..kernels.arch import detect_arch
 
         arch = detect_arch()
     with _cache_lock:

@@ -1,0 +1,151 @@
+"""install.py's command line: check the environment, build the kernels for this GPU, self-test, report.
+
+Nothing here needs a C++ compiler, the CUDA toolkit or the HIP SDK: Triton (shipped with torch)
+builds the kernels. Exit code 0 always (a failed optional step must not fail a ComfyUI-Manager
+install), unless --strict.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from ..kernels.arch import CPU_ARCH
+from . import doctor, firststart, selftest
+from . import report as rep
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="Build and self-test SageTriton's kernels for this machine.")
+    p.add_argument("--check-targets", nargs="?", const="default", metavar="LIST",
+                   help="cross-compile for these targets (comma-separated, e.g. sm89,sm90,gfx1201; default: "
+                        "sm80,sm86,sm89,sm90,sm120,gfx1100,gfx1201,gfx942) and check the matrix instructions")
+    p.add_argument("--json", action="store_true", help="with --check-targets: print only a JSON object")
+    p.add_argument("--head-dim", type=int, default=128, help="head dimension to cross-compile for (default 128)")
+    p.add_argument("--strict", action="store_true", help="exit 1 when any check, build or self-test fails")
+    p.add_argument("--force", action="store_true", help="redo the build and self-test even if a report exists")
+    p.add_argument("--skip-cross-compile", action="store_true", help="no GPU: skip the cross-compile check")
+    p.add_argument("--quick", action="store_true",
+                   help="build and test only the default variant (the others are checked on first use)")
+    p.add_argument("--worker", metavar="STATE_JSON", help=argparse.SUPPRESS)  # internal: the self-test child
+    p.add_argument("--mode", choices=("gpu", "interpreter"), default="gpu", help=argparse.SUPPRESS)
+    p.add_argument("--no-progress", action="store_true", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def check_targets_main(args) -> int:
+    from . import crosscompile as cc
+    try:
+        names = cc.DEFAULT_TARGETS if args.check_targets == "default" else \
+            [t.name for t in cc.parse_targets(args.check_targets)]
+    except ValueError as e:
+        print(f"install.py: {e}", file=sys.stderr)
+        return 2
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        results = cc.check_targets_in_child(names, args.head_dim)
+    else:
+        results = cc.check_targets(names, args.head_dim, progress=not args.json)
+    if args.json:
+        print(json.dumps(results, indent=2, sort_keys=True))
+    else:
+        print(cc.format_table(results))
+    return 1 if args.strict and not all(r.get("ok") for r in results.values()) else 0
+
+
+def section(title: str) -> None:
+    print(f"\n== {title} " + "=" * max(0, 70 - len(title)), flush=True)
+
+
+def print_report(report: dict) -> None:
+    if report.get("variants"):
+        print(selftest.format_variant_table(report["variants"]))
+    off = report.get("disabled_variants", [])
+    if off:
+        print(f"{len(off)} variant(s) turned off (the runtime will not pick them): {', '.join(off)}")
+    if report.get("mode") == "gpu":
+        line = selftest.format_long_sequence_kernel(report.get("long_sequence_kernel"))
+        if line:
+            print(line)
+        print(selftest.format_crossover(report.get("crossover")))
+    if report.get("sdpa_probe"):
+        p = report["sdpa_probe"]
+        print(f"torch default SDPA on this GPU: {'safe' if p['safe'] else 'NOT safe'} ({p['reason']})")
+    if report.get("error"):
+        print(f"error: {report['error']}")
+    if report.get("path"):
+        print(f"report: {report['path']}")
+
+
+def install_main(args) -> int:
+    print(f"SageTriton {rep.pack_version()} — kernel build and self-test")
+    section("Environment")
+    env = doctor.probe_environment()
+    checks = doctor.run_checks(env)
+    print(doctor.format_checks(checks), flush=True)
+    failed = doctor.has_failures(checks)
+    if env.torch_version is None or (env.triton_version is None and env.gpus):
+        print("\nCannot build kernels without torch and triton; fix the lines above and run `python install.py` again.")
+        return 1 if args.strict else 0
+
+    doctor_dicts = [c.as_dict() for c in checks]
+    if env.gpus:
+        arch = env.arch(0)
+        if not args.force:
+            existing = rep.load_report(rep.report_key(arch))
+            if existing and existing.get("complete") and (args.quick or not existing.get("quick")):
+                section(f"Kernels for {arch.name} ({arch.arch})")
+                print("Already built and self-tested for this GPU, torch, triton and pack version "
+                      "(use --force to redo):")
+                print_report(existing)
+                return 1 if args.strict and (failed or existing.get("disabled_variants")) else 0
+        section(f"Build + self-test on {arch.name} ({arch.arch}, {arch.family})")
+        print("Each kernel variant the Sage Settings node can pick is built and compared with torch SDPA.")
+        report = firststart.run_setup(arch, "gpu", echo=True, doctor=doctor_dicts, quick=args.quick)
+        print_report(report)
+        bad = failed or report.get("disabled_variants") or not report.get("complete")
+        return 1 if args.strict and bad else 0
+
+    section("No GPU found")
+    print("torch sees no CUDA or ROCm GPU on this machine. SageTriton still proves its kernels here:\n"
+          "  1. the accuracy self-test through the Triton interpreter (CPU, small sizes),\n"
+          "  2. a cross-compile for the common NVIDIA and AMD GPU families.")
+    cross = None
+    if not args.skip_cross_compile:
+        section("Cross-compile (no GPU needed)")
+        from . import crosscompile as cc
+        if os.environ.get("TRITON_INTERPRET", "0") == "1":
+            cross = cc.check_targets_in_child(cc.DEFAULT_TARGETS, args.head_dim)
+        else:
+            cross = cc.check_targets(cc.DEFAULT_TARGETS, args.head_dim, progress=True)
+        print(cc.format_table(cross), flush=True)
+    section("Self-test through the Triton interpreter")
+    report = firststart.run_setup(CPU_ARCH, "interpreter", echo=True, doctor=doctor_dicts,
+                                  cross_compile=cross, quick=args.quick)
+    print_report(report)
+    section("What this means")
+    print("On this machine the pack leaves ComfyUI's attention in place: the nodes load, and a model\n"
+          "patched by \"Patch Model Attention\" keeps running ComfyUI's own attention. On a machine with an\n"
+          "NVIDIA (sm80+) or AMD (RDNA3 / RDNA4 / CDNA) GPU, `python install.py` builds and tests the kernels.")
+    bad = failed or report.get("disabled_variants") or not report.get("complete") or \
+        (cross is not None and not all(r.get("ok") for r in cross.values()))
+    return 1 if args.strict and bad else 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        return firststart.worker_main(args.worker, args.mode, not args.no_progress)
+    if args.check_targets:
+        return check_targets_main(args)
+    try:
+        return install_main(args)
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:  # noqa: BLE001 - ComfyUI-Manager semantics: report, never fail the install
+        import traceback
+
+        traceback.print_exc()
+        print(f"\nSageTriton install.py hit an unexpected error ({type(e).__name__}: {e}). The pack still loads; "
+              "please report this output.")
+        return 1 if args.strict else 0
