@@ -123,6 +123,19 @@ def _kv_stats(k, v, k_sum: bool, v_stats: int, d_pad: int, pdl: bool = False):
     return parts, n_parts, k_tokens
 
 
+_signs: dict = {}
+
+
+def _rotation_signs(d_pad: int, block: int, device) -> torch.Tensor:
+    """``quant.hadamard_block`` times sqrt(block) as fp16 (±1 and 0), made once per device and size."""
+    key = (d_pad, block, str(device))
+    if key not in _signs:
+        from .reference import hadamard_block
+
+        _signs[key] = (hadamard_block(d_pad, block) * math.sqrt(block)).round().to(torch.float16).to(device)
+    return _signs[key]
+
+
 def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, stats=None, kv_div=1,
                  bias=None, bias_mult=1.0, per_block=False, finalize=None, pdl=False, after=True, rotate=0):
     """INT8 copy (B*H, L, D_PAD) and scales: one per block with ``per_block`` (group == block), else
@@ -145,7 +158,7 @@ def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, 
     grid = (triton.cdiv(L, block), B * H)
     _launch(quant.quantize_int8_kernel, grid, (
         x, *x.stride(), parts, slots[0], final, slots[1],
-        out, scale, bias if bias is not None else scale,
+        out, scale, bias if bias is not None else scale, _rotation_signs(d_pad, rotate, x.device) if rotate else scale,
         H, kv_div, L, l_kv, k_tokens, D, n_parts, scale_mult, bias_mult,
     ), dict(BLOCK=block, GROUP=group, D_PAD=d_pad, MEAN_MODE=mean_mode, SCALE_PER_BLOCK=per_block,
             FINALIZE=finalize is not None, K_SUM=k_sum, V_STATS=v_stats, V_RANGE=v_range, V_POW2=v_pow2,
@@ -333,7 +346,8 @@ def _quantize(plan: _CallPlan, cfg: KernelConfig, smooth_k: bool, smooth_v: bool
     # (a row vector loaded once per program); K scales are one scalar per tile whenever the
     # granularity allows, which saves a multiply per logit in the inner loop.
     qbias = torch.empty((B * H, LQ), dtype=torch.float32, device=qh.device) if (smooth_k and return_lse) else None
-    q8, qs = _quantize_qk(qh, q_group, cfg.block_m, d_pad, plan.sm_scale * quant.LOG2E,
+    # Rotating Q: 128 rows per program, the signs' load shared by more rows (scales stay per token).
+    q8, qs = _quantize_qk(qh, q_group, max(cfg.block_m, 128) if rotate else cfg.block_m, d_pad, plan.sm_scale * quant.LOG2E,
                           quant.MEAN_DOT if qbias is not None else quant.MEAN_NONE, stats, H // H_KV,
                           bias=qbias, bias_mult=plan.sm_scale,
                           finalize=(smooth_k, v_stats, *_v_range(cfg)) if stats is not None else None,

@@ -90,14 +90,17 @@ def hadamard_block(D_PAD: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _rotate(x, D_PAD: tl.constexpr, BLOCK: tl.constexpr):
-    """``x @ hadamard_block`` on the 16-bit tensor cores: each row is divided by its max |x| first, so
-    fp16's 11 bits hold it to 1/2048 of that max (INT8 keeps 1/127 of it), and the ±1 entries are exact;
-    the 1/sqrt(BLOCK) and the row max are applied to the fp32 sums. A row holding NaN/Inf stays non-finite."""
+def _rotate(x, Signs, D_PAD: tl.constexpr, BLOCK: tl.constexpr):
+    """``x @ hadamard_block`` on the 16-bit tensor cores. ``Signs``: that matrix times sqrt(BLOCK) (±1 and
+    0, exact in fp16; ``hadamard_block`` made once per device by the host, cheaper than per program).
+    Each row is divided by its max |x| first, so fp16's 11 bits hold it to 1/2048 of that max (INT8
+    keeps 1/127 of it); 1/sqrt(BLOCK) and the row max are applied to the fp32 sums. A row holding
+    NaN/Inf stays non-finite."""
     r = tl.max(tl.abs(x), 1)
     r = tl.where(r > 0, r, 1.0)
-    signs = hadamard_block(D_PAD, BLOCK) * tl.sqrt(BLOCK * 1.0)  # ±1 and 0
-    y = tl.dot((x / r[:, None]).to(tl.float16), signs.to(tl.float16))
+    d = tl.arange(0, D_PAD)
+    signs = tl.load(Signs + d[:, None] * D_PAD + d[None, :])
+    y = tl.dot((x * (1.0 / r)[:, None]).to(tl.float16), signs)
     return y * (r * (1.0 / tl.sqrt(BLOCK * 1.0)))[:, None]
 
 
@@ -287,6 +290,7 @@ def quantize_int8_kernel(
     Parts, part_slot,  # fp32 (4, B*H_KV, n_parts, D_PAD): kv_stats_kernel's partials
     Final, final_slot,  # fp32 (3, B*H_KV, D): K mean, V scale, V mean
     Out, Scale, Bias,  # int8 (B*H, L, D_PAD); fp32 (B*H, L) or (B*H, L/BLOCK); fp32 (B*H, L)
+    Signs,  # fp16 (D_PAD, D_PAD): the rotation's signs (ROTATE), else unused
     H, H_KV_DIV, L, L_KV, K_TOKENS, D, n_parts, scale_mult, bias_mult,
     BLOCK: tl.constexpr, GROUP: tl.constexpr, D_PAD: tl.constexpr, MEAN_MODE: tl.constexpr,
     SCALE_PER_BLOCK: tl.constexpr, FINALIZE: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr,
@@ -318,7 +322,7 @@ def quantize_int8_kernel(
         bias = tl.sum(x * mean[None, :], axis=1) * bias_mult
         tl.store(Bias + bh.to(tl.int64) * L + offs_l, bias, mask=row_ok)
     if ROTATE:
-        x = _rotate(x, D_PAD, ROTATE)
+        x = _rotate(x, Signs, D_PAD, ROTATE)
 
     out_ptrs = Out + bh.to(tl.int64) * L * D_PAD + offs_l[:, None].to(tl.int64) * D_PAD + offs_d[None, :]
     if SCALE_PER_BLOCK:

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 from sagetriton.kernels import reference as ref
 from sagetriton.kernels.arch import KernelConfig
-from sagetriton.kernels.quant import to_fp8
+from sagetriton.kernels.quant import hadamard_block, to_fp8
 from sagetriton.kernels.reference import cosine
 
 sageattn = kernels.sageattn
@@ -585,19 +585,18 @@ def test_int8_pv_with_masks_causal_and_lse(seed, pv):
     assert torch.allclose(lse.double(), exact_lse, atol=0.05, rtol=0.01)
 
 
+@triton.jit
+def _write_hadamard(Out, D_PAD: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.arange(0, D_PAD)
+    tl.store(Out + i[:, None] * D_PAD + i[None, :], hadamard_block(D_PAD, BLOCK))
+
+
 def test_hadamard_block_is_orthogonal_and_matches_the_kernels():
-    @triton.jit
-    def write(Out, D_PAD: tl.constexpr, BLOCK: tl.constexpr):
-        from sagetriton.kernels.quant import hadamard_block
-
-        i = tl.arange(0, D_PAD)
-        tl.store(Out + i[:, None] * D_PAD + i[None, :], hadamard_block(D_PAD, BLOCK))
-
     for d_pad, block in ((32, 32), (64, 64), (128, 128), (256, 128), (64, 16)):
         h = ref.hadamard_block(d_pad, block)
         assert torch.allclose(h @ h.T, torch.eye(d_pad, dtype=h.dtype), atol=1e-12)
         got = torch.empty(d_pad, d_pad)
-        write[(1,)](got, D_PAD=d_pad, BLOCK=block)
+        _write_hadamard[(1,)](got, D_PAD=d_pad, BLOCK=block)
         assert torch.allclose(got.double(), h, atol=1e-7)
 
 

@@ -19,6 +19,9 @@ def test_imports_without_comfyui_as_a_kernel_library():
         sys.modules["pack"] = pack
         spec.loader.exec_module(pack)
         assert "comfy" not in sys.modules
+        # Cheap: neither torch nor triton yet (pytest imports a checkout folder named like a package,
+        # e.g. "main", before tests/conftest.py can select the Triton interpreter).
+        assert "triton" not in sys.modules and "torch" not in sys.modules, "import pulled in torch/triton"
         assert pack.NODE_CLASS_MAPPINGS == {{}} and pack.WEB_DIRECTORY == "./web"
         stats = pack.attention_stats()
         assert stats == {{"kernel": 0, "fallback": {{}}}}, stats
