@@ -347,7 +347,8 @@ def _quantize(plan: _CallPlan, cfg: KernelConfig, smooth_k: bool, smooth_v: bool
     # granularity allows, which saves a multiply per logit in the inner loop.
     qbias = torch.empty((B * H, LQ), dtype=torch.float32, device=qh.device) if (smooth_k and return_lse) else None
     # Rotating Q: 128 rows per program, the signs' load shared by more rows (scales stay per token).
-    q8, qs = _quantize_qk(qh, q_group, max(cfg.block_m, 128) if rotate else cfg.block_m, d_pad, plan.sm_scale * quant.LOG2E,
+    q_block = max(cfg.block_m, 128) if rotate else cfg.block_m
+    q8, qs = _quantize_qk(qh, q_group, q_block, d_pad, plan.sm_scale * quant.LOG2E,
                           quant.MEAN_DOT if qbias is not None else quant.MEAN_NONE, stats, H // H_KV,
                           bias=qbias, bias_mult=plan.sm_scale,
                           finalize=(smooth_k, v_stats, *_v_range(cfg)) if stats is not None else None,
