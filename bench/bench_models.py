@@ -4,8 +4,8 @@
 
 For each model: one full forward of the cond+uncond batch (as the sampler sends it), unpatched
 (ComfyUI's default attention) vs through Patch Model Attention with default settings, and with
-the kernel forced on every call (min_seq_len=0) to show where the crossover matters, with the
-``fp8+residual`` P·V precision (the accurate choice, at its own crossover), and, when the
+the kernel forced on every call (min_seq_len=0) to show where the crossover matters, without the
+Q/K rotation, with INT8 P·V, with the ``fp8+residual`` P·V precision (the accurate choice, at its own crossover), and, when the
 ``sageattention`` package is importable, with ComfyUI's own ``attention_sage`` (the reference
 library) on every call, as ``--use-sage-attention`` would run it. Medians of
 several runs after warm-up, peak GPU memory, fallback share by reason, cosine of the patched
@@ -225,6 +225,8 @@ def bench_model(name: str, runs: int, profile_host: bool = False, controls: bool
     base = build(name)
     variants = {"unpatched": base, "patched (defaults)": patch_model(base, SageSettings()),
                 "patched (kernel on every call)": patch_model(base, SageSettings(min_seq_len=0)),
+                "patched (no Q/K rotation)": patch_model(base, SageSettings(qk_rotation="off")),
+                "patched (int8 P·V)": patch_model(base, SageSettings(pv_precision="int8")),
                 "patched (fp8+residual)": patch_model(base, SageSettings(pv_precision="fp8+residual"))}
     if controls:
         variants.update(control_variants(base))

@@ -267,7 +267,9 @@ def compile_target(target: Target, head_dim: int = 128, specs_for: Optional[Call
             except Exception as e:  # noqa: BLE001 - report which kernel failed, keep the others' results
                 raise RuntimeError(f"{spec.get('name', spec['fn'].__name__)}: {type(e).__name__}: "
                                    f"{str(e).strip().splitlines()[-1] if str(e).strip() else ''}") from e
-            found.update(matrix_instructions(out["asm"], target.backend))
+            mine = matrix_instructions(out["asm"], target.backend)
+            found.update(mine)
+            result.setdefault("kernels", {})[spec.get("name", spec["fn"].__name__)] = mine
             if spec.get("name") in _ATTENTION_KERNELS:
                 use = {k: out[k] for k in ("registers", "spills", "shared") if k in out}
                 key = _ATTENTION_KERNELS[spec["name"]]

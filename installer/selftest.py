@@ -31,7 +31,8 @@ def variants_for(arch: ArchInfo) -> list:
     """Every (granularity, P·V precision, accumulation) the Sage Settings node can select on ``arch``."""
     pv_ok = [p for p, (ok, _) in supported_choices(arch)["pv_precision"].items() if ok]
     return [{"qk_quant_gran": g, "pv_precision": p, "pv_accum_dtype": a}
-            for g, p, a in itertools.product(QK_QUANT_GRANS, pv_ok, PV_ACCUM_DTYPES)]
+            for g, p, a in itertools.product(QK_QUANT_GRANS, pv_ok, PV_ACCUM_DTYPES)
+            if p != "int8" or a == "fp32"]  # INT8 P·V sums in int32: the accumulation choice does not apply
 
 
 def default_variant(arch: ArchInfo, head_dim: int = 128) -> dict:

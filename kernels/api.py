@@ -512,9 +512,10 @@ attention_op = _register_op()
 
 
 @functools.lru_cache(maxsize=256)
-def _resolved_config(arch, head_dim: int, qk_quant_gran, pv_precision, pv_accum_dtype) -> KernelConfig:
+def _resolved_config(arch, head_dim: int, qk_quant_gran, pv_precision, pv_accum_dtype,
+                     qk_rotation=None) -> KernelConfig:
     """The config for one (GPU, head size, options): resolved once, its downgrade notes logged once."""
-    cfg, notes = resolve_config(arch, head_dim, qk_quant_gran, pv_precision, pv_accum_dtype)
+    cfg, notes = resolve_config(arch, head_dim, qk_quant_gran, pv_precision, pv_accum_dtype, qk_rotation)
     for note in notes:
         _warn_once(note)
     return cfg
@@ -525,7 +526,8 @@ def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: s
              attn_mask: Optional[torch.Tensor] = None, return_lse: bool = False, *,
              qk_quant_gran: Optional[str] = None, pv_precision: Optional[str] = None,
              pv_accum_dtype: Optional[str] = None, smooth_k: bool = True, smooth_v: bool = False,
-             out_layout: Optional[str] = None, config: Optional[KernelConfig] = None):
+             out_layout: Optional[str] = None, config: Optional[KernelConfig] = None,
+             qk_rotation: Optional[bool] = None):
     """Quantized scaled-dot-product attention.
 
     q: (B, Hq, Lq, D) for ``tensor_layout="HND"`` or (B, Lq, Hq, D) for ``"NHD"``; k, v likewise
@@ -536,19 +538,22 @@ def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: s
     ("HND" or "NHD", default ``tensor_layout``): the output is written in that layout directly, so a
     caller that wants the other one (ComfyUI's (B, L, H·D) from (B, H, L, D) inputs) needs no
     transposing copy. ``config``: a config the caller already resolved (the nodes' dispatcher, with
-    its downgrades, install self-test results and arch override); it is run as given, and the three
-    option names above must then be left as ``None``.
+    its downgrades, install self-test results and arch override); it is run as given, and the option
+    names must then be left as ``None``. ``qk_rotation``: multiply Q and K by a block Hadamard matrix
+    before INT8 rounding (exact for Q·Kᵀ; spreads outlier channels); ``None``: this GPU's default (on).
 
     Returns ``out`` or, with ``return_lse``, ``(out, lse)`` where lse is the natural-log
     log-sum-exp per (B, Hq, Lq) in fp32.
     """
     _check_inputs(q, k, v, tensor_layout, attn_mask, is_causal)
     if config is None:
-        cfg = _resolved_config(arch_for_device(q.device), q.shape[-1], qk_quant_gran, pv_precision, pv_accum_dtype)
-    elif qk_quant_gran is None and pv_precision is None and pv_accum_dtype is None:
+        cfg = _resolved_config(arch_for_device(q.device), q.shape[-1], qk_quant_gran, pv_precision, pv_accum_dtype,
+                               qk_rotation)
+    elif qk_quant_gran is None and pv_precision is None and pv_accum_dtype is None and qk_rotation is None:
         cfg = config
     else:
-        raise ValueError("pass either config or qk_quant_gran / pv_precision / pv_accum_dtype, not both")
+        raise ValueError("pass either config or qk_quant_gran / pv_precision / pv_accum_dtype / qk_rotation, "
+                         "not both")
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(q.shape[-1])
     # The custom op is what torch.compile traces (and what refuses autograd); plain eager calls skip

@@ -96,7 +96,11 @@ class KernelConfig:
         return dataclasses.asdict(self)
 
 
-# family -> (fp8 format or None, defaults). Crossovers marked "measured" come from bench/results;
+# family -> (fp8 format or None, defaults). P·V: INT8 where the datasheets rate it above the FP8 or FP16
+# product we would otherwise run (GeForce Ada and Blackwell: FP8 with fp32 accumulation at half rate;
+# Ampere: FP16 at a half or a quarter), FP8 where the two are equal (Hopper, measured: INT8's per-tile
+# rescale costs 12-16 % there; CDNA3 and RDNA4 assumed alike), FP16 where no 8-bit P·V is faster (RDNA3,
+# CDNA2). INT8 P·V is also about twice as accurate as FP8 (docs/RESULTS.md). Only Hopper is measured.
 # the others are estimates from the published reference numbers and are re-measured by install.py.
 # Non-Hopper tiles were chosen from cross-compiled assembly only (no such GPU was available, nothing
 # here is timed): no register spills under Triton 3.6 and 3.8, fewest main-loop instructions per
@@ -104,18 +108,18 @@ class KernelConfig:
 _FAMILIES = {
     # NVIDIA. 128x64 with 8 warps (16 query rows per warp, as 64x64 with 4) issues a third fewer
     # loop instructions per logit than 64x64/4 on sm80/86/89/120, spill-free in both versions.
-    "ampere": (None, dict(pv_precision="fp16", pv_accum_dtype="fp32", block_m=128, block_n=64, num_warps=8,
+    "ampere": (None, dict(pv_precision="int8", pv_accum_dtype="fp32", block_m=128, block_n=64, num_warps=8,
                           num_stages=3, min_seq_len=2048)),
-    "ampere_consumer": (None, dict(pv_precision="fp16", pv_accum_dtype="fp16+fp32", block_m=128, block_n=64,
+    "ampere_consumer": (None, dict(pv_precision="int8", pv_accum_dtype="fp32", block_m=128, block_n=64,
                                    num_warps=8, num_stages=2, min_seq_len=1024)),
-    "ada": ("e4m3fn", dict(pv_precision="fp8", pv_accum_dtype="fp32", block_m=128, block_n=64, num_warps=8,
+    "ada": ("e4m3fn", dict(pv_precision="int8", pv_accum_dtype="fp32", block_m=128, block_n=64, num_warps=8,
                            num_stages=2, min_seq_len=1024)),
     # Hopper: tiles and crossover measured on the H200 (bench/results/sm90_sweep.json, sm90_kernels.json).
     # The crossover is 4,608, not 4K, because wins at 4K were inside the host-time noise (bench/NOTES.md).
     "hopper": ("e4m3fn", dict(pv_precision="fp8", pv_accum_dtype="fp32", block_m=64, block_n=128,
                               num_warps=4, num_stages=2, min_seq_len=4608, use_tma=True, pdl=True)),
     # Tiles checked on sm120 (RTX 50xx); sm100 only checked to compile without spills.
-    "blackwell": ("e4m3fn", dict(pv_precision="fp8", pv_accum_dtype="fp32", block_m=128, block_n=64, num_warps=8,
+    "blackwell": ("e4m3fn", dict(pv_precision="int8", pv_accum_dtype="fp32", block_m=128, block_n=64, num_warps=8,
                                  num_stages=2, min_seq_len=2048)),
     "turing": (None, dict(pv_precision="fp16", pv_accum_dtype="fp32", num_stages=2, min_seq_len=2048)),
     # AMD. RDNA needs num_stages=1: deeper software pipelines miscompile there in some Triton versions.
@@ -237,7 +241,9 @@ def pdl_available() -> bool:
 
 def default_config(arch: ArchInfo, head_dim: int = 128) -> KernelConfig:
     fp8, row = _FAMILIES.get(arch.family, _FAMILIES["unknown"])
-    cfg = KernelConfig(fp8_format=fp8, **row)
+    # The Q/K rotation on every GPU (2-6 % on the H200, outlier and massive-channel inputs 1.6-2.6x closer to
+    # exact); not in the interpreter, whose tests compare against references built without it.
+    cfg = KernelConfig(fp8_format=fp8, qk_rotation=arch.family != "cpu", **row)
     if cfg.use_tma and not tma_available():
         cfg = cfg.replace(use_tma=False)
     if cfg.pdl and not pdl_available():
@@ -252,6 +258,8 @@ def default_config(arch: ArchInfo, head_dim: int = 128) -> KernelConfig:
         # From 4,608 query tokens (Flux at 1024²) the Gluon kernel is faster (bench/NOTES.md, "Gluon
         # kernel length").
         cfg = cfg.replace(max_registers=168, shared_kv_min_len=4608)
+    if arch.family == "blackwell" and cfg.pv_precision == "int8" and 64 < head_dim <= 128:
+        cfg = cfg.replace(block_m=64, num_warps=4)  # sm120, INT8 P·V: 128x64/8 spills 7, 64x64/4 none
     if arch.family in ("ada", "blackwell") and head_dim <= 64:
         # At head_dim 64 the 128x64/8 tile saves only 2-3 % of loop instructions on sm89/sm120 and
         # spills 8 bytes on sm89 under Triton 3.6 (ptxas aims at 128 registers): keep 64x64/4.
@@ -291,8 +299,8 @@ def supported_choices(arch: ArchInfo) -> dict:
 
 
 def resolve_config(arch: ArchInfo, head_dim: int = 128, qk_quant_gran: Optional[str] = None,
-                   pv_precision: Optional[str] = None, pv_accum_dtype: Optional[str] = None
-                   ) -> tuple[KernelConfig, list[str]]:
+                   pv_precision: Optional[str] = None, pv_accum_dtype: Optional[str] = None,
+                   qk_rotation: Optional[bool] = None) -> tuple[KernelConfig, list[str]]:
     """Defaults for ``arch`` overridden by the user's choices.
 
     Returns the config and a list of human-readable downgrades (choices this GPU cannot run).
@@ -322,6 +330,10 @@ def resolve_config(arch: ArchInfo, head_dim: int = 128, qk_quant_gran: Optional[
             notes.append(why)
     if pv_accum_dtype is not None:
         cfg = cfg.replace(pv_accum_dtype=pv_accum_dtype)
+    if qk_rotation is not None:
+        if not isinstance(qk_rotation, bool):
+            raise ValueError(f"qk_rotation must be True, False or None, got {qk_rotation!r}")
+        cfg = cfg.replace(qk_rotation=qk_rotation)
     if cfg.pv_precision == "fp8" and cfg.fp8_format is None:
         cfg = cfg.replace(fp8_format="e4m3fn")  # interpreter / unknown arch asked for fp8 explicitly
     if cfg.shared_kv_min_len and (cfg.pv_precision not in ("fp8", "int8") or cfg.qk_quant_gran == "per_thread"):

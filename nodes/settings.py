@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
 
 from ..kernels.arch import PV_ACCUM_DTYPES, PV_PRECISIONS, QK_QUANT_GRANS
 
@@ -15,6 +14,7 @@ AUTO = "auto"
 QK_QUANT_GRAN_CHOICES = (AUTO, *QK_QUANT_GRANS)
 PV_PRECISION_CHOICES = (AUTO, *PV_PRECISIONS)
 PV_ACCUM_DTYPE_CHOICES = (AUTO, *PV_ACCUM_DTYPES)
+QK_ROTATION_CHOICES = (AUTO, "on", "off")
 # auto: math-only SDPA on RDNA4, ComfyUI's own attention (or an earlier override) elsewhere.
 FALLBACK_CHOICES = (AUTO, "sdpa", "math")
 
@@ -32,10 +32,12 @@ class SageSettings:
     fallback: str = AUTO
     full_precision_first_steps: int = 0
     full_precision_last_steps: int = 0
+    qk_rotation: str = AUTO
 
     def __post_init__(self):
         for name, allowed in (("qk_quant_gran", QK_QUANT_GRAN_CHOICES), ("pv_precision", PV_PRECISION_CHOICES),
-                              ("pv_accum_dtype", PV_ACCUM_DTYPE_CHOICES), ("fallback", FALLBACK_CHOICES)):
+                              ("pv_accum_dtype", PV_ACCUM_DTYPE_CHOICES), ("fallback", FALLBACK_CHOICES),
+                              ("qk_rotation", QK_ROTATION_CHOICES)):
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"Sage Settings: {name}={value!r} is not one of {', '.join(allowed)}")
@@ -45,10 +47,12 @@ class SageSettings:
             if getattr(self, name) < 0:
                 raise ValueError(f"Sage Settings: {name} must be >= 0, got {getattr(self, name)}")
 
-    def explicit_kernel_choices(self) -> dict[str, Optional[str]]:
+    def explicit_kernel_choices(self) -> dict:
         """The kernel options for ``resolve_config``: None where the user left "auto"."""
-        return {name: (None if getattr(self, name) == AUTO else getattr(self, name))
-                for name in ("qk_quant_gran", "pv_precision", "pv_accum_dtype")}
+        choices: dict = {name: (None if getattr(self, name) == AUTO else getattr(self, name))
+                         for name in ("qk_quant_gran", "pv_precision", "pv_accum_dtype")}
+        choices["qk_rotation"] = None if self.qk_rotation == AUTO else self.qk_rotation == "on"
+        return choices
 
     def replace(self, **kw) -> SageSettings:
         return dataclasses.replace(self, **kw)

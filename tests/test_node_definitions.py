@@ -5,7 +5,7 @@ from sagetriton.nodes.settings import SageSettings
 
 SETTINGS_INPUTS = {
     "qk_quant_gran": (["auto", "per_block", "per_warp", "per_thread"], "auto"),
-    "pv_precision": (["auto", "fp16", "fp8", "fp8+residual"], "auto"),
+    "pv_precision": (["auto", "fp16", "fp8", "fp8+residual", "int8"], "auto"),
     "pv_accum_dtype": (["auto", "fp32", "fp16+fp32", "fp16"], "auto"),
     "smooth_k": ("BOOLEAN", True),
     "smooth_v": ("BOOLEAN", False),
@@ -42,6 +42,11 @@ def test_sage_settings_sockets_and_defaults():
     assert cls.RETURN_TYPES == ("SAGE_SETTINGS",)
     (settings,) = cls().build(**{name: default for name, (_, default) in SETTINGS_INPUTS.items()})
     assert settings == SageSettings()
+    # Added later as optional, so workflows saved before it keep their widget order.
+    optional = cls.INPUT_TYPES()["optional"]
+    assert list(optional) == ["qk_rotation"] and optional["qk_rotation"][0] == ["auto", "on", "off"]
+    assert cls().build(**{name: d for name, (_, d) in SETTINGS_INPUTS.items()}, qk_rotation="off")[0] \
+        .explicit_kernel_choices()["qk_rotation"] is False
 
 
 def test_patch_node_sockets():
