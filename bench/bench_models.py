@@ -5,7 +5,7 @@
 For each model: one full forward of the cond+uncond batch (as the sampler sends it), unpatched
 (ComfyUI's default attention) vs through Patch Model Attention with default settings, and with
 the kernel forced on every call (min_seq_len=0) to show where the crossover matters, without the
-Q/K rotation, with INT8 P·V, with the ``fp8+residual`` P·V precision (the accurate choice, at its own crossover), and, when the
+Q/K rotation, with INT8 P·V, with the ``fp8+residual`` P·V precision (at its own crossover), and, when the
 ``sageattention`` package is importable, with ComfyUI's own ``attention_sage`` (the reference
 library) on every call, as ``--use-sage-attention`` would run it. Medians of
 several runs after warm-up, peak GPU memory, fallback share by reason, cosine of the patched
