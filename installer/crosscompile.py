@@ -269,7 +269,7 @@ def compile_target(target: Target, head_dim: int = 128, specs_for: Optional[Call
                                    f"{str(e).strip().splitlines()[-1] if str(e).strip() else ''}") from e
             mine = matrix_instructions(out["asm"], target.backend)
             found.update(mine)
-            result.setdefault("kernels", {})[spec.get("name", spec["fn"].__name__)] = mine
+            result.setdefault("kernels", {})[spec.get("name") or spec["fn"].__name__] = mine
             if spec.get("name") in _ATTENTION_KERNELS:
                 use = {k: out[k] for k in ("registers", "spills", "shared") if k in out}
                 key = _ATTENTION_KERNELS[spec["name"]]

@@ -41,4 +41,6 @@ def test_settings_reject_invalid_values(bad):
 
 def test_settings_auto_means_table_default():
     s = SageSettings(pv_precision="fp8")
-    assert s.explicit_kernel_choices() == {"qk_quant_gran": None, "pv_precision": "fp8", "pv_accum_dtype": None}
+    assert s.explicit_kernel_choices() == {"qk_quant_gran": None, "pv_precision": "fp8", "pv_accum_dtype": None,
+                                           "qk_rotation": None}
+    assert SageSettings(qk_rotation="on").explicit_kernel_choices()["qk_rotation"] is True

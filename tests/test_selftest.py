@@ -15,10 +15,11 @@ def test_variants_follow_what_the_gpu_can_run(st):
 
     rdna3 = ArchInfo("amd", "gfx1100", "rdna3", "RX 7900 XTX", 32, None)
     rdna4 = ArchInfo("amd", "gfx1201", "rdna4", "RX 9070 XT", 32, "e4m3fn")
-    v4 = st.variants_for(rdna4)  # 3 granularities x (fp16, fp8, fp8+residual) x 3 accumulators
-    assert len(v4) == 27 and {v["pv_precision"] for v in v4} == {"fp16", "fp8", "fp8+residual"}
+    v4 = st.variants_for(rdna4)  # 3 granularities x ((fp16, fp8, fp8+residual) x 3 accumulators + int8)
+    assert len(v4) == 30 and {v["pv_precision"] for v in v4} == {"fp16", "fp8", "fp8+residual", "int8"}
+    assert {v["pv_accum_dtype"] for v in v4 if v["pv_precision"] == "int8"} == {"fp32"}
     v3 = st.variants_for(rdna3)
-    assert len(v3) == 9 and {v["pv_precision"] for v in v3} == {"fp16"}  # gfx11 has no fp8 matrix instructions
+    assert len(v3) == 12 and {v["pv_precision"] for v in v3} == {"fp16", "int8"}  # gfx11: no fp8 matrix units
     assert st.default_variant(rdna4)["pv_precision"] == "fp8"
     assert st.name_of(st.default_variant(rdna3)) == "per_warp/fp16/fp32"
 
