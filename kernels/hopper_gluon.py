@@ -6,7 +6,7 @@ Nsight Compute had L2 at 62 % of its throughput, the busiest unit of that kernel
 three warpgroups of 64 rows each (192 rows); consumer 0 also fills a ring of K/V tiles through TMA
 copies, and each tile is released once all three have multiplied it. The warpgroups run their loops
 independently (no turn-taking: a FlashAttention-3 style ping-pong of two warpgroups measured 15-20 %
-slower than three free-running ones, bench/NOTES.md attempts 16-17), with the same registers as the
+slower than three free-running ones, bench/NOTES.md), with the same registers as the
 portable kernel (168, so 3 × 128 threads fill the register file).
 
 The math is the portable kernel's, in the same order: INT8 Q·Kᵀ with one K scale per tile, integer
@@ -14,7 +14,7 @@ row max, one FMA per logit into exp2, P rounded to fp8 and relabelled into MMA o
 (``quant.mma_operand_order``; V is stored that way), a fresh fp32 P·V accumulator per tile added into
 the running output. One difference: the softmax's row sums come from the tensor cores (an MMA of the
 fp8 P with a block of ones), which takes 64 adds and two shuffles per thread and tile off the
-softmax (bench/NOTES.md attempt 25). They sum the fp8-rounded P that the numerator uses, so outputs
+softmax (bench/NOTES.md). They sum the fp8-rounded P that the numerator uses, so outputs
 differ from the portable kernel's by that rounding (bench/gpu_check.py: cosine between them ≥ 0.99995).
 
 One CTA per SM and equal work per CTA: when the last wave is partial, ``shared_kv_split_kernel``
@@ -99,7 +99,7 @@ if AVAILABLE:
 
         With FILL (warpgroup 0) the ring's refill, tile i + STAGES - 1, is started while this tile's P·V
         runs: its barrier waits and copies then cost that warpgroup nothing, where before the tile they
-        made it the last of the three to finish every CTA (bench/NOTES.md attempt 44)."""
+        made it the last of the three to finish every CTA."""
         BN: gl.constexpr = k_smem.type.shape[1]
         row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
         row_l: gl.constexpr = gl.SliceLayout(1, l_acc.type.layout)
@@ -238,7 +238,7 @@ if AVAILABLE:
         if SPLIT or not V_RES:
             # Stored from a layout where each thread holds 8 consecutive channels: 16-byte stores of
             # whole rows, not the MMA layout's 4-byte pieces over 8 rows per instruction, whose issue
-            # took ~5 µs of every CTA (bench/NOTES.md, attempt 39), and 8 addresses per thread instead of
+            # took ~5 µs of every CTA, and 8 addresses per thread instead of
             # 32 (a share's merge holds two tiles of rows: in the MMA layout it spilled). The layout change
             # goes through shared memory, which fp8+residual's 4-slot ring leaves no room for: its split
             # kernel runs a 3-slot ring (``SPLIT_RESIDUAL_STAGES``).

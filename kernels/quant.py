@@ -68,7 +68,7 @@ def pdl_start(PDL: tl.constexpr):
 @triton.jit
 def round_to_int8(y):
     """``y`` clamped to ±127 and rounded to the nearest integer (ties to even, as torch.round), as
-    int8, with one add instead of a float → int conversion per element (bench/NOTES.md, attempt 24)."""
+    int8, with one add instead of a float → int conversion per element."""
     y = tl.minimum(tl.maximum(y, -127.0), 127.0) + _ROUNDING_BIAS
     return y.to(tl.int32, bitcast=True).to(tl.int8)
 
@@ -329,7 +329,7 @@ def quantize_int8_kernel(
         # One scale per block (GROUP == BLOCK), reduced straight to a scalar; NaN and Inf are found
         # by that same max instead of a test per element. The per-row path below (row max, group
         # max, broadcast back to rows) spilled at 128 rows and took twice as long on an H200
-        # (bench/NOTES.md, attempt 29). A NaN/Inf key poisons its whole block: that changes nothing,
+        # (bench/NOTES.md). A NaN/Inf key poisons its whole block: that changes nothing,
         # since SDPA turns every query row that sees such a key into NaN anyway.
         amax = tl.reduce(tl.reduce(tl.abs(x), 1, _max_nan), 0, _max_nan)
         ok = amax < float("inf")  # False for NaN and Inf
