@@ -19,7 +19,7 @@ import sys
 import torch
 import torch.nn.functional as F
 import triton.testing
-from common import RESULTS, cosine, environment, import_pack, rel_l1, write_json
+from common import RESULTS, cosine, environment, import_pack, kitchen_attention, rel_l1, write_json
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import_pack()
@@ -87,7 +87,7 @@ def kernel_rows(arch, D):
     if base.shared_kv_min_len:  # the portable kernel alone, beside the default that switches to Gluon
         portable = base.replace(shared_kv_min_len=0)
         rows.append(("sage portable kernel", kernel_fn(portable), portable))
-    pvs = ("fp16", "fp8", "fp8+residual") if arch.fp8 else ("fp16",)
+    pvs = ("fp16", "fp8", "fp8+residual", "int8") if arch.fp8 else ("fp16", "int8")
     for gran, pv in itertools.product(("per_block", "per_warp", "per_thread"), pvs):
         c, _ = resolve_config(arch, D, gran, pv)  # what Sage Settings gives for this choice
         if c == base:
@@ -138,6 +138,9 @@ def bench_shape(shape, dtype, arch, all_variants=True, crossovers=None):
     ref = reference_sage()
     if ref is not None:
         methods.append(ref)
+    ck = kitchen_attention()  # ComfyUI's built-in INT8 attention, where importable
+    if ck is not None:
+        methods.append((*ck, None))
     for label, fn, cfg in methods:
         try:
             cos, l1 = accuracy(fn, *sets[0])  # first: builds the kernels outside the timing

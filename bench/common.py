@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import importlib.metadata
 import json
 import platform
 import sys
@@ -25,10 +26,28 @@ def environment() -> dict:
             "triton": triton.__version__, "python": platform.python_version()}
 
 
+def kitchen_attention():
+    """(label, fn(q, k, v)) for ComfyUI's built-in INT8 attention (comfy-kitchen) when it is importable
+    and runs on this GPU, else None (with the reason printed)."""
+    try:
+        import comfy_kitchen
+
+        fn = comfy_kitchen.int8_attention
+    except Exception as e:  # noqa: BLE001 - not installed, or no build for this GPU
+        print(f"comfy-kitchen unavailable: {type(e).__name__}: {e}")
+        return None
+    try:
+        version = importlib.metadata.version("comfy-kitchen")
+    except importlib.metadata.PackageNotFoundError:  # unpacked on PYTHONPATH without its metadata
+        version = getattr(comfy_kitchen, "__version__", "")
+    return f"comfy-kitchen {version} int8_attention".replace("  ", " "), lambda q, k, v: fn(q, k, v)
+
+
 def write_json(path: Path, payload: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=1))
     print(f"wrote {path}")
 
 
-__all__ = ["import_pack", "find_comfyui", "environment", "cosine", "rel_l1", "write_json", "RESULTS"]
+__all__ = ["import_pack", "find_comfyui", "environment", "cosine", "rel_l1", "write_json", "kitchen_attention",
+           "RESULTS"]

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 import triton.testing
 from accuracy_cases import CASES, make_case
-from common import RESULTS, cosine, environment, import_pack, rel_l1, write_json
+from common import RESULTS, cosine, environment, import_pack, kitchen_attention, rel_l1, write_json
 
 import_pack()
 from sagetriton.kernels.api import attention_forward  # noqa: E402
@@ -33,16 +33,6 @@ def ours(arch, D, pv, rotation):
     return cfg, lambda q, k, v: attention_forward(q, k, v, "HND", False, None, None, False, cfg, True, False)[0]
 
 
-def kitchen():
-    try:
-        import comfy_kitchen
-    except Exception as e:  # noqa: BLE001 - not installed, or no CUDA build for this GPU
-        print(f"comfy-kitchen unavailable: {type(e).__name__}: {e}")
-        return None
-    version = getattr(comfy_kitchen, "__version__", "?")
-    return f"comfy-kitchen {version} int8_attention", lambda q, k, v: comfy_kitchen.int8_attention(q, k, v)
-
-
 def methods(arch, D):
     rows = [("sdpa", lambda q, k, v: F.scaled_dot_product_attention(q, k, v), None)]
     for pv, rot in (("fp8", False), ("fp8", True), ("int8", False), ("int8", True), ("fp16", True)):
@@ -50,7 +40,7 @@ def methods(arch, D):
         rows.append((f"sagetriton {pv}{' +rotation' if rot else ''}", fn, cfg))
     if default_config(arch, D) not in [r[2] for r in rows]:
         rows.insert(1, ("sagetriton default", ours(arch, D, None, default_config(arch, D).qk_rotation)[1], None))
-    ck = kitchen()
+    ck = kitchen_attention()
     if ck is not None:
         rows.append((*ck, None))
     return rows
