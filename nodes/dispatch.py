@@ -192,7 +192,7 @@ def fallback_reason(call: AttentionCall, plan: KernelPlan) -> Optional[str]:
 
 def _variant_key(plan: KernelPlan, settings: SageSettings, call: AttentionCall, mask) -> tuple:
     cfg = plan.config
-    return (plan.arch.arch, cfg.qk_quant_gran, cfg.pv_choice(), cfg.pv_accum_dtype, settings.smooth_k,
+    return (plan.arch.arch, cfg.qk_quant_gran, cfg.pv_choice(), cfg.pv_accum_dtype, cfg.qk_rotation, settings.smooth_k,
             settings.smooth_v, call.q.dtype, call.head_dim, None if mask is None else mask.dtype)
 
 

@@ -22,7 +22,8 @@ def describe_plan(plan: Optional[KernelPlan]) -> str:
         return "kernel config not resolved (no call reached the kernel checks)"
     cfg = plan.config
     pv = cfg.pv_choice() + (f"({cfg.fp8_format})" if cfg.pv_precision == "fp8" else "")
-    return (f"{cfg.qk_quant_gran} QK, {pv} PV, {cfg.pv_accum_dtype} accum, min_seq_len {plan.min_seq_len} "
+    qk = cfg.qk_quant_gran + (" rotated" if cfg.qk_rotation else "")
+    return (f"{qk} QK, {pv} PV, {cfg.pv_accum_dtype} accum, min_seq_len {plan.min_seq_len} "
             f"on {plan.arch.arch}")
 
 
