@@ -48,9 +48,10 @@ def _write_json(path: Path, data: dict) -> None:
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
+    return data if isinstance(data, dict) else {}
 
 
 def worker_main(out_path: str, mode: str, show_progress: bool = True) -> int:
@@ -287,7 +288,7 @@ def _background_job(delay: float, device_fn: Optional[Callable]) -> None:
     try:
         time.sleep(delay)  # let ComfyUI finish starting: the worker competes for CPU while it compiles
         from ..kernels.arch import detect_arch
-        from .report import current_report
+        from .report import current_report, current_report_problem
 
         arch = detect_arch(device_fn() if device_fn else None)
         if arch.vendor == "cpu":
@@ -296,7 +297,9 @@ def _background_job(delay: float, device_fn: Optional[Callable]) -> None:
         if current_report(arch) is not None:
             _state.set("done", "report found (install.py or an earlier start built and tested the kernels)")
             return
-        _state.set("running", f"building and self-testing the kernels for {arch.name} ({arch.arch})")
+        invalid = current_report_problem(arch)
+        _state.set("running", f"building and self-testing the kernels for {arch.name} ({arch.arch})"
+                   + (f"; the old report was invalid ({invalid})" if invalid else ""))
         logger.info("[SageTriton] first start on %s (%s): building and self-testing the kernels in the background; "
                     "until it finishes, patched models use the table's defaults", arch.name, arch.arch)
         last = [-1]
