@@ -12,6 +12,7 @@ off the request path; it never raises and never blocks.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -34,6 +35,36 @@ WORKER_TIMEOUT = 3600.0  # the whole stage
 LONG_SEQUENCE_STEP = "long-sequence kernel"  # the worker step that builds and checks it (GPU only)
 ENV_NO_AUTOSETUP = "SAGETRITON_NO_AUTOSETUP"
 ENV_SETUP_DELAY = "SAGETRITON_SETUP_DELAY"  # seconds after start-up before the background self-test (default 10)
+DEFAULT_SETUP_DELAY, MAX_SETUP_DELAY = 10.0, 600.0  # longer leaves the browser waiting for nothing
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def env_flag(name: str, default: bool = False) -> bool:
+    """``1/true/yes/on`` or ``0/false/no/off`` (any case); anything else keeps ``default``, said in one log line."""
+    raw = os.environ.get(name)
+    value = (raw or "").strip().lower()
+    if raw is None or value not in _TRUE + _FALSE:
+        if raw is not None:
+            logger.warning("[SageTriton] ignoring %s=%r (expected 1/true/yes/on or 0/false/no/off)", name, raw)
+        return default
+    return value in _TRUE
+
+
+def clamp_delay(value, name: str = ENV_SETUP_DELAY) -> float:
+    """Seconds in [0, MAX_SETUP_DELAY]; not a number (or NaN) gives the default, each said in one log line."""
+    try:
+        delay = float(value)
+    except (TypeError, ValueError):
+        delay = math.nan
+    if math.isnan(delay):
+        logger.warning("[SageTriton] ignoring %s=%r (not a number of seconds); using %g", name, value,
+                       DEFAULT_SETUP_DELAY)
+        return DEFAULT_SETUP_DELAY
+    if not 0 <= delay <= MAX_SETUP_DELAY:
+        clamped = min(max(delay, 0.0), MAX_SETUP_DELAY)
+        logger.warning("[SageTriton] %s=%r is outside 0-%g seconds; using %g", name, value, MAX_SETUP_DELAY, clamped)
+        return clamped
+    return delay
 
 
 # ---------------------------------------------------------------------------------------------
@@ -330,18 +361,15 @@ def start_background_setup(delay: Optional[float] = None, device_fn: Optional[Ca
     """
     if notify is not None:
         _state.notify = notify
-    if delay is None:
-        try:
-            delay = float(os.environ.get(ENV_SETUP_DELAY, "10"))
-        except ValueError:
-            delay = 10.0
-    if os.environ.get(ENV_NO_AUTOSETUP, "0") == "1":
-        _state.set("skipped", f"disabled by {ENV_NO_AUTOSETUP}=1")
+    # time.sleep() raises on a negative, NaN or infinite delay, which ended the thread "failed" on any machine
+    delay = clamp_delay(os.environ.get(ENV_SETUP_DELAY, DEFAULT_SETUP_DELAY) if delay is None else delay)
+    if env_flag(ENV_NO_AUTOSETUP):
+        _state.set("skipped", f"disabled by {ENV_NO_AUTOSETUP}={os.environ[ENV_NO_AUTOSETUP]}")
         return False
     with _state.lock:
         if _state.thread is not None:
             return False
-        _state.phase = "waiting"
+        _state.phase, _state.message = "waiting", f"starting in {delay:g} s"
         _state.thread = threading.Thread(target=_background_job, args=(delay, device_fn), name="SageTriton-setup",
                                          daemon=True)
         _state.thread.start()
