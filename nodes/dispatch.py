@@ -192,8 +192,11 @@ def fallback_reason(call: AttentionCall, plan: KernelPlan) -> Optional[str]:
 
 def _variant_key(plan: KernelPlan, settings: SageSettings, call: AttentionCall, mask) -> tuple:
     cfg = plan.config
+    # With the shape class (powers of two of batch x heads, Lq, Lk): a launch that fails for one size
+    # (e.g. a grid limit) turns the variant off for that size only, not for every call.
+    shape_class = tuple(n.bit_length() for n in (call.batch * call.heads, call.q_len, call.k_len))
     return (plan.arch.arch, cfg.qk_quant_gran, cfg.pv_choice(), cfg.pv_accum_dtype, settings.smooth_k,
-            settings.smooth_v, call.q.dtype, call.head_dim, None if mask is None else mask.dtype)
+            settings.smooth_v, call.q.dtype, call.head_dim, None if mask is None else mask.dtype, shape_class)
 
 
 class PatchState:
