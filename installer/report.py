@@ -94,18 +94,34 @@ def _user_cache_dir() -> Path:
 
 
 def report_dir() -> Path:
+    """Where reports are written: the pack folder when writable, else the user's cache folder."""
     if os.environ.get(ENV_DIR):
         return Path(os.environ[ENV_DIR])
     local = PACK_DIR / ".sagetriton"
     return local if _writable(local) else _user_cache_dir()
 
 
+def report_dirs() -> list:
+    """Where reports are read from, in order: the pack folder is read even when read-only (install.py may have
+    written it as another user), then the user's cache folder."""
+    if os.environ.get(ENV_DIR):
+        return [Path(os.environ[ENV_DIR])]
+    return [PACK_DIR / ".sagetriton", _user_cache_dir()]
+
+
 def _safe(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", s)
 
 
+def _report_name(key: dict) -> str:
+    return f"report-{_safe(key['arch'])}-{key_id(key)}.json"
+
+
 def report_path(key: dict) -> Path:
-    return report_dir() / f"report-{_safe(key['arch'])}-{key_id(key)}.json"
+    return report_dir() / _report_name(key)
+
+
+SHARED_KEY = ("arch", "torch", "triton", "pack")  # installs differing in these keep their reports side by side
 
 
 def new_report(key: dict) -> dict:
@@ -135,13 +151,18 @@ def save_report(report: dict) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".report-", suffix=".tmp")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(dumps(report, indent=2, sort_keys=True))
+    os.chmod(tmp, 0o644)  # mkstemp's 0600 hid the report from other accounts (a Docker image built as root)
     os.replace(tmp, path)
-    for old in path.parent.glob(f"report-{_safe(report['key']['arch'])}-*.json"):
-        if old != path:
-            try:
+    # Drop only reports this one supersedes (same arch, torch, triton and pack: an edited kernel or another
+    # GPU name); another torch or triton sharing this folder keeps its own.
+    key = report["key"]
+    for old in path.parent.glob(f"report-{_safe(key['arch'])}-*.json"):
+        try:
+            other = json.loads(old.read_text(encoding="utf-8")).get("key") or {}
+            if old != path and all(other.get(f) == key.get(f) for f in SHARED_KEY):
                 old.unlink()
-            except OSError:
-                pass
+        except (OSError, ValueError, AttributeError):
+            pass  # unreadable or not a report object: not ours to judge here
     invalidate_cache()
     return path
 
@@ -208,19 +229,25 @@ def read_report(key: dict) -> tuple[Optional[dict], Optional[str]]:
     """``(report, None)`` for a valid report of exactly this key; ``(None, why)`` for an invalid one
     (sampling then uses the table defaults and the next start or install.py rewrites it); ``(None, None)``
     when there is none for this key."""
-    path = report_path(key)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constants)
-    except FileNotFoundError:
-        return None, None
-    except (OSError, ValueError) as e:
-        problem = f"unreadable ({e})"
-    else:
+    problems = []
+    for d in report_dirs():  # the first valid one wins
+        path = d / _report_name(key)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constants)
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as e:
+            problems.append((path, f"unreadable ({e})"))
+            continue
         if isinstance(data, dict) and data.get("schema") == SCHEMA and data.get("key") != key:
-            return None, None  # another install's report under a colliding name: not ours, not broken
+            continue  # another install's report under a colliding name: not ours, not broken
         problem = report_problem(data, key)
         if problem is None:
             return data, None
+        problems.append((path, problem))
+    if not problems:
+        return None, None
+    path, problem = problems[0]
     logger.warning("[SageTriton] ignoring invalid report %s: %s; it will be redone", path, problem)
     return None, problem
 
