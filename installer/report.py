@@ -216,6 +216,8 @@ def report_problem(data, key: Optional[dict] = None) -> Optional[str]:
     for field in ("sdpa_default_safe", "complete", "quick"):
         if data.get(field) is not None and not isinstance(data[field], bool):
             return f"{field} is {data[field]!r}, not true/false"
+    if data.get("attempts") is not None and not _is_int(data["attempts"], 1):
+        return f"attempts is {data['attempts']!r}, not a whole number >= 1"
     if data.get("long_sequence_kernel") is not None and not isinstance(data["long_sequence_kernel"], dict):
         return "long_sequence_kernel is not an object"
     return _crossover_problem(data.get("crossover"))
