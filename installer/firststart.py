@@ -283,6 +283,8 @@ def run_worker_stage(mode: str, out_path: Path, echo: bool = True, sdpa_default_
             break
         how = ChildResult(None if timed_out else proc.returncode, "", stderr or "", timed_out=timed_out,
                           payload={}).describe()
+        if how == "ok":  # exit code 0 without "complete" (e.g. its file was clobbered): not a success to show
+            how = "the worker exited without finishing the self-test"
         current = state.get("current")
         crashes.append({"step": current, "how": how})
         logger.warning("[SageTriton] self-test worker stopped at %s: %s", current or "start-up", how)

@@ -75,7 +75,8 @@ def status_payload(device=None) -> dict:
         "report": {"found": r is not None, "created": (r or {}).get("created"), "path": (r or {}).get("path"),
                    "mode": (r or {}).get("mode"), "key": rep.report_key(arch),
                    # an invalid report is ignored (table defaults) and rewritten by the next start or install.py
-                   "invalid": rep.current_report_problem(arch)},
+                   "invalid": rep.current_report_problem(arch),
+                   "complete": (r or {}).get("complete"), "attempts": (r or {}).get("attempts")},
         "setup": setup_status(),
         "versions": _versions(),
         "stats": stats.attention_stats(),

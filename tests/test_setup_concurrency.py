@@ -149,3 +149,15 @@ def test_incomplete_report_is_retried_on_later_starts_with_a_cap(pack, tmp_path,
     st = fs.setup_status()
     assert st["phase"] == "failed" and f"incomplete after {fs.MAX_SETUP_ATTEMPTS} attempts" in st["message"], st
     assert "exited with code 1" in st["message"] and "install.py --force" in st["message"]
+    from sagetriton.nodes.status_route import status_payload
+
+    shown = status_payload("cpu")["report"]  # the simulated GPU's report, as the browser gets it
+    assert shown["found"] and shown["complete"] is False and shown["attempts"] == fs.MAX_SETUP_ATTEMPTS
+
+
+def test_worker_exiting_zero_unfinished_is_not_reported_as_ok(pack, tmp_path):
+    from sagetriton.installer import firststart as fs
+
+    cmd = lambda out, mode, echo: [sys.executable, "-c", "pass"]  # noqa: E731 - exits 0, nothing done
+    state = fs.run_worker_stage("gpu", tmp_path / "w.json", echo=False, cmd_for=cmd)
+    assert not state.get("complete") and state["error"] == "the worker exited without finishing the self-test"
