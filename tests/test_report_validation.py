@@ -170,3 +170,27 @@ def test_install_py_rewrites_a_broken_report(rep, fake_worker, monkeypatch, caps
     assert "Traceback" not in out.out + out.err and "Build + self-test" in out.out
     assert rep.load_report(rep.report_key(arch))["crossover"]["seq_len"] == 3072 and path.exists()
     assert cli.main([]) == 0 and "Already built" in capsys.readouterr().out  # now valid: reused
+
+
+def test_nodes_panel_says_the_report_was_ignored(rep, tmp_path):
+    """The panel lines of web/sage_format.mjs (the module the page loads) for the status of a broken report."""
+    import shutil
+    import subprocess
+
+    from sagetriton.kernels.arch import CPU_ARCH
+    from sagetriton.nodes.status_route import _dumps, status_payload
+
+    from sagetriton_import import PACK_DIR
+
+    if shutil.which("node") is None:
+        pytest.skip("needs node")
+    _plant(rep, CPU_ARCH, "[]")
+    (tmp_path / "status.json").write_text(_dumps(status_payload("cpu")))
+    module = (PACK_DIR / "web" / "sage_format.mjs").as_uri()
+    js = (f"import {{infoLines, PATCH_NODE}} from '{module}'; import {{readFileSync}} from 'fs';"
+          "console.log(JSON.stringify(infoLines(PATCH_NODE, JSON.parse(readFileSync(process.argv[1], 'utf8')))));")
+    proc = subprocess.run(["node", "--input-type=module", "-e", js, str(tmp_path / "status.json")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = json.loads(proc.stdout)
+    assert any(ln.startswith("⚠ self-test report ignored (the report is list, not an object)") for ln in lines), lines
