@@ -217,6 +217,7 @@ class PatchState:
         self.report = report or NoReport()  # install.py's self-test: crossover, failed variants
         self.planner = KernelPlanner(settings, self.report)
         self.runs = RunLog()
+        self.redo_reason: Optional[str] = None  # set by the non-finite guard: every call of a redone forward
         self.last_plan: Optional[KernelPlan] = None  # of the last call that reached the plan (run summary)
         self._step_cache: Optional[tuple[tuple, bool]] = None
         # head_dim -> (min key length, reason): calls known to go to ComfyUI's own attention by length
@@ -329,6 +330,9 @@ class PatchState:
         return entry[1] if entry is not None and k_len < entry[0] else None
 
     def dispatch(self, func: Callable, args: tuple, kwargs: dict) -> torch.Tensor:
+        if self.redo_reason is not None:  # the non-finite guard redoes this forward on ComfyUI's attention
+            self.runs.fallback(self.redo_reason)
+            return self.run_fallback(func, args, kwargs, None)
         reason = self.short_call_reason(args, kwargs)
         if reason is not None:  # no binding, no checks
             self.runs.fallback(reason)
