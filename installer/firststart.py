@@ -367,6 +367,13 @@ def _run_setup_locked(report, key, d, mode, echo, safe, on_progress, quick) -> d
     previous = load_report(key)
     # incomplete reports are retried on later starts, up to MAX_SETUP_ATTEMPTS (counted here)
     report["attempts"] = (previous.get("attempts") or 1) + 1 if previous and not previous.get("complete") else 1
+    for left in d.glob(f".worker-{report['key_id']}-*"):  # progress/temp files of killed supervisors
+        pid = left.name[len(f".worker-{report['key_id']}-"):].split(".")[0]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            try:
+                left.unlink()
+            except OSError:
+                pass
     partial = d / f".worker-{report['key_id']}-{os.getpid()}.json"  # per process: never shared
     state = run_worker_stage(mode, partial, echo=echo, sdpa_default_safe=safe, on_progress=on_progress,
                              quick=quick)

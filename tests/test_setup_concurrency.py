@@ -161,3 +161,43 @@ def test_worker_exiting_zero_unfinished_is_not_reported_as_ok(pack, tmp_path):
     cmd = lambda out, mode, echo: [sys.executable, "-c", "pass"]  # noqa: E731 - exits 0, nothing done
     state = fs.run_worker_stage("gpu", tmp_path / "w.json", echo=False, cmd_for=cmd)
     assert not state.get("complete") and state["error"] == "the worker exited without finishing the self-test"
+
+
+# Chaos: the fake worker with the real worker's supervisor watch; a start checks for a finished report first,
+# as ComfyUI's first start and install.py do.
+CHAOS_WORKER = FAKE_WORKER.replace("import json, os, sys, time\n", (
+    "import json, os, sys, time\nfrom sagetriton_import import import_pack\nimport_pack(run_init=False)\n"
+    "from sagetriton.installer import firststart as fs\nfs._end_with_supervisor(poll=0.1)\n"))
+CHAOS_START = SUPERVISOR.replace("r = fs.run_setup(", "from sagetriton.installer import report as rep\n"
+                                 "arch = ArchInfo('nvidia', 'sm89', 'ada', 'RTX 4090', 32, 'e4m3fn')\n"
+                                 "r = rep.load_report(rep.report_key(arch))\n"
+                                 "r = r if r and r.get('complete') else fs.run_setup(")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_chaos_starts_killed_at_random_end_with_one_complete_report(tmp_path, seed):
+    import random
+
+    rng = random.Random(seed)
+    counter = tmp_path / "started.txt"
+    report_dir = tmp_path / "reports"
+    finished = []
+    for _round in range(4):
+        procs = [subprocess.Popen([sys.executable, "-c", CHAOS_START, CHAOS_WORKER, "ok", str(counter)],
+                                  cwd=str(PACK_DIR), env=_env(report_dir), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(3)]
+        victims = rng.sample(procs, rng.randint(0, 2)) if _round < 3 else []  # the last round runs to the end
+        time.sleep(rng.uniform(0.5, 4.0))
+        for p in victims:
+            p.kill()
+        for p in procs:
+            out, err = p.communicate(timeout=180)
+            if p not in victims:
+                assert p.returncode == 0, err[-3000:]
+                finished.append(json.loads(out.strip().splitlines()[-1]))
+    assert finished and all(r["complete"] and not r["error"] for r in finished), finished
+    reports = list(report_dir.glob("report-sm89-*.json"))
+    assert len(reports) == 1 and json.loads(reports[0].read_text())["complete"] is True
+    workers = {int(line.split()[0]) for line in counter.read_text().splitlines()}
+    time.sleep(1.0)
+    assert not [w for w in workers if _alive(w)], "orphaned workers"
