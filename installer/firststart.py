@@ -190,11 +190,17 @@ def _pid_alive(pid: int) -> bool:
 
 
 def lock_holder(lock: Path) -> Optional[int]:
-    """The pid of the live process holding ``lock``, or None (free or stale)."""
+    """The pid of the live process holding ``lock`` (0: one that is writing it now), or None (free or stale)."""
     try:
-        pid, age = int(lock.read_text().split()[0]), time.time() - lock.stat().st_mtime
-    except (OSError, ValueError, IndexError):
+        age = time.time() - lock.stat().st_mtime
+    except OSError:
         return None
+    try:
+        pid = int(lock.read_text().split()[0])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, IndexError):  # no pid yet: its holder is between creating and writing it
+        return 0 if age < 10 else None
     return pid if pid > 0 and _pid_alive(pid) and age < LOCK_STALE_AFTER else None
 
 

@@ -84,6 +84,11 @@ def test_a_dead_holders_lock_is_taken_over(pack, tmp_path):
     assert lock.read_text().split()[0] == str(os.getpid())
     fs.release_lock(lock)
     assert not lock.exists()
+    lock.write_text("")  # just created by another process, its pid not written yet: held
+    assert fs.lock_holder(lock) == 0 and not fs.try_lock(lock)
+    os.utime(lock, (time.time() - 60, time.time() - 60))  # empty for a minute: left by a crash, stale
+    assert fs.lock_holder(lock) is None and fs.try_lock(lock)
+    fs.release_lock(lock)
 
 
 def _alive(pid):
