@@ -12,6 +12,7 @@ off the request path; it never raises and never blocks.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -25,15 +26,46 @@ from ..kernels.arch import CPU_ARCH, ArchInfo
 from ..kernels.log import logger
 from .childproc import ChildResult
 from .progress import progress_bar
-from .report import new_report, report_dir, report_key, save_report
+from .report import load_report, new_report, report_dir, report_key, save_report
 
 PACK_DIR = Path(__file__).resolve().parent.parent
 MAX_RESTARTS = 3
+MAX_SETUP_ATTEMPTS = 3  # starts that retry an incomplete report (the worker died, e.g. OOM-killed) before giving up
 STEP_TIMEOUT = 600.0  # one variant (two head dims) or the speed test; a GPU hang is stopped after this
 WORKER_TIMEOUT = 3600.0  # the whole stage
 LONG_SEQUENCE_STEP = "long-sequence kernel"  # the worker step that builds and checks it (GPU only)
 ENV_NO_AUTOSETUP = "SAGETRITON_NO_AUTOSETUP"
 ENV_SETUP_DELAY = "SAGETRITON_SETUP_DELAY"  # seconds after start-up before the background self-test (default 10)
+DEFAULT_SETUP_DELAY, MAX_SETUP_DELAY = 10.0, 600.0  # longer leaves the browser waiting for nothing
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def env_flag(name: str, default: bool = False) -> bool:
+    """``1/true/yes/on`` or ``0/false/no/off`` (any case); anything else keeps ``default``, said in one log line."""
+    raw = os.environ.get(name)
+    value = (raw or "").strip().lower()
+    if raw is None or value not in _TRUE + _FALSE:
+        if raw is not None:
+            logger.warning("[SageTriton] ignoring %s=%r (expected 1/true/yes/on or 0/false/no/off)", name, raw)
+        return default
+    return value in _TRUE
+
+
+def clamp_delay(value, name: str = ENV_SETUP_DELAY) -> float:
+    """Seconds in [0, MAX_SETUP_DELAY]; not a number (or NaN) gives the default, each said in one log line."""
+    try:
+        delay = float(value)
+    except (TypeError, ValueError):
+        delay = math.nan
+    if math.isnan(delay):
+        logger.warning("[SageTriton] ignoring %s=%r (not a number of seconds); using %g", name, value,
+                       DEFAULT_SETUP_DELAY)
+        return DEFAULT_SETUP_DELAY
+    if not 0 <= delay <= MAX_SETUP_DELAY:
+        clamped = min(max(delay, 0.0), MAX_SETUP_DELAY)
+        logger.warning("[SageTriton] %s=%r is outside 0-%g seconds; using %g", name, value, MAX_SETUP_DELAY, clamped)
+        return clamped
+    return delay
 
 
 # ---------------------------------------------------------------------------------------------
@@ -41,16 +73,17 @@ ENV_SETUP_DELAY = "SAGETRITON_SETUP_DELAY"  # seconds after start-up before the 
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # per writer: supervisor and worker never share a temp file
     tmp.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
     os.replace(tmp, path)
 
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
+    return data if isinstance(data, dict) else {}
 
 
 def worker_main(out_path: str, mode: str, show_progress: bool = True) -> int:
@@ -60,9 +93,10 @@ def worker_main(out_path: str, mode: str, show_progress: bool = True) -> int:
     from ..kernels.arch import detect_arch
     from . import selftest
 
+    _end_with_supervisor()
     path = Path(out_path)
     state = _read_json(path) or {"variants": {}}
-    state.update(mode=mode, current=None, complete=False)
+    state.update(mode=mode, current=None, complete=False, pid=os.getpid())
     if mode == "gpu":
         arch, device = detect_arch(), torch.device("cuda", torch.cuda.current_device())
         dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
@@ -119,6 +153,85 @@ def worker_main(out_path: str, mode: str, show_progress: bool = True) -> int:
     return 0
 
 
+def _end_with_supervisor(poll: float = 0.5) -> None:
+    """A killed supervisor leaves the worker orphaned (re-parented): stop then, instead of testing on alone."""
+    if os.name == "nt":
+        return
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="SageTriton-supervisor-watch", daemon=True).start()
+
+
+# ---------------------------------------------------------------------------------------------
+# One self-test per report key at a time, across processes (two ComfyUIs sharing custom_nodes, install.py
+# during a first start): a lock file holding the owner's pid; a dead owner's lock is taken over.
+
+LOCK_STALE_AFTER = WORKER_TIMEOUT * 1.5  # where a pid cannot be checked (Windows), age decides
+
+
+def _pid_alive(pid: int) -> bool:
+    if os.name == "nt":
+        return True  # os.kill(pid, 0) would terminate it there; the lock's age decides instead
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (dead, not yet reaped) holds nothing
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def lock_holder(lock: Path) -> Optional[int]:
+    """The pid of the live process holding ``lock`` (0: one that is writing it now), or None (free or stale)."""
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except OSError:
+        return None
+    try:
+        pid = int(lock.read_text().split()[0])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, IndexError):  # no pid yet: its holder is between creating and writing it
+        return 0 if age < 10 else None
+    return pid if pid > 0 and _pid_alive(pid) and age < LOCK_STALE_AFTER else None
+
+
+def try_lock(lock: Path) -> bool:
+    """Take ``lock`` for this process; False while another live process holds it."""
+    for _ in range(3):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            if lock_holder(lock) is not None:
+                return False
+            try:  # stale: move it aside atomically, so two processes cannot both take it over
+                os.replace(lock, lock.with_name(f"{lock.name}.stale-{os.getpid()}"))
+                os.unlink(lock.with_name(f"{lock.name}.stale-{os.getpid()}"))
+            except OSError:
+                pass
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        return True
+    return False
+
+
+def release_lock(lock: Path) -> None:
+    try:
+        if lock.read_text().split()[0] == str(os.getpid()):
+            lock.unlink()
+    except (OSError, IndexError):
+        pass
+
+
 # ---------------------------------------------------------------------------------------------
 # The supervisor
 
@@ -145,30 +258,39 @@ def run_worker_stage(mode: str, out_path: Path, echo: bool = True, sdpa_default_
     for _restart in range(MAX_RESTARTS + 1):
         proc = subprocess.Popen(cmd_for(out_path, mode, echo), env=env, stdout=None if echo else subprocess.DEVNULL,
                                 stderr=None if echo else subprocess.PIPE, text=True, errors="replace",
-                                # no console window popping up on Windows when started from ComfyUI
+                                # its own process group: a Ctrl-C or a signal to ComfyUI's group reaches the
+                                # supervisor, which ends it (below); no console window on Windows
+                                start_new_session=os.name != "nt",
                                 creationflags=0 if echo else getattr(subprocess, "CREATE_NO_WINDOW", 0))
         stderr, timed_out, t0 = "", False, time.monotonic()
         step, step_t0 = None, t0
-        while True:
-            try:
-                _, stderr = proc.communicate(timeout=1.0)
-                break
-            except subprocess.TimeoutExpired:
-                now, seen = time.monotonic(), _read_json(out_path)
-                if on_progress:
-                    on_progress(seen)
-                if (seen.get("current"), seen.get("done")) != step:
-                    step, step_t0 = (seen.get("current"), seen.get("done")), now
-                if now - step_t0 > step_timeout or now - t0 > timeout:
-                    proc.kill()
-                    _, stderr = proc.communicate()
-                    timed_out = True
+        try:
+            while True:
+                try:
+                    _, stderr = proc.communicate(timeout=1.0)
                     break
+                except subprocess.TimeoutExpired:
+                    now, seen = time.monotonic(), _read_json(out_path)
+                    if on_progress:
+                        on_progress(seen)
+                    if (seen.get("current"), seen.get("done")) != step:
+                        step, step_t0 = (seen.get("current"), seen.get("done")), now
+                    if now - step_t0 > step_timeout or now - t0 > timeout:
+                        proc.kill()
+                        _, stderr = proc.communicate()
+                        timed_out = True
+                        break
+        finally:
+            if proc.poll() is None:  # the supervisor is leaving (exception, Ctrl-C): the worker goes with it
+                proc.kill()
+                proc.wait()
         state = _read_json(out_path)
         if state.get("complete"):
             break
         how = ChildResult(None if timed_out else proc.returncode, "", stderr or "", timed_out=timed_out,
                           payload={}).describe()
+        if how == "ok":  # exit code 0 without "complete" (e.g. its file was clobbered): not a success to show
+            how = "the worker exited without finishing the self-test"
         current = state.get("current")
         crashes.append({"step": current, "how": how})
         logger.warning("[SageTriton] self-test worker stopped at %s: %s", current or "start-up", how)
@@ -187,6 +309,14 @@ def run_worker_stage(mode: str, out_path: Path, echo: bool = True, sdpa_default_
         state["error"] = f"the worker crashed {len(crashes)} times; giving up"
     state["crashes"] = crashes
     return state
+
+
+def incomplete_what(report: dict) -> str:
+    """What an incomplete report is missing, in a few words (for the node and /sage/status)."""
+    crashed = [c.get("step") or "start-up" for c in report.get("worker_crashes") or []]
+    missing = [] if report.get("crossover") else ["speed measurement (crossover)"]
+    return "; ".join(filter(None, [report.get("error") or "", f"crashed on {', '.join(crashed)}" if crashed else "",
+                                   f"missing {', '.join(missing)}" if missing else ""])) or "unknown"
 
 
 def disabled_from(variants: dict) -> list:
@@ -221,7 +351,36 @@ def run_setup(arch: ArchInfo, mode: str, echo: bool = True, on_progress=None, do
         report["sdpa_default_safe"] = safe
     d = report_dir()
     d.mkdir(parents=True, exist_ok=True)
-    partial = d / f".worker-{report['key_id']}.json"
+    lock = d / f".lock-{report['key_id']}"
+    waited = False
+    while not try_lock(lock):  # another process is testing this key: wait for its report, not redo it
+        if not waited and echo:
+            print(f"Another self-test for this GPU is running (pid {lock_holder(lock)}); waiting for it...", flush=True)
+        if on_progress:
+            on_progress({"current": f"waiting for another self-test (pid {lock_holder(lock)})"})
+        waited = True
+        time.sleep(1.0)
+    try:
+        done = load_report(key) if waited else None
+        if done is not None and done.get("complete"):
+            return done
+        return _run_setup_locked(report, key, d, mode, echo, safe, on_progress, quick)
+    finally:
+        release_lock(lock)
+
+
+def _run_setup_locked(report, key, d, mode, echo, safe, on_progress, quick) -> dict:
+    previous = load_report(key)
+    # incomplete reports are retried on later starts, up to MAX_SETUP_ATTEMPTS (counted here)
+    report["attempts"] = (previous.get("attempts") or 1) + 1 if previous and not previous.get("complete") else 1
+    for left in d.glob(f".worker-{report['key_id']}-*"):  # progress/temp files of killed supervisors
+        pid = left.name[len(f".worker-{report['key_id']}-"):].split(".")[0]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            try:
+                left.unlink()
+            except OSError:
+                pass
+    partial = d / f".worker-{report['key_id']}-{os.getpid()}.json"  # per process: never shared
     state = run_worker_stage(mode, partial, echo=echo, sdpa_default_safe=safe, on_progress=on_progress,
                              quick=quick)
     report["quick"] = quick
@@ -287,16 +446,23 @@ def _background_job(delay: float, device_fn: Optional[Callable]) -> None:
     try:
         time.sleep(delay)  # let ComfyUI finish starting: the worker competes for CPU while it compiles
         from ..kernels.arch import detect_arch
-        from .report import current_report
+        from .report import current_report, current_report_problem
 
         arch = detect_arch(device_fn() if device_fn else None)
         if arch.vendor == "cpu":
             _state.set("skipped", "no GPU: SageTriton leaves ComfyUI's attention in place")
             return
-        if current_report(arch) is not None:
+        found = current_report(arch)
+        if found is not None and found.get("complete"):
             _state.set("done", "report found (install.py or an earlier start built and tested the kernels)")
             return
-        _state.set("running", f"building and self-testing the kernels for {arch.name} ({arch.arch})")
+        if found is not None and (found.get("attempts") or 1) >= MAX_SETUP_ATTEMPTS:
+            _state.set("failed", f"self-test incomplete after {MAX_SETUP_ATTEMPTS} attempts ({incomplete_what(found)});"
+                                 " table defaults where it did not finish; `python install.py --force` retries")
+            return
+        invalid = current_report_problem(arch)
+        _state.set("running", f"building and self-testing the kernels for {arch.name} ({arch.arch})"
+                   + (f"; the old report was invalid ({invalid})" if invalid else ""))
         logger.info("[SageTriton] first start on %s (%s): building and self-testing the kernels in the background; "
                     "until it finishes, patched models use the table's defaults", arch.name, arch.arch)
         last = [-1]
@@ -327,18 +493,15 @@ def start_background_setup(delay: Optional[float] = None, device_fn: Optional[Ca
     """
     if notify is not None:
         _state.notify = notify
-    if delay is None:
-        try:
-            delay = float(os.environ.get(ENV_SETUP_DELAY, "10"))
-        except ValueError:
-            delay = 10.0
-    if os.environ.get(ENV_NO_AUTOSETUP, "0") == "1":
-        _state.set("skipped", f"disabled by {ENV_NO_AUTOSETUP}=1")
+    # time.sleep() raises on a negative, NaN or infinite delay, which ended the thread "failed" on any machine
+    delay = clamp_delay(os.environ.get(ENV_SETUP_DELAY, DEFAULT_SETUP_DELAY) if delay is None else delay)
+    if env_flag(ENV_NO_AUTOSETUP):
+        _state.set("skipped", f"disabled by {ENV_NO_AUTOSETUP}={os.environ[ENV_NO_AUTOSETUP]}")
         return False
     with _state.lock:
         if _state.thread is not None:
             return False
-        _state.phase = "waiting"
+        _state.phase, _state.message = "waiting", f"starting in {delay:g} s"
         _state.thread = threading.Thread(target=_background_job, args=(delay, device_fn), name="SageTriton-setup",
                                          daemon=True)
         _state.thread.start()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import tempfile
@@ -93,23 +94,54 @@ def _user_cache_dir() -> Path:
 
 
 def report_dir() -> Path:
+    """Where reports are written: the pack folder when writable, else the user's cache folder."""
     if os.environ.get(ENV_DIR):
         return Path(os.environ[ENV_DIR])
     local = PACK_DIR / ".sagetriton"
     return local if _writable(local) else _user_cache_dir()
 
 
+def report_dirs() -> list:
+    """Where reports are read from, in order: the pack folder is read even when read-only (install.py may have
+    written it as another user), then the user's cache folder."""
+    if os.environ.get(ENV_DIR):
+        return [Path(os.environ[ENV_DIR])]
+    return [PACK_DIR / ".sagetriton", _user_cache_dir()]
+
+
 def _safe(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", s)
 
 
+def _report_name(key: dict) -> str:
+    return f"report-{_safe(key['arch'])}-{key_id(key)}.json"
+
+
 def report_path(key: dict) -> Path:
-    return report_dir() / f"report-{_safe(key['arch'])}-{key_id(key)}.json"
+    return report_dir() / _report_name(key)
+
+
+SHARED_KEY = ("arch", "torch", "triton", "pack")  # installs differing in these keep their reports side by side
 
 
 def new_report(key: dict) -> dict:
     return {"schema": SCHEMA, "key": key, "key_id": key_id(key), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "variants": {}, "disabled_variants": [], "crossover": None, "sdpa_default_safe": None}
+
+
+def sanitize(obj):
+    """``obj`` with non-finite floats as None: strict JSON (a browser's JSON.parse rejects NaN/Infinity)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): sanitize(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [sanitize(v) for v in obj]
+    return obj
+
+
+def dumps(obj, **kw) -> str:
+    return json.dumps(sanitize(obj), allow_nan=False, default=str, **kw)
 
 
 def save_report(report: dict) -> Path:
@@ -118,38 +150,120 @@ def save_report(report: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".report-", suffix=".tmp")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=2, sort_keys=True, default=str)
+        f.write(dumps(report, indent=2, sort_keys=True))
+    os.chmod(tmp, 0o644)  # mkstemp's 0600 hid the report from other accounts (a Docker image built as root)
     os.replace(tmp, path)
-    for old in path.parent.glob(f"report-{_safe(report['key']['arch'])}-*.json"):
-        if old != path:
-            try:
+    # Drop only reports this one supersedes (same arch, torch, triton and pack: an edited kernel or another
+    # GPU name); another torch or triton sharing this folder keeps its own.
+    key = report["key"]
+    for old in path.parent.glob(f"report-{_safe(key['arch'])}-*.json"):
+        try:
+            other = json.loads(old.read_text(encoding="utf-8")).get("key") or {}
+            if old != path and all(other.get(f) == key.get(f) for f in SHARED_KEY):
                 old.unlink()
-            except OSError:
-                pass
+        except (OSError, ValueError, AttributeError):
+            pass  # unreadable or not a report object: not ours to judge here
     invalidate_cache()
     return path
 
 
+def _is_int(v, lo: int = 0) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= lo
+
+
+def _crossover_problem(c, where: str = "crossover") -> Optional[str]:
+    if c is None:
+        return None
+    if not isinstance(c, dict):
+        return f"{where} is {type(c).__name__}, not an object"
+    if c.get("seq_len") is not None and not _is_int(c["seq_len"]):
+        return f"{where}.seq_len is {c['seq_len']!r}, not a whole number >= 0"
+    if c.get("head_dim") is not None and not _is_int(c["head_dim"], 1):
+        return f"{where}.head_dim is {c['head_dim']!r}, not a whole number >= 1"
+    if not isinstance(c.get("timings", []), list) or any(
+            not isinstance(t, dict) or ("seq_len" in t and not _is_int(t["seq_len"])) for t in c.get("timings", [])):
+        return f"{where}.timings is not a list of timings with whole-number seq_len"
+    by_dim = c.get("by_head_dim")
+    if by_dim is None:
+        return None
+    if not isinstance(by_dim, dict):
+        return f"{where}.by_head_dim is {type(by_dim).__name__}, not an object"
+    for d, sub in by_dim.items():
+        if not (isinstance(d, str) and d.isdigit() and int(d) > 0):
+            return f"{where}.by_head_dim has key {d!r}, not a head size"
+        problem = _crossover_problem(sub, f"{where}.by_head_dim[{d}]")
+        if problem or (sub or {}).get("by_head_dim") is not None:
+            return problem or f"{where}.by_head_dim[{d}] nests another by_head_dim"
+    return None
+
+
+def report_problem(data, key: Optional[dict] = None) -> Optional[str]:
+    """Why ``data`` is not a usable report (types and ranges of what the runtime reads), or None when it is."""
+    if not isinstance(data, dict):
+        return f"the report is {type(data).__name__}, not an object"
+    if data.get("schema") != SCHEMA:
+        return f"schema {data.get('schema')!r}, expected {SCHEMA}"
+    if key is not None and data.get("key") != key:
+        return "made for another pack, kernel, torch, triton or GPU"
+    variants = data.get("variants", {})
+    if not isinstance(variants, dict) or any(
+            not isinstance(v, dict) or any(not isinstance(v.get(s, {}), dict) for s in ("build", "selftest"))
+            for v in variants.values()):
+        return "variants is not an object of {build, selftest} objects"
+    off = data.get("disabled_variants", [])
+    if not isinstance(off, list) or any(not isinstance(v, str) for v in off):
+        return "disabled_variants is not a list of names"
+    for field in ("sdpa_default_safe", "complete", "quick"):
+        if data.get(field) is not None and not isinstance(data[field], bool):
+            return f"{field} is {data[field]!r}, not true/false"
+    if data.get("attempts") is not None and not _is_int(data["attempts"], 1):
+        return f"attempts is {data['attempts']!r}, not a whole number >= 1"
+    if data.get("long_sequence_kernel") is not None and not isinstance(data["long_sequence_kernel"], dict):
+        return "long_sequence_kernel is not an object"
+    return _crossover_problem(data.get("crossover"))
+
+
+def _no_constants(name: str):
+    raise ValueError(f"{name} in the report (not JSON)")
+
+
+def read_report(key: dict) -> tuple[Optional[dict], Optional[str]]:
+    """``(report, None)`` for a valid report of exactly this key; ``(None, why)`` for an invalid one
+    (sampling then uses the table defaults and the next start or install.py rewrites it); ``(None, None)``
+    when there is none for this key."""
+    problems = []
+    for d in report_dirs():  # the first valid one wins
+        path = d / _report_name(key)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constants)
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as e:
+            problems.append((path, f"unreadable ({e})"))
+            continue
+        if isinstance(data, dict) and data.get("schema") == SCHEMA and data.get("key") != key:
+            continue  # another install's report under a colliding name: not ours, not broken
+        problem = report_problem(data, key)
+        if problem is None:
+            return data, None
+        problems.append((path, problem))
+    if not problems:
+        return None, None
+    path, problem = problems[0]
+    logger.warning("[SageTriton] ignoring invalid report %s: %s; it will be redone", path, problem)
+    return None, problem
+
+
 def load_report(key: dict) -> Optional[dict]:
-    """The report for exactly this key; None when missing, unreadable, or from another schema/key."""
-    path = report_path(key)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as e:
-        logger.warning("[SageTriton] ignoring unreadable report %s (%s); it will be redone", path, e)
-        return None
-    if data.get("schema") != SCHEMA or data.get("key") != key:
-        return None
-    return data
+    """The report for exactly this key; None when missing, invalid, or from another schema/key."""
+    return read_report(key)[0]
 
 
 # ---------------------------------------------------------------------------------------------
 # Runtime read API: cheap after the first call (cached per process; save_report refreshes it).
 
 _cache_lock = threading.Lock()
-_cached: dict = {}
+_cached: dict = {}  # arch -> (report, problem)
 
 
 def invalidate_cache() -> None:
@@ -157,8 +271,7 @@ def invalidate_cache() -> None:
         _cached.clear()
 
 
-def current_report(arch: Optional[ArchInfo] = None) -> Optional[dict]:
-    """The report for the running GPU (``detect_arch()`` when not given), or None."""
+def _current(arch: Optional[ArchInfo]) -> tuple[Optional[dict], Optional[str]]:
     if arch is None:
         from ..kernels.arch import detect_arch
 
@@ -166,10 +279,20 @@ def current_report(arch: Optional[ArchInfo] = None) -> Optional[dict]:
     with _cache_lock:
         if arch.arch in _cached:
             return _cached[arch.arch]
-    report = load_report(report_key(arch))
+    found = read_report(report_key(arch))
     with _cache_lock:
-        _cached[arch.arch] = report
-    return report
+        _cached[arch.arch] = found
+    return found
+
+
+def current_report(arch: Optional[ArchInfo] = None) -> Optional[dict]:
+    """The valid report for the running GPU (``detect_arch()`` when not given), or None."""
+    return _current(arch)[0]
+
+
+def current_report_problem(arch: Optional[ArchInfo] = None) -> Optional[str]:
+    """Why the running GPU's report was ignored as invalid (None: valid or absent)."""
+    return _current(arch)[1]
 
 
 def variant_name(qk_quant_gran: str, pv_precision: str, pv_accum_dtype: str) -> str:

@@ -28,6 +28,7 @@ _FP16_TILE_V_LIMIT = 256.0
 ROTATION_BLOCK = 128  # channels one Hadamard block mixes (head dims above 128 get two blocks)
 INT8_MAX = 127.0  # V's range and P's largest weight with INT8 P·V (signed: Triton multiplies int8 by int8 only)
 _warned: set = set()
+GRID_Y_LIMIT = 65535  # CUDA's largest grid y (and z); B·H programs go there
 
 
 def _warn_once(msg: str) -> None:
@@ -58,16 +59,29 @@ def _launch(kernel, grid, args: tuple, constexprs: dict, num_warps: int, num_sta
 
 
 def _check_inputs(q, k, v, layout: str, attn_mask, is_causal: bool) -> None:
+    # Named errors before any arithmetic (a 0 head size divided by zero in the scale; a list had no .dim()).
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__} (use torch.as_tensor(...))")
+    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
     if layout not in ("HND", "NHD"):
         raise ValueError(f"tensor_layout must be 'HND' (B, H, L, D) or 'NHD' (B, L, H, D), got {layout!r}")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError("q, k and v must be 4-D tensors")
+    h_dim = 1 if layout == "HND" else 2
+    for name, n in (("H (q's heads)", q.shape[h_dim]), ("Hkv (k's heads)", k.shape[h_dim]),
+                    ("Hkv (v's heads)", v.shape[h_dim]), ("D (q's head_dim)", q.shape[3])):
+        if n == 0:
+            raise ValueError(f"{name} is 0: every tensor needs at least one head and a head_dim of 1..256")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise TypeError(f"sageattn supports float16, bfloat16 and float32 inputs, got {q.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError("q, k and v must be on one device")
+    if attn_mask is not None and attn_mask.device != q.device:
+        raise ValueError(f"attn_mask is on {attn_mask.device}, q on {q.device}: move it with .to(q.device)")
     if q.device.type == "cpu" and not interpreter_enabled() and _launch_hook is None:
         raise RuntimeError("sageattn runs on CUDA/ROCm GPUs; CPU tensors need TRITON_INTERPRET=1 (tests only)")
     if is_causal and attn_mask is not None:
@@ -546,6 +560,23 @@ def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: s
     log-sum-exp per (B, Hq, Lq) in fp32.
     """
     _check_inputs(q, k, v, tensor_layout, attn_mask, is_causal)
+    for name, opt in (("qk_quant_gran", qk_quant_gran), ("pv_precision", pv_precision),
+                      ("pv_accum_dtype", pv_accum_dtype)):
+        if opt is not None and not isinstance(opt, str):
+            raise TypeError(f"{name} must be a string or None, got {type(opt).__name__} {opt!r}")
+    B, H = q.shape[0], q.shape[1 if tensor_layout == "HND" else 2]
+    if B * H > GRID_Y_LIMIT:  # every launch has B·H programs on grid y (65,535 at most on CUDA): split the batch
+        if H > GRID_Y_LIMIT:
+            raise ValueError(f"H = {H} query heads exceed {GRID_Y_LIMIT} (the GPU's grid limit); split the heads")
+        step = GRID_Y_LIMIT // H
+        parts = [sageattn(q[i:i + step], k[i:i + step], v[i:i + step], tensor_layout, is_causal, sm_scale,
+                          attn_mask[i:i + step] if attn_mask is not None and attn_mask.dim() == 4
+                          and attn_mask.shape[0] == B else attn_mask, return_lse, qk_quant_gran=qk_quant_gran,
+                          pv_precision=pv_precision, pv_accum_dtype=pv_accum_dtype, smooth_k=smooth_k,
+                          smooth_v=smooth_v, out_layout=out_layout, config=config) for i in range(0, B, step)]
+        if not return_lse:
+            return torch.cat(parts)
+        return torch.cat([o for o, _ in parts]), torch.cat([lse for _, lse in parts])
     if config is None:
         cfg = _resolved_config(arch_for_device(q.device), q.shape[-1], qk_quant_gran, pv_precision, pv_accum_dtype,
                                qk_rotation)

@@ -192,8 +192,12 @@ def fallback_reason(call: AttentionCall, plan: KernelPlan) -> Optional[str]:
 
 def _variant_key(plan: KernelPlan, settings: SageSettings, call: AttentionCall, mask) -> tuple:
     cfg = plan.config
-    return (plan.arch.arch, cfg.qk_quant_gran, cfg.pv_choice(), cfg.pv_accum_dtype, cfg.qk_rotation, settings.smooth_k,
-            settings.smooth_v, call.q.dtype, call.head_dim, None if mask is None else mask.dtype)
+    # With the shape class (powers of two of batch x heads, Lq, Lk): a launch that fails for one size
+    # (e.g. a grid limit) turns the variant off for that size only, not for every call.
+    shape_class = tuple(n.bit_length() for n in (call.batch * call.heads, call.q_len, call.k_len))
+    return (plan.arch.arch, cfg.qk_quant_gran, cfg.pv_choice(), cfg.pv_accum_dtype, cfg.qk_rotation,
+            settings.smooth_k, settings.smooth_v, call.q.dtype, call.head_dim, None if mask is None else mask.dtype,
+            shape_class)
 
 
 class PatchState:
@@ -214,6 +218,7 @@ class PatchState:
         self.report = report or NoReport()  # install.py's self-test: crossover, failed variants
         self.planner = KernelPlanner(settings, self.report)
         self.runs = RunLog()
+        self.redo_reason: Optional[str] = None  # set by the non-finite guard: every call of a redone forward
         self.last_plan: Optional[KernelPlan] = None  # of the last call that reached the plan (run summary)
         self._step_cache: Optional[tuple[tuple, bool]] = None
         # head_dim -> (min key length, reason): calls known to go to ComfyUI's own attention by length
@@ -326,6 +331,9 @@ class PatchState:
         return entry[1] if entry is not None and k_len < entry[0] else None
 
     def dispatch(self, func: Callable, args: tuple, kwargs: dict) -> torch.Tensor:
+        if self.redo_reason is not None:  # the non-finite guard redoes this forward on ComfyUI's attention
+            self.runs.fallback(self.redo_reason)
+            return self.run_fallback(func, args, kwargs, None)
         reason = self.short_call_reason(args, kwargs)
         if reason is not None:  # no binding, no checks
             self.runs.fallback(reason)

@@ -33,16 +33,24 @@ def _safely(fn, *args):
     try:
         return fn(*args)
     except Exception as e:  # noqa: BLE001
-        logger.debug("[SageTriton] self-test report unusable (%s: %s)", fn.__name__, e)
+        logger.debug("[SageTriton] self-test report unusable (%s: %s)", getattr(fn, "__name__", fn), e)
         return None
+
+
+def _length(value) -> Optional[int]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 2**31:
+        raise ValueError(f"crossover {value!r} is not a key length")
+    return int(value)
 
 
 class InstallReport(NoReport):
     """The report written by install.py (or the first start) for the running GPU."""
 
     def crossover(self, arch, cfg, head_dim: int = 128):
-        value = _safely(report.crossover_for, arch, cfg, head_dim)
-        return None if value is None else int(value)
+        # int() inside the guard: a tampered value must give the table default, not fail every call
+        return _safely(lambda: _length(report.crossover_for(arch, cfg, head_dim)))
 
     def variant_failed(self, arch, cfg):
         return bool(_safely(report.is_variant_disabled, cfg, arch))

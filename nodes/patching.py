@@ -10,6 +10,8 @@ from typing import Optional
 from ..kernels.arch import ArchInfo
 from .dispatch import PatchState, make_attention_override
 from .install_report import InstallReport
+from .nonfinite_guard import WRAPPER_KEY as GUARD_KEY
+from .nonfinite_guard import make_apply_model_wrapper
 from .run_summary import WRAPPER_KEY, make_outer_sample_wrapper
 from .settings import DEFAULT_SETTINGS, SageSettings
 
@@ -48,6 +50,9 @@ def patch_model(model, settings: Optional[SageSettings] = None, node_id: Optiona
     outer = comfy.patcher_extension.WrappersMP.OUTER_SAMPLE
     patched.remove_wrappers_with_key(outer, WRAPPER_KEY)  # re-patching: one summary per run, not two
     patched.add_wrapper_with_key(outer, WRAPPER_KEY, make_outer_sample_wrapper(state))
+    apply = comfy.patcher_extension.WrappersMP.APPLY_MODEL
+    patched.remove_wrappers_with_key(apply, GUARD_KEY)
+    patched.add_wrapper_with_key(apply, GUARD_KEY, make_apply_model_wrapper(state))
     return patched
 
 

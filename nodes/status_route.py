@@ -73,7 +73,10 @@ def status_payload(device=None) -> dict:
         "min_seq_len_resolved": plan.min_seq_len,
         "sdpa_default_safe": (r or {}).get("sdpa_default_safe"),
         "report": {"found": r is not None, "created": (r or {}).get("created"), "path": (r or {}).get("path"),
-                   "mode": (r or {}).get("mode"), "key": rep.report_key(arch)},
+                   "mode": (r or {}).get("mode"), "key": rep.report_key(arch),
+                   # an invalid report is ignored (table defaults) and rewritten by the next start or install.py
+                   "invalid": rep.current_report_problem(arch),
+                   "complete": (r or {}).get("complete"), "attempts": (r or {}).get("attempts")},
         "setup": setup_status(),
         "versions": _versions(),
         "stats": stats.attention_stats(),
@@ -122,6 +125,6 @@ def register_routes() -> bool:
 
 
 def _dumps(obj) -> str:
-    import json
+    from ..installer.report import dumps
 
-    return json.dumps(obj, default=str)
+    return dumps(obj)  # strict JSON: no NaN/Infinity, which the browser cannot parse

@@ -86,18 +86,23 @@ def test_corrupt_wrong_schema_and_stale_reports(rep, rdna4, tmp_path):
     assert rep.load_report(r["key"]) is None
     path.write_text(json.dumps(dict(r, schema=rep.SCHEMA + 1)))
     assert rep.load_report(r["key"]) is None
-    # Saving a report for a new key removes the stale one of the same GPU, not other GPUs' reports.
+    # Saving a report for a new key removes the one it supersedes (same arch, torch, triton and pack: an
+    # edited kernel), not other GPUs' reports nor another torch's sharing the folder (issue 31, item 7).
     from sagetriton.kernels.arch import ArchInfo
 
     ada = ArchInfo("nvidia", "sm89", "ada", "RTX 4090", 32, "e4m3fn")
     rep.save_report(rep.new_report(rep.report_key(ada, "2.9.0", "3.5.0")))
-    new = _report(rep, rdna4)
-    new["key"] = dict(new["key"], torch="2.10.0")
-    new["key_id"] = rep.key_id(new["key"])
-    rep.save_report(new)
+    path.write_text(json.dumps(r))  # the valid old-schema-free report again
+    keys = {}
+    for change in ({"torch": "2.10.0"}, {"kernels": "0" * 12}):
+        new = _report(rep, rdna4)
+        new["key"] = keys[next(iter(change))] = dict(new["key"], **change)
+        new["key_id"] = rep.key_id(new["key"])
+        rep.save_report(new)
     names = sorted(p.name for p in tmp_path.glob("report-*.json"))
-    assert len(names) == 2 and any(n.startswith("report-sm89-") for n in names)
-    assert rep.load_report(new["key"]) is not None
+    assert len(names) == 3 and any(n.startswith("report-sm89-") for n in names), names
+    assert rep.load_report(keys["torch"]) is not None and rep.load_report(keys["kernels"]) is not None
+    assert rep.load_report(r["key"]) is None and not path.exists()  # superseded by the kernel edit
 
 
 def test_cache_is_refreshed_by_save(rep, rdna4, monkeypatch):

@@ -95,6 +95,12 @@ export function setupLine(status) {
   return total ? `⏳ building and testing kernels ${done ?? 0}/${total}` : "⏳ building and testing kernels";
 }
 
+// A report the pack ignored as invalid (tampered, half-written): table defaults until it is redone.
+export function reportLine(status) {
+  const why = status?.report?.invalid;
+  return why ? `⚠ self-test report ignored (${why}); table defaults until it is redone` : null;
+}
+
 export function setupInProgress(status) {
   return ["waiting", "running"].includes(status?.setup?.phase);
 }
@@ -108,6 +114,8 @@ export function infoLines(nodeType, status, unsupported = unsupportedChoices(sta
   if (seq) lines.push(seq);
   const setup = setupLine(status);
   if (setup) lines.push(setup);
+  const report = reportLine(status);
+  if (report) lines.push(report);
   if (nodeType === SETTINGS_NODE) {
     for (const values of Object.values(unsupported)) {
       for (const { short } of Object.values(values)) lines.push(`⚠ ${short}`);
