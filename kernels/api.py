@@ -564,6 +564,8 @@ def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: s
                       ("pv_accum_dtype", pv_accum_dtype)):
         if opt is not None and not isinstance(opt, str):
             raise TypeError(f"{name} must be a string or None, got {type(opt).__name__} {opt!r}")
+    if qk_rotation is not None and not isinstance(qk_rotation, bool):
+        raise TypeError(f"qk_rotation must be True, False or None, got {type(qk_rotation).__name__} {qk_rotation!r}")
     B, H = q.shape[0], q.shape[1 if tensor_layout == "HND" else 2]
     if B * H > GRID_Y_LIMIT:  # every launch has B·H programs on grid y (65,535 at most on CUDA): split the batch
         if H > GRID_Y_LIMIT:
@@ -573,7 +575,8 @@ def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: s
                           attn_mask[i:i + step] if attn_mask is not None and attn_mask.dim() == 4
                           and attn_mask.shape[0] == B else attn_mask, return_lse, qk_quant_gran=qk_quant_gran,
                           pv_precision=pv_precision, pv_accum_dtype=pv_accum_dtype, smooth_k=smooth_k,
-                          smooth_v=smooth_v, out_layout=out_layout, config=config) for i in range(0, B, step)]
+                          smooth_v=smooth_v, out_layout=out_layout, config=config, qk_rotation=qk_rotation)
+                 for i in range(0, B, step)]
         if not return_lse:
             return torch.cat(parts)
         return torch.cat([o for o, _ in parts]), torch.cat([lse for _, lse in parts])
