@@ -1,7 +1,8 @@
 """End-to-end in a real headless browser: ComfyUI's frontend with the SageTriton extension loaded.
 
 Debian's chromium + chromedriver (installed by .ci/run), driven by selenium. Screenshots go to
-tests/artifacts/ (git-ignored); the README's picture, docs/img/nodes.png, is a copy of nodes.png.
+tests/artifacts/ (git-ignored); the README's picture, docs/img/nodes.png, is a copy of nodes.png, and
+the template browser's thumbnails, workflows/<name>.jpg, are copies of <name>.jpg.
 """
 from __future__ import annotations
 
@@ -332,9 +333,36 @@ def test_run_from_the_canvas_updates_the_patch_node(driver, sage_server):  # noq
     _shot(driver, "sagetriton_after_run.png")
 
 
-@pytest.mark.parametrize("name", ["flux_txt2img_sagetriton", "wan21_t2v_sagetriton", "sdxl_txt2img_sagetriton"])
-def test_example_workflow_opens_with_every_node_known(driver, sage_server, name):  # noqa: F811
-    # Loaded the way the template browser does: fetched from the server, then app.loadGraphData.
+EXAMPLES = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "workflows").glob("*.json"))
+
+# Test code only: records what the page reports while an example loads (console errors and warnings,
+# window.alert, new toasts such as the frontend's "Invalid workflow against zod schema" alert).
+WATCH_PAGE = """
+window.__sageComplaints = [];
+const keep = (kind) => (...a) => window.__sageComplaints.push(kind + ': ' + a.map(String).join(' '));
+for (const kind of ['error', 'warn']) {
+  window.__sageConsole ??= {};
+  window.__sageConsole[kind] ??= console[kind];
+  console[kind] = (...a) => { keep('console.' + kind)(...a); window.__sageConsole[kind](...a); };
+}
+window.alert = keep('alert');
+window.addEventListener('error', e => keep('uncaught')(e.message));
+window.addEventListener('unhandledrejection', e => keep('unhandled rejection')(e.reason));
+window.__sageToastsBefore = [...document.querySelectorAll('.p-toast-message')];
+"""
+COMPLAINTS = """
+for (const kind of ['error', 'warn']) console[kind] = window.__sageConsole[kind];
+const toasts = [...document.querySelectorAll('.p-toast-message')].filter(t => !window.__sageToastsBefore.includes(t));
+return window.__sageComplaints.concat(toasts.map(t => 'toast: ' + t.textContent.trim()));
+"""
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_example_workflow_opens_cleanly(driver, sage_server, name):  # noqa: F811
+    """Loaded the way the template browser does (fetched from the server, then app.loadGraphData): no
+    alert, toast, console error or warning; every node known; a screenshot kept per example."""
+    url = f"/api/workflow_templates/{PACK_LINK}/{name}.json"
+    driver.execute_script(WATCH_PAGE)
     result = driver.execute_async_script(
         "const [url, done] = [arguments[0], arguments[arguments.length - 1]];"
         "fetch(url).then(r => r.json()).then(async wf => {"
@@ -343,13 +371,42 @@ def test_example_workflow_opens_with_every_node_known(driver, sage_server, name)
         " done({expected: wf.nodes.length, loaded: nodes.length,"
         "  unknown: nodes.filter(n => !LiteGraph.registered_node_types[n.type]).map(n => n.type),"
         "  panels: nodes.filter(n => n.widgets?.some(w => w.name === 'sagetriton_info')).map(n => n.type)});"
-        "}).catch(e => done({error: String(e)}));",
-        f"/api/workflow_templates/{PACK_LINK}/{name}.json")
+        "}).catch(e => done({error: String(e)}));", url)
     assert "error" not in result, result
+    time.sleep(1.0)  # toasts and the info panels' status fetch land after the load resolves
+    complaints = driver.execute_script(COMPLAINTS)
+    assert not complaints, f"{name} did not load cleanly: {complaints}"
     assert result["loaded"] == result["expected"] and not result["unknown"], result
     assert "SageTritonPatchModelAttention" in result["panels"], result
-    if name == "wan21_t2v_sagetriton":
-        _shot(driver, "sagetriton_example_wan21.png")
+    shot = _shot(driver, f"example_{_slug(name)}.png")
+    _thumbnail(driver, shot, ARTIFACTS / f"{name}.jpg")
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name.lower()).strip("_")
+
+
+GRAPH_BOX = """
+const r = app.canvas.canvas.getBoundingClientRect(), ds = app.canvas.ds;
+const xs = app.graph.nodes.flatMap(n => [n.pos[0], n.pos[0] + n.size[0]]);
+const ys = app.graph.nodes.flatMap(n => [n.pos[1] - 30, n.pos[1] + n.size[1]]);
+const px = (v, i) => (v + ds.offset[i]) * ds.scale;
+return [r.left + px(Math.min(...xs), 0) - 10, r.top + px(Math.min(...ys), 1) - 10,
+        r.left + px(Math.max(...xs), 0) + 10, r.top + px(Math.max(...ys), 1) + 10];
+"""
+
+
+def _thumbnail(driver, shot: Path, out: Path) -> None:
+    """The template browser's thumbnail (<name>.jpg next to the workflow): the graph, cropped.
+    workflows/*.jpg are copies of these."""
+    image = pytest.importorskip("PIL.Image")
+    scale = driver.execute_script("return window.devicePixelRatio || 1")
+    box = [round(v * scale) for v in driver.execute_script(GRAPH_BOX)]
+    with image.open(shot) as full:
+        box = (max(box[0], 0), max(box[1], 0), min(box[2], full.width), min(box[3], full.height))
+        thumb = full.crop(box).convert("RGB")
+        thumb.thumbnail((768, 768))
+        thumb.save(out, quality=85)
 
 
 def test_panel_text_for_each_route_shape(driver):

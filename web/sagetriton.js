@@ -198,6 +198,9 @@ app.registerExtension({
     refreshAll();
     api.addEventListener("execution_success", refreshSoon);
     api.addEventListener("execution_error", refreshSoon);
+    // The first-start self-test's progress (nodes/status_route.py SETUP_EVENT); unlistened, the
+    // frontend logs every such message as "Unhandled message".
+    api.addEventListener("sagetriton.setup", refreshSoon);
     // The patch node's run summary also arrives as progress text on that node.
     api.addEventListener("progress_text", ({ detail }) => {
       const node = app.graph?.getNodeById?.(detail?.nodeId);
