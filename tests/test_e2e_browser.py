@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
 import shutil
 import tempfile
@@ -32,6 +33,8 @@ def driver(sage_server):  # noqa: F811
     webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.chrome.service import Service
 
+    if os.environ.get("SAGETRITON_NO_BROWSER"):  # set by .ci/run where it could not install chromium
+        pytest.skip(os.environ["SAGETRITON_NO_BROWSER"])
     if not Path(CHROMEDRIVER).exists():
         pytest.skip("chromium-driver not installed (apt-get install chromium chromium-driver)")
     profile = tempfile.mkdtemp(prefix="sagetriton-chromium-")
