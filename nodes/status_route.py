@@ -72,8 +72,10 @@ def status_payload(device=None) -> dict:
         "long_sequence_kernel": (r or {}).get("long_sequence_kernel"),  # Hopper's Gluon kernel: self-test
         "min_seq_len_resolved": plan.min_seq_len,
         "sdpa_default_safe": (r or {}).get("sdpa_default_safe"),
-        "report": {"found": r is not None, "created": (r or {}).get("created"), "path": (r or {}).get("path"),
-                   "mode": (r or {}).get("mode"), "key": rep.report_key(arch)},
+        # The file does not hold its own path: computed from the key it was saved under.
+        "report": {"found": r is not None, "created": (r or {}).get("created"),
+                   "path": r and str(rep.report_path(r["key"])), "mode": (r or {}).get("mode"),
+                   "key": rep.report_key(arch)},
         "setup": setup_status(),
         "versions": _versions(),
         "stats": stats.attention_stats(),

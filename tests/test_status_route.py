@@ -1,4 +1,6 @@
 """GET /sage/status: the payload as a plain function, and the route through a real ComfyUI server."""
+from pathlib import Path
+
 import pytest
 from comfy_server import comfy_server
 
@@ -26,6 +28,7 @@ def test_payload_without_server(pack, tmp_path, monkeypatch):
     rep.save_report(r)
     p = status_payload("cpu")
     assert p["report"]["found"] and p["crossover"]["seq_len"] == 2048 and p["sdpa_default_safe"] is True
+    assert p["report"]["path"] == str(rep.report_path(r["key"])) and tmp_path in Path(p["report"]["path"]).parents
     assert p["min_seq_len_resolved"] == 2048
     assert p["disabled_variants"] == ["per_block/fp8/fp16"] and "per_warp/fp16/fp32" in p["variants"]
     assert p["long_sequence_kernel"] == {"ok": False, "error": "CompilationError"}
