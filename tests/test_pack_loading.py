@@ -6,6 +6,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from conftest import needs_comfyui
 from sagetriton_import import PACK_DIR
 
@@ -58,3 +60,18 @@ def test_a_test_session_removes_its_report_folder(tmp_path):
                           cwd=str(PACK_DIR), env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:]
     assert not list(tmp_path.glob("sagetriton-report-*")), list(tmp_path.iterdir())
+
+
+@pytest.mark.slow  # a virtual environment and a pip install
+def test_pip_install_editable_makes_the_library_importable_as_sagetriton(tmp_path):
+    """The README's library snippet, from a clone after ``pip install -e .`` (in a throwaway venv that
+    sees this Python's torch; no download: no build isolation, no dependencies)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    pip = subprocess.run([python, "-m", "pip", "install", "-q", "-e", str(PACK_DIR), "--no-build-isolation",
+                          "--no-deps"], capture_output=True, text=True, timeout=300)
+    assert pip.returncode == 0, pip.stderr[-2000:]
+    code = "from sagetriton.kernels import sageattn; import sagetriton; print(sagetriton.__file__)"
+    out = subprocess.run([python, "-c", code], cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and Path(out.stdout.strip()) == PACK_DIR / "__init__.py", out.stderr[-2000:]
