@@ -80,6 +80,7 @@ def status_payload(device=None) -> dict:
         "versions": _versions(),
         "stats": stats.attention_stats(),
         "last_run": stats.last_run(),
+        "runs_by_node": stats.runs_by_node(),
     }
 
 

@@ -48,7 +48,7 @@ def test_interpreter_selftest_passes_every_variant(cpu_install):
     assert len(reports) == 1
     r = json.loads(reports[0].read_text())
     assert r["mode"] == "interpreter" and r["complete"] is True and r["key"]["arch"] == "cpu"
-    assert len(r["variants"]) == 27  # 3 granularities x 3 P·V precisions x 3 accumulations (fp8 emulated)
+    assert len(r["variants"]) == 36  # 3 granularities x 4 P·V precisions (int8 too) x 3 accumulations (fp8 emulated)
     assert r["disabled_variants"] == [], r["disabled_variants"]
     for name, v in r["variants"].items():
         assert v["build"]["ok"] and v["selftest"]["ok"], (name, v)
