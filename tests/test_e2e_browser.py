@@ -441,6 +441,24 @@ def test_example_workflow_opens_cleanly(driver, sage_server, name):  # noqa: F81
     _thumbnail(driver, shot, ARTIFACTS / f"{name}.jpg")
 
 
+def test_template_browser_shows_titles_and_thumbnails(driver):
+    """ComfyUI's template browser, as a user opens it: the pack's three cards, titled, with real pictures."""
+    driver.execute_script("app.extensionManager.command.execute('Comfy.BrowseTemplates')")
+    _wait(driver, "const e = [...document.querySelectorAll('.p-dialog li, .p-dialog button, .p-dialog span, "
+                  ".p-dialog div')].find(e => e.textContent.trim() === arguments[0] && !e.children.length);"
+                  "if (e) e.click(); return !!e;".replace("arguments[0]", json.dumps(PACK_LINK)), 30,
+          "the pack's entry in the template browser")
+    # The frontend fetches each thumbnail and shows it as a blob: three decoded pictures, no placeholders.
+    _wait(driver, "const imgs = [...document.querySelectorAll('.p-dialog img')];"
+                  "return imgs.length === 3 && imgs.every(i => i.complete && i.naturalWidth > 100)", 30,
+          "three loaded thumbnails")
+    text = driver.execute_script("return document.querySelector('.p-dialog').textContent")
+    assert all(name in text for name in EXAMPLES), text[:2000]
+    time.sleep(0.5)  # one more frame for the screenshot
+    _shot(driver, "template_browser.png")
+    driver.find_element("tag name", "body").send_keys("\ue00c")  # Escape closes the dialog
+
+
 def _slug(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name.lower()).strip("_")
 
