@@ -7,11 +7,19 @@
 The work is in ``installer/cli.py``; this file only imports the pack folder as a package (run as a
 script, it is not importable by its own name).
 """
+import importlib.util
 import sys
 
 from sagetriton_import import import_pack
 
 if __name__ == "__main__":
+    # The classic mistake is running this with a Python other than ComfyUI's: the pack's modules
+    # import torch first, so say it here, in one sentence, before anything can fail on it.
+    if importlib.util.find_spec("torch") is None:
+        print(f"SageTriton install.py: this Python ({sys.executable}) has no torch; run install.py with the "
+              "Python that starts ComfyUI (e.g. ComfyUI's venv/bin/python, or python_embeded\\python.exe "
+              "on the Windows portable build).", file=sys.stderr)
+        sys.exit(1)
     import_pack(run_init=False)  # the pack's __init__ registers ComfyUI nodes: not wanted here
     from sagetriton.installer.cli import main
 

@@ -16,13 +16,25 @@ from . import doctor, firststart, selftest
 from . import report as rep
 
 
+def head_dim(text: str) -> int:
+    """The kernels take head sizes 1..256 (kernels/api.py); anything else would fail every variant."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 256:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to 256, got {text!r}")
+    return value
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Build and self-test SageTriton's kernels for this machine.")
     p.add_argument("--check-targets", nargs="?", const="default", metavar="LIST",
                    help="cross-compile for these targets (comma-separated, e.g. sm89,sm90,gfx1201; default: "
                         "sm80,sm86,sm89,sm90,sm120,gfx1100,gfx1201,gfx942) and check the matrix instructions")
     p.add_argument("--json", action="store_true", help="with --check-targets: print only a JSON object")
-    p.add_argument("--head-dim", type=int, default=128, help="head dimension to cross-compile for (default 128)")
+    p.add_argument("--head-dim", type=head_dim, default=128,
+                   help="head dimension to cross-compile for, 1-256 (default 128)")
     p.add_argument("--strict", action="store_true", help="exit 1 when any check, build or self-test fails")
     p.add_argument("--force", action="store_true", help="redo the build and self-test even if a report exists")
     p.add_argument("--skip-cross-compile", action="store_true", help="no GPU: skip the cross-compile check")
@@ -31,7 +43,10 @@ def parse_args(argv=None):
     p.add_argument("--worker", metavar="STATE_JSON", help=argparse.SUPPRESS)  # internal: the self-test child
     p.add_argument("--mode", choices=("gpu", "interpreter"), default="gpu", help=argparse.SUPPRESS)
     p.add_argument("--no-progress", action="store_true", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.json and not args.check_targets:
+        p.error("--json only applies to --check-targets (e.g. --check-targets sm90 --json)")
+    return args
 
 
 def check_targets_main(args) -> int:
@@ -77,6 +92,17 @@ def print_report(report: dict) -> None:
         print(f"report: {report['path']}")
 
 
+def _reusable_report(arch, args):
+    """The complete report of an earlier run for this machine, unless --force. A quick (one-variant)
+    report does not answer a full run; a full one answers --quick, which must never replace it."""
+    if args.force:
+        return None
+    existing = rep.load_report(rep.report_key(arch))
+    if existing and existing.get("complete") and (args.quick or not existing.get("quick")):
+        return existing
+    return None
+
+
 def install_main(args) -> int:
     print(f"SageTriton {rep.pack_version()} — kernel build and self-test")
     section("Environment")
@@ -91,14 +117,13 @@ def install_main(args) -> int:
     doctor_dicts = [c.as_dict() for c in checks]
     if env.gpus:
         arch = env.arch(0)
-        if not args.force:
-            existing = rep.load_report(rep.report_key(arch))
-            if existing and existing.get("complete") and (args.quick or not existing.get("quick")):
-                section(f"Kernels for {arch.name} ({arch.arch})")
-                print("Already built and self-tested for this GPU, torch, triton and pack version "
-                      "(use --force to redo):")
-                print_report(existing)
-                return 1 if args.strict and (failed or existing.get("disabled_variants")) else 0
+        existing = _reusable_report(arch, args)
+        if existing:
+            section(f"Kernels for {arch.name} ({arch.arch})")
+            print("Already built and self-tested for this GPU, torch, triton and pack version "
+                  "(use --force to redo):")
+            print_report(existing)
+            return 1 if args.strict and (failed or existing.get("disabled_variants")) else 0
         section(f"Build + self-test on {arch.name} ({arch.arch}, {arch.family})")
         print("Each kernel variant the Sage Settings node can pick is built and compared with torch SDPA.")
         report = firststart.run_setup(arch, "gpu", echo=True, doctor=doctor_dicts, quick=args.quick)
@@ -106,6 +131,16 @@ def install_main(args) -> int:
         bad = failed or report.get("disabled_variants") or not report.get("complete")
         return 1 if args.strict and bad else 0
 
+    existing = _reusable_report(CPU_ARCH, args)
+    if existing:
+        section("No GPU found")
+        print("Already self-tested through the Triton interpreter and cross-compiled for this torch, triton\n"
+              "and pack version (use --force to redo):")
+        if existing.get("cross_compile"):
+            from . import crosscompile as cc
+            print(cc.format_table(existing["cross_compile"]))
+        print_report(existing)
+        return 1 if args.strict and (failed or existing.get("disabled_variants")) else 0
     section("No GPU found")
     print("torch sees no CUDA or ROCm GPU on this machine. SageTriton still proves its kernels here:\n"
           "  1. the accuracy self-test through the Triton interpreter (CPU, small sizes),\n"

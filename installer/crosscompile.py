@@ -56,16 +56,23 @@ class Target:
         return arch_from_properties(GpuInfo(name=f"cross-compile {self.name}", gcnArchName=self.arch), is_hip=True)
 
 
+# Real GPUs of the supported families. Anything else (a typo such as sm91) would reach LLVM, which
+# dies on an unknown processor instead of saying what is wrong.
+KNOWN_TARGETS = ("sm80", "sm86", "sm87", "sm89", "sm90", "sm100", "sm120", "sm121",
+                 "gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1102", "gfx1150", "gfx1151",
+                 "gfx1200", "gfx1201")
+
+
 def parse_target(name: str) -> Target:
     """``sm90`` -> CUDA capability 90; ``gfx1201`` -> HIP, wave32 on RDNA, wave64 on CDNA (gfx9xx)."""
-    name = name.strip().lower()
+    given = name.strip()
+    name = given.lower()
     m = re.fullmatch(r"sm_?(\d{2,3})a?", name)
-    if m:
+    if m and f"sm{m.group(1)}" in KNOWN_TARGETS:
         return Target(f"sm{m.group(1)}", "cuda", int(m.group(1)), 32)
-    m = re.fullmatch(r"gfx[0-9a-f]{3,4}", name)
-    if m:
+    if name in KNOWN_TARGETS and name.startswith("gfx"):
         return Target(name, "hip", name, 64 if name.startswith("gfx9") else 32)
-    raise ValueError(f"unknown target {name!r}: use sm80, sm90, sm120, gfx1100, gfx1201, gfx942, ...")
+    raise ValueError(f"unknown target {given!r}; known: {', '.join(KNOWN_TARGETS)}")
 
 
 def parse_targets(text: str) -> list:

@@ -450,6 +450,8 @@ def _background_job(delay: float, device_fn: Optional[Callable]) -> None:
 
         arch = detect_arch(device_fn() if device_fn else None)
         if arch.vendor == "cpu":
+            logger.info("[SageTriton] no GPU (or ComfyUI runs with --cpu): the nodes load, but ComfyUI's own "
+                        "attention runs; nothing is patched")  # said once: this job runs once per start
             _state.set("skipped", "no GPU: SageTriton leaves ComfyUI's attention in place")
             return
         found = current_report(arch)

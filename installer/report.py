@@ -121,6 +121,11 @@ def report_path(key: dict) -> Path:
     return report_dir() / _report_name(key)
 
 
+def report_location(key: dict) -> Optional[Path]:
+    """Where the report for ``key`` is read from: the first folder of ``report_dirs`` that has it."""
+    return next((d / _report_name(key) for d in report_dirs() if (d / _report_name(key)).is_file()), None)
+
+
 SHARED_KEY = ("arch", "torch", "triton", "pack")  # installs differing in these keep their reports side by side
 
 

@@ -293,13 +293,14 @@ def measure_crossover(arch: ArchInfo, device, dtype, sdpa_safe: Optional[bool] =
 
 
 def format_variant_table(variants: dict) -> str:
-    lines = [f"{'variant':<28} {'build':<6} {'cosine':>8} {'rel L1':>8}  note"]
+    width = max([28, *map(len, variants)])  # the longest name sets the column (fp8+residual/fp16+fp32 is 32)
+    lines = [f"{'variant':<{width}} {'build':<6} {'cosine':>8} {'rel L1':>8}  note"]
     for name, r in variants.items():
         b, acc = r.get("build", {}), r.get("selftest", {})
         note = b.get("error") or acc.get("error") or ""
         cos = f"{acc['cosine']:.5f}" if "cosine" in acc else "-"
         rl1 = f"{acc['rel_l1']:.4f}" if "rel_l1" in acc else "-"
-        lines.append(f"{name:<28} {'ok' if b.get('ok') else 'FAIL':<6} {cos:>8} {rl1:>8}  {note[:80]}")
+        lines.append(f"{name:<{width}} {'ok' if b.get('ok') else 'FAIL':<6} {cos:>8} {rl1:>8}  {note[:80]}")
     return "\n".join(lines)
 
 

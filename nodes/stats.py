@@ -18,6 +18,9 @@ _lock = threading.Lock()
 _total_kernel = 0
 _total_fallback: Counter = Counter()
 _last_run: dict | None = None
+# The last run of each Patch node (by the prompt's node id): each node in the UI shows its own run.
+_runs_by_node: dict[str, dict] = {}
+_MAX_NODES = 256
 
 
 def record_kernel(run: RunTally | None = None) -> None:
@@ -51,6 +54,7 @@ def reset_stats() -> None:
         _total_kernel = 0
         _total_fallback.clear()
         _last_run = None
+        _runs_by_node.clear()
 
 
 def set_last_run(summary: dict) -> None:
@@ -58,12 +62,23 @@ def set_last_run(summary: dict) -> None:
     global _last_run
     with _lock:
         _last_run = dict(summary)
+        if summary.get("node_id") is not None:
+            _runs_by_node.pop(str(summary["node_id"]), None)  # re-inserted last: the oldest go first
+            _runs_by_node[str(summary["node_id"])] = dict(summary)
+            while len(_runs_by_node) > _MAX_NODES:
+                _runs_by_node.pop(next(iter(_runs_by_node)))
 
 
 def last_run() -> dict | None:
     """Summary of the most recent sampling run of a patched model, or None before the first one."""
     with _lock:
         return None if _last_run is None else dict(_last_run)
+
+
+def runs_by_node() -> dict[str, dict]:
+    """{node id: summary of that Patch node's most recent run}."""
+    with _lock:
+        return {k: dict(v) for k, v in _runs_by_node.items()}
 
 
 class RunTally:

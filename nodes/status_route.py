@@ -72,7 +72,9 @@ def status_payload(device=None) -> dict:
         "long_sequence_kernel": (r or {}).get("long_sequence_kernel"),  # Hopper's Gluon kernel: self-test
         "min_seq_len_resolved": plan.min_seq_len,
         "sdpa_default_safe": (r or {}).get("sdpa_default_safe"),
-        "report": {"found": r is not None, "created": (r or {}).get("created"), "path": (r or {}).get("path"),
+        # The file does not hold its own path: the folder it is read from (pack folder, then user cache).
+        "report": {"found": r is not None, "created": (r or {}).get("created"),
+                   "path": r and str(rep.report_location(r["key"]) or rep.report_path(r["key"])),
                    "mode": (r or {}).get("mode"), "key": rep.report_key(arch),
                    # an invalid report is ignored (table defaults) and rewritten by the next start or install.py
                    "invalid": rep.current_report_problem(arch),
@@ -81,6 +83,7 @@ def status_payload(device=None) -> dict:
         "versions": _versions(),
         "stats": stats.attention_stats(),
         "last_run": stats.last_run(),
+        "runs_by_node": stats.runs_by_node(),
     }
 
 

@@ -9,10 +9,11 @@ from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"
 # A developer's own install.py report must not steer the tests: each session gets an empty folder.
+_OWN_REPORT_DIR = None  # removed when the session ends (pytest_unconfigure)
 if "SAGETRITON_REPORT_DIR" not in os.environ:
     import tempfile
 
-    os.environ["SAGETRITON_REPORT_DIR"] = tempfile.mkdtemp(prefix="sagetriton-report-")
+    _OWN_REPORT_DIR = os.environ["SAGETRITON_REPORT_DIR"] = tempfile.mkdtemp(prefix="sagetriton-report-")
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the tests' helper modules
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # sagetriton_import (appended: the pack's folders
 # must not shadow ComfyUI's own modules, such as its nodes.py)
@@ -78,3 +79,10 @@ def seed(request):
     print(f"seed={s} ({request.node.name})")
     torch.manual_seed(s)
     return s
+
+
+def pytest_unconfigure(config):
+    if _OWN_REPORT_DIR:
+        import shutil
+
+        shutil.rmtree(_OWN_REPORT_DIR, ignore_errors=True)

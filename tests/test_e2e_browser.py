@@ -1,12 +1,14 @@
 """End-to-end in a real headless browser: ComfyUI's frontend with the SageTriton extension loaded.
 
 Debian's chromium + chromedriver (installed by .ci/run), driven by selenium. Screenshots go to
-tests/artifacts/ (git-ignored); the README's picture, docs/img/nodes.png, is a copy of nodes.png.
+tests/artifacts/ (git-ignored); the README's picture, docs/img/nodes.png, is a copy of nodes.png, and
+the template browser's thumbnails, workflows/<name>.jpg, are copies of <name>.jpg.
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
 import shutil
 import tempfile
@@ -31,6 +33,8 @@ def driver(sage_server):  # noqa: F811
     webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.chrome.service import Service
 
+    if os.environ.get("SAGETRITON_NO_BROWSER"):  # set by .ci/run where it could not install chromium
+        pytest.skip(os.environ["SAGETRITON_NO_BROWSER"])
     if not Path(CHROMEDRIVER).exists():
         pytest.skip("chromium-driver not installed (apt-get install chromium chromium-driver)")
     profile = tempfile.mkdtemp(prefix="sagetriton-chromium-")
@@ -142,7 +146,7 @@ def simulated_ampere(driver):
         "const why = arguments[0]; window.__sageRealFetch = window.fetch;"
         "window.fetch = (url, opts) => !String(url).includes('/sage/status') ? window.__sageRealFetch(url, opts)"
         " : window.__sageRealFetch(url, opts).then(r => r.json()).then(s => {"
-        "   s.arch = 'sm80'; s.family = 'ampere'; s.vendor = 'nvidia';"
+        "   s.arch = 'sm80'; s.family = 'ampere'; s.vendor = 'nvidia'; s.kernel_active = true; s.note = '';"
         "   const key = 'choices' in s ? 'choices' : 'supported_choices';"
         "   s[key] = {...s[key], pv_precision: {...s[key].pv_precision, fp8: {ok: false, why}}};"
         "   s.last_run = {...(s.last_run ?? {kernel: 0, fallback: {}}), notes: [why]};"
@@ -175,8 +179,11 @@ def test_nodes_show_gpu_and_defaults_from_the_server(driver, sage_server):  # no
         assert node["lines"][1] == fmt["defaults"]
         assert f"PV {flat_defaults(status)['pv_precision']}" in node["lines"][1]
         assert node["lines"][2] == fmt["seq"]
+        if not status["kernel_active"]:  # this machine: no GPU, so the node must not promise the kernel
+            assert node["lines"][2] == "no GPU: ComfyUI's own attention runs"
         assert node["hidden"] is False
-    assert patch["lines"][3:] == fmt["run"] and patch["lines"][3].startswith("last run: ")
+    # A fresh node has not run: whatever ran on the server before (other tests' prompts) is not its run.
+    assert patch["lines"][3:] == ["last run: none yet"], patch["lines"]
     # Whatever the server says this GPU cannot run is marked (on the CPU "arch": nothing).
     marks = [line for line in settings["lines"] if line.startswith("⚠")]
     assert marks == [f"⚠ {r['short']}" for values in fmt["bad"].values() for r in values.values()]
@@ -224,12 +231,12 @@ def test_unsupported_choices_are_marked(driver, sage_server):  # noqa: F811
         _wait_panel(driver, ids["settings"], "⚠ fp8 → fp16 on this GPU", "the fp8 mark")
         settings = driver.execute_script(READ_NODE, ids["settings"])
         assert settings["lines"][0].startswith("SageTriton · sm80")
+        assert settings["lines"][2].startswith("kernel "), settings["lines"]
         tip = settings["widgets"]["pv_precision"]["tooltip"]
         # The input's own tooltip first, then the GPU note with the full reason.
         assert tip.startswith(own_tip) and f"fp8: {AMPERE_WHY}" in tip and "On this GPU (sm80)" in tip
         assert settings["widgets"]["qk_quant_gran"]["tooltip"] is None  # untouched: nothing to mark
-        # The run's downgrade note: on the patch node, and said once as a toast.
-        assert "⚠ fp8 → fp16 on this GPU" in driver.execute_script(READ_NODE, ids["patch"])["lines"]
+        # The run's downgrade note is said once as a toast (on the patch node only after its own run).
         _wait(driver, "return [...document.querySelectorAll('.p-toast-message')].some("
                       "t => t.textContent.includes('SageTriton') && t.textContent.includes('fp8 → fp16'))",
               10, "the downgrade toast")
@@ -332,9 +339,89 @@ def test_run_from_the_canvas_updates_the_patch_node(driver, sage_server):  # noq
     _shot(driver, "sagetriton_after_run.png")
 
 
-@pytest.mark.parametrize("name", ["flux_txt2img_sagetriton", "wan21_t2v_sagetriton", "sdxl_txt2img_sagetriton"])
-def test_example_workflow_opens_with_every_node_known(driver, sage_server, name):  # noqa: F811
-    # Loaded the way the template browser does: fetched from the server, then app.loadGraphData.
+# Test code only: one model, two Patch nodes, each feeding its own sampler (1 and 2 steps).
+TWO_PATCH_GRAPH = """
+const [tiny, seed] = arguments;
+app.graph.clear();
+const add = (type, pos, values = {}) => {
+  const n = LiteGraph.createNode(type); n.pos = pos; app.graph.add(n);
+  for (const [k, v] of Object.entries(values)) n.widgets.find(w => w.name === k).value = v;
+  return n;
+};
+const unet = add("UNETLoader", [20, 40], {unet_name: tiny});
+const settings = add("SageTritonSettings", [20, 200], {min_seq_len: 0});
+const cond = add("SageTritonE2ETinyConditioning", [20, 560]);
+const latent = add("EmptyHunyuanLatentVideo", [20, 700], {width: 64, height: 64, length: 1});
+const patches = [], samplers = [];
+for (const [i, steps] of [[0, 1], [1, 2]]) {
+  const patch = add("SageTritonPatchModelAttention", [430, 40 + 420 * i]);
+  const ks = add("KSampler", [840, 40 + 420 * i], {steps, cfg: 1.0, seed: seed + i});
+  const save = add("SaveLatent", [1200, 40 + 420 * i], {filename_prefix: "sagetriton_e2e_two_" + i});
+  unet.connect(0, patch, 0); settings.connect(0, patch, 1); patch.connect(0, ks, 0);
+  cond.connect(0, ks, 1); cond.connect(0, ks, 2); latent.connect(0, ks, 3); ks.connect(0, save, 0);
+  patches.push(patch.id);
+}
+app.canvas.ds.scale = 0.6; app.canvas.ds.offset = [20, 20];
+app.graph.setDirtyCanvas(true, true);
+return patches;
+"""
+RUN_LINE = ("const w = app.graph.getNodeById(arguments[0]).widgets.find(w => w.name === 'sagetriton_info');"
+            "return w.lines.find(l => l.startsWith('last run: '))")
+
+
+def test_each_patch_node_shows_its_own_run(driver, sage_server):  # noqa: F811
+    """Two Patch nodes in one graph (1 and 2 sampling steps) each show their own counts, and a fresh
+    node shows none, though the server has run other prompts before."""
+    ids = driver.execute_script(TWO_PATCH_GRAPH, TINY_MODEL, random.randrange(2**31))
+    assert [driver.execute_script(RUN_LINE, i) for i in ids] == ["last run: none yet"] * 2
+    driver.execute_async_script(
+        "const done = arguments[arguments.length - 1]; window.__sageRun = null;"
+        "import('/scripts/api.js').then(({api}) => {"
+        " api.addEventListener('execution_success', () => { window.__sageRun = 'success'; });"
+        " api.addEventListener('execution_error', e => { window.__sageRun = 'error: ' + JSON.stringify(e.detail); });"
+        " app.queuePrompt(0, 1).then(() => done(true)); });")
+    assert _wait(driver, "return window.__sageRun", 180, "the prompt to finish") == "success", sage_server.log_tail()
+    _, status = sage_server.get("/sage/status")
+    runs = [status["runs_by_node"][str(i)] for i in ids]
+    expected = [f"last run: {r['kernel']} kernel · {sum(r['fallback'].values())} fallback" for r in runs]
+    assert expected[0] != expected[1], runs  # 1 step vs 2 steps: different counts
+    _wait(driver, f"return {json.dumps(ids)}.every((id, i) => {{"
+                  " const w = app.graph.getNodeById(id).widgets.find(w => w.name === 'sagetriton_info');"
+                  f" return w.lines.includes({json.dumps(expected)}[i]); }})", 30, "each node's own run")
+    time.sleep(0.5)  # one more frame for the screenshot
+    _shot(driver, "sagetriton_two_patch_nodes.png")
+
+
+EXAMPLES = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "workflows").glob("*.json"))
+
+# Test code only: records what the page reports while an example loads (console errors and warnings,
+# window.alert, new toasts such as the frontend's "Invalid workflow against zod schema" alert).
+WATCH_PAGE = """
+window.__sageComplaints = [];
+const keep = (kind) => (...a) => window.__sageComplaints.push(kind + ': ' + a.map(String).join(' '));
+for (const kind of ['error', 'warn']) {
+  window.__sageConsole ??= {};
+  window.__sageConsole[kind] ??= console[kind];
+  console[kind] = (...a) => { keep('console.' + kind)(...a); window.__sageConsole[kind](...a); };
+}
+window.alert = keep('alert');
+window.addEventListener('error', e => keep('uncaught')(e.message));
+window.addEventListener('unhandledrejection', e => keep('unhandled rejection')(e.reason));
+window.__sageToastsBefore = [...document.querySelectorAll('.p-toast-message')];
+"""
+COMPLAINTS = """
+for (const kind of ['error', 'warn']) console[kind] = window.__sageConsole[kind];
+const toasts = [...document.querySelectorAll('.p-toast-message')].filter(t => !window.__sageToastsBefore.includes(t));
+return window.__sageComplaints.concat(toasts.map(t => 'toast: ' + t.textContent.trim()));
+"""
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_example_workflow_opens_cleanly(driver, sage_server, name):  # noqa: F811
+    """Loaded the way the template browser does (fetched from the server, then app.loadGraphData): no
+    alert, toast, console error or warning; every node known; a screenshot kept per example."""
+    url = f"/api/workflow_templates/{PACK_LINK}/{name}.json"
+    driver.execute_script(WATCH_PAGE)
     result = driver.execute_async_script(
         "const [url, done] = [arguments[0], arguments[arguments.length - 1]];"
         "fetch(url).then(r => r.json()).then(async wf => {"
@@ -343,13 +430,60 @@ def test_example_workflow_opens_with_every_node_known(driver, sage_server, name)
         " done({expected: wf.nodes.length, loaded: nodes.length,"
         "  unknown: nodes.filter(n => !LiteGraph.registered_node_types[n.type]).map(n => n.type),"
         "  panels: nodes.filter(n => n.widgets?.some(w => w.name === 'sagetriton_info')).map(n => n.type)});"
-        "}).catch(e => done({error: String(e)}));",
-        f"/api/workflow_templates/{PACK_LINK}/{name}.json")
+        "}).catch(e => done({error: String(e)}));", url)
     assert "error" not in result, result
+    time.sleep(1.0)  # toasts and the info panels' status fetch land after the load resolves
+    complaints = driver.execute_script(COMPLAINTS)
+    assert not complaints, f"{name} did not load cleanly: {complaints}"
     assert result["loaded"] == result["expected"] and not result["unknown"], result
     assert "SageTritonPatchModelAttention" in result["panels"], result
-    if name == "wan21_t2v_sagetriton":
-        _shot(driver, "sagetriton_example_wan21.png")
+    shot = _shot(driver, f"example_{_slug(name)}.png")
+    _thumbnail(driver, shot, ARTIFACTS / f"{name}.jpg")
+
+
+def test_template_browser_shows_titles_and_thumbnails(driver):
+    """ComfyUI's template browser, as a user opens it: the pack's three cards, titled, with real pictures."""
+    driver.execute_script("app.extensionManager.command.execute('Comfy.BrowseTemplates')")
+    _wait(driver, "const e = [...document.querySelectorAll('.p-dialog li, .p-dialog button, .p-dialog span, "
+                  ".p-dialog div')].find(e => e.textContent.trim() === arguments[0] && !e.children.length);"
+                  "if (e) e.click(); return !!e;".replace("arguments[0]", json.dumps(PACK_LINK)), 30,
+          "the pack's entry in the template browser")
+    # The frontend fetches each thumbnail and shows it as a blob: three decoded pictures, no placeholders.
+    _wait(driver, "const imgs = [...document.querySelectorAll('.p-dialog img')];"
+                  "return imgs.length === 3 && imgs.every(i => i.complete && i.naturalWidth > 100)", 30,
+          "three loaded thumbnails")
+    text = driver.execute_script("return document.querySelector('.p-dialog').textContent")
+    assert all(name in text for name in EXAMPLES), text[:2000]
+    time.sleep(0.5)  # one more frame for the screenshot
+    _shot(driver, "template_browser.png")
+    driver.find_element("tag name", "body").send_keys("\ue00c")  # Escape closes the dialog
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name.lower()).strip("_")
+
+
+GRAPH_BOX = """
+const r = app.canvas.canvas.getBoundingClientRect(), ds = app.canvas.ds;
+const xs = app.graph.nodes.flatMap(n => [n.pos[0], n.pos[0] + n.size[0]]);
+const ys = app.graph.nodes.flatMap(n => [n.pos[1] - 30, n.pos[1] + n.size[1]]);
+const px = (v, i) => (v + ds.offset[i]) * ds.scale;
+return [r.left + px(Math.min(...xs), 0) - 10, r.top + px(Math.min(...ys), 1) - 10,
+        r.left + px(Math.max(...xs), 0) + 10, r.top + px(Math.max(...ys), 1) + 10];
+"""
+
+
+def _thumbnail(driver, shot: Path, out: Path) -> None:
+    """The template browser's thumbnail (<name>.jpg next to the workflow): the graph, cropped.
+    workflows/*.jpg are copies of these."""
+    image = pytest.importorskip("PIL.Image")
+    scale = driver.execute_script("return window.devicePixelRatio || 1")
+    box = [round(v * scale) for v in driver.execute_script(GRAPH_BOX)]
+    with image.open(shot) as full:
+        box = (max(box[0], 0), max(box[1], 0), min(box[2], full.width), min(box[3], full.height))
+        thumb = full.crop(box).convert("RGB")
+        thumb.thumbnail((768, 768))
+        thumb.save(out, quality=85)
 
 
 def test_panel_text_for_each_route_shape(driver):
@@ -368,7 +502,10 @@ def test_panel_text_for_each_route_shape(driver):
         "  qk_quant_gran: {per_block: [false, 'x']}},"
         "  last_run: {kernel: 7, fallback: {a: 1, b: 5, c: 2, d: 1}, notes: [why]},"
         "  setup: {phase: 'running', message: '', progress: {done: 3, total: 12}}};"
-        " done({keyed: m.infoLines(m.SETTINGS_NODE, keyed), flat: m.infoLines(m.PATCH_NODE, flat),"
+        " done({keyed: m.infoLines(m.SETTINGS_NODE, keyed),"
+        "  flat: m.infoLines(m.PATCH_NODE, flat, m.unsupportedChoices(flat), flat.last_run),"
+        "  cpu: m.infoLines(m.PATCH_NODE, {arch: 'cpu', vendor: 'cpu', kernel_active: false,"
+        "   defaults: {qk_quant_gran: 'per_warp', pv_precision: 'fp16', min_seq_len: 0}}),"
         "  loading: m.infoLines(m.PATCH_NODE, undefined), missing: m.infoLines(m.PATCH_NODE, null),"
         "  badFlat: m.unsupportedChoices(flat)});"
         "}, e => done({error: String(e)}));")
@@ -380,6 +517,8 @@ def test_panel_text_for_each_route_shape(driver):
                            "kernel at any sequence length", "⏳ building and testing kernels 3/12",
                            "last run: 7 kernel · 9 fallback",
                            "5× b", "2× c", "1× a", "+1 more fallback reasons", "⚠ fp8 → fp16 on this GPU"]
+    # No GPU (or --cpu): min_seq_len 0 must not read as "kernel at any sequence length".
+    assert out["cpu"][2] == "no GPU: ComfyUI's own attention runs", out["cpu"]
     assert out["loading"] == ["SageTriton · loading…"]
     assert out["missing"] == ["SageTriton · status unavailable"]
     short = "per_block not supported on this GPU"

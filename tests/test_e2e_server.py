@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import random
+import urllib.parse
+import uuid
 from pathlib import Path
 
 import pytest
@@ -147,14 +149,52 @@ WORKFLOWS = sorted((Path(__file__).resolve().parent.parent / "workflows").glob("
 MODEL_FILE = (".safetensors", ".sft", ".ckpt", ".pt", ".pth", ".gguf")
 
 
+FRONTEND_ONLY = {"Note", "MarkdownNote"}  # the frontend's own nodes: never sent to the server
+
+
 def test_example_workflows_are_served_as_templates(sage_server):  # noqa: F811
     names = {p.stem for p in WORKFLOWS}
-    assert {"flux_txt2img_sagetriton", "wan21_t2v_sagetriton", "sdxl_txt2img_sagetriton"} <= names
+    assert len(names) == 3
     code, templates = sage_server.get("/workflow_templates")
     assert code == 200 and set(templates.get(PACK_LINK, [])) == names, templates
     for name in names:
-        code, body = sage_server.get(f"/api/workflow_templates/{PACK_LINK}/{name}.json")
+        # The URLs the template browser builds (ComfyUI 0.3.64, frontend 1.27): the file name is the
+        # card's title, <name>.jpg its thumbnail.
+        path = f"/api/workflow_templates/{PACK_LINK}/{urllib.parse.quote(name)}"
+        code, body = sage_server.get(path + ".json")
         assert code == 200 and body["nodes"], name
+        status, thumb = sage_server.srv.get(path + ".jpg")
+        assert status == 200 and thumb[:3] == b"\xff\xd8\xff" and len(thumb) > 5_000, name
+
+
+def test_example_workflows_have_title_description_and_unique_ids():
+    ids = set()
+    for path in WORKFLOWS:
+        wf = json.loads(path.read_text())
+        info = wf["extra"]["sagetriton"]
+        assert info["title"] == path.stem and len(info["description"]) > 40 and "\n" not in info["description"]
+        # The description is on the canvas too, in a note.
+        notes = [n["widgets_values"][0] for n in wf["nodes"] if n["type"] == "Note"]
+        assert any(info["description"] in text for text in notes), path.name
+        assert str(uuid.UUID(wf["id"])) == wf["id"] and int(uuid.UUID(wf["id"])) != 0
+        ids.add(wf["id"])
+        assert (path.with_suffix(".jpg")).is_file(), f"{path.name}: no thumbnail"
+    assert len(ids) == len(WORKFLOWS)
+
+
+def _nulls(value, where=""):
+    """Paths holding null that the frontend's workflow schema rejects (only links may be null)."""
+    if isinstance(value, dict):
+        return [p for k, v in value.items() if not (v is None and k in ("link", "links"))
+                for p in _nulls(v, f"{where}.{k}")]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _nulls(v, f"{where}[{i}]")]
+    return [where] if value is None else []
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
+def test_example_workflow_has_no_null_the_frontend_rejects(path):
+    assert not _nulls(json.loads(path.read_text())), path.name
 
 
 def _widget_inputs(spec: dict) -> list[tuple[str, list | str, dict]]:
@@ -196,7 +236,7 @@ def test_example_workflow_matches_the_servers_nodes(path, object_info):
     types = {n["type"] for n in wf["nodes"]}
     assert PATCH in types, "every example uses Patch Model Attention"
     nodes = {n["id"]: n for n in wf["nodes"]}
-    for node in wf["nodes"]:
+    for node in (n for n in wf["nodes"] if n["type"] not in FRONTEND_ONLY):
         where = f"{path.name} node {node['id']} ({node['type']})"
         assert node["type"] in object_info, f"{where}: unknown node type"
         spec = object_info[node["type"]]
@@ -210,7 +250,7 @@ def test_example_workflow_matches_the_servers_nodes(path, object_info):
         dst_input = nodes[dst]["inputs"][dst_slot]
         assert dst_input["link"] == link_id and ltype == out_type == dst_input["type"], (path.name, link_id)
     # Every required non-widget input is connected: the workflow runs once the models are there.
-    for node in wf["nodes"]:
+    for node in (n for n in wf["nodes"] if n["type"] not in FRONTEND_ONLY):
         for inp in node.get("inputs", []):
             required = object_info[node["type"]]["input"].get("required", {})
             if inp["name"] in required and not inp.get("widget"):

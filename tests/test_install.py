@@ -48,7 +48,8 @@ def test_interpreter_selftest_passes_every_variant(cpu_install):
     assert len(reports) == 1
     r = json.loads(reports[0].read_text())
     assert r["mode"] == "interpreter" and r["complete"] is True and r["key"]["arch"] == "cpu"
-    assert len(r["variants"]) == 27  # 3 granularities x 3 P·V precisions x 3 accumulations (fp8 emulated)
+    # 3 granularities x (3 P·V precisions x 3 accumulations + int8, which sums in int32), fp8 emulated
+    assert len(r["variants"]) == 30
     assert r["disabled_variants"] == [], r["disabled_variants"]
     for name, v in r["variants"].items():
         assert v["build"]["ok"] and v["selftest"]["ok"], (name, v)
@@ -136,3 +137,72 @@ def test_strict_on_cpu_fails_only_when_something_failed(monkeypatch, tmp_path, c
     cross["gfx942"]["ok"] = True
     assert cli.main(["--strict"]) == 1
     assert cli.main(["--check-targets", "sm90,rtx4090"]) == 2  # a usage error, whatever --strict says
+
+
+def test_a_full_cpu_report_is_reused_and_quick_never_replaces_it(monkeypatch, tmp_path, capsys):
+    """Without a GPU too, a complete report answers later runs (it took minutes); --quick reuses a full
+    report instead of overwriting it with one variant; --force redoes it."""
+    monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path))
+    from sagetriton.installer import cli, report
+    from sagetriton.installer import firststart as fs
+    from sagetriton.kernels.arch import CPU_ARCH
+    full = report.new_report(report.report_key(CPU_ARCH))
+    full.update(mode="interpreter", complete=True, quick=False,
+                variants={f"v{i}": {"build": {"ok": True}, "selftest": {"ok": True, "cosine": 0.9995, "rel_l1": 0.03}}
+                          for i in range(27)},
+                cross_compile={"sm90": {"ok": True, "instructions": ["wgmma.mma_async.s8"], "config": {}}})
+    path = report.save_report(full)
+    saved = path.read_text()
+    calls = []
+    monkeypatch.setattr(fs, "run_setup", lambda *a, **k: calls.append(k.get("quick")) or {"complete": True})
+    for argv in (["--quick"], [], ["--skip-cross-compile"]):
+        assert cli.main(argv) == 0
+        out = capsys.readouterr().out
+        assert "Already self-tested" in out and "[ OK ] sm90" in out, argv
+    assert calls == [] and path.read_text() == saved
+    assert cli.main(["--force", "--skip-cross-compile", "--quick"]) == 0 and calls == [True]
+
+
+NO_TORCH_HINT = "has no torch; run install.py with the Python that starts ComfyUI"
+
+
+def test_a_python_without_torch_gets_one_sentence_and_exit_1(tmp_path):
+    """The classic wrong-Python mistake: no traceback, the interpreter named, the fix, exit 1."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    python = tmp_path / "venv" / "bin" / "python"
+    proc = subprocess.run([str(python), "install.py"], cwd=str(PACK_DIR), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    out = (proc.stdout + proc.stderr).strip()
+    assert len(out.splitlines()) == 1 and NO_TORCH_HINT in out and str(python) in out, out
+
+
+def _install_py(*args):
+    return subprocess.run([sys.executable, "install.py", *args], cwd=str(PACK_DIR), capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "300", "x"])
+def test_head_dim_out_of_range_is_a_usage_error(value):
+    proc = _install_py("--check-targets", "sm90", "--head-dim", value)
+    assert proc.returncode == 2 and "--head-dim: must be a whole number from 1 to 256" in proc.stderr, proc.stderr
+
+
+def test_json_without_check_targets_is_a_usage_error():
+    proc = _install_py("--json")
+    assert proc.returncode == 2 and "--json only applies to --check-targets" in proc.stderr, proc.stderr
+
+
+def test_unknown_target_is_named_with_the_known_ones():
+    proc = _install_py("--check-targets", "sm90,sm91")
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "unknown target 'sm91'; known: sm80, sm86" in proc.stderr and "gfx1201" in proc.stderr
+    assert "LLVM" not in proc.stderr
+
+
+def test_variant_table_stays_aligned_with_long_names(pack):
+    from sagetriton.installer.selftest import format_variant_table
+    ok = {"build": {"ok": True}, "selftest": {"ok": True, "cosine": 0.99951, "rel_l1": 0.0301}}
+    lines = format_variant_table({"per_warp/fp8/fp32": ok, "per_thread/fp8+residual/fp16+fp32": ok}).splitlines()
+    columns = {line.index(" ok ") if " ok " in line else line.index(" build ") for line in lines}
+    assert len(columns) == 1, "\n".join(lines)
+    assert len({line.index("0.99951") for line in lines[1:]}) == 1

@@ -156,6 +156,24 @@ def test_fully_masked_rows_match_sdpa(seed):
     assert torch.isneginf(lse[:, :, 3]).all()
 
 
+def test_float32_max_masks_do_not_overflow(seed):
+    """ComfyUI's padding masks hold -finfo(float32).max (Lumina2, HunyuanVideo): no intermediate may
+    overflow (the interpreter warned "overflow encountered in multiply"), and a row masked that way
+    everywhere averages V as SDPA does, instead of turning into zeros."""
+    import warnings
+
+    q, k, v = make_qkv(LQ=20, LK=30, D=32)
+    mask = torch.zeros(20, 30)
+    mask[:, 24:] = -torch.finfo(torch.float32).max
+    mask[5] = -torch.finfo(torch.float32).max
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        out = sageattn(q, k, v, attn_mask=mask)
+    sdpa = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+    assert torch.isfinite(out).all() and cosine(out, sdpa) >= 0.999
+    assert torch.allclose(out[:, :, 5].float(), v.float().mean(dim=2), atol=0.05)
+
+
 def test_lse_with_smoothing_matches_fp64(seed):
     q, k, v = make_qkv(LQ=50, LK=70, D=64, k_bias=8.0)
     _, exact = ref.exact_attention(q, k, v)

@@ -1,8 +1,12 @@
 """The pack as ComfyUI loads it, and as a plain library without ComfyUI."""
 import asyncio
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+import pytest
 
 from conftest import needs_comfyui
 from sagetriton_import import PACK_DIR
@@ -30,7 +34,8 @@ def test_imports_without_comfyui_as_a_kernel_library():
         assert not torch.cuda.is_initialized()
         print("ok")
     """)
-    env_path = [p for p in sys.path if "ComfyUI" not in p]
+    # Every folder that holds ComfyUI's ``comfy`` package leaves the path, whatever it is called.
+    env_path = [p for p in sys.path if not (Path(p or ".") / "comfy" / "model_patcher.py").is_file()]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={"PYTHONPATH": ":".join(env_path), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
@@ -47,3 +52,29 @@ def test_comfyui_loads_the_pack_with_its_own_loader(comfyui_path):
         assert nodes.NODE_DISPLAY_NAME_MAPPINGS[node_id] == name
     web_dirs = [v for v in nodes.EXTENSION_WEB_DIRS.values() if (PACK_DIR / "web").samefile(v)]
     assert web_dirs, f"WEB_DIRECTORY not registered: {nodes.EXTENSION_WEB_DIRS}"
+
+
+def test_a_test_session_removes_its_report_folder(tmp_path):
+    """conftest.py gives each session an empty SAGETRITON_REPORT_DIR in the temp folder: gone afterwards."""
+    env = {k: v for k, v in os.environ.items() if k != "SAGETRITON_REPORT_DIR"}
+    env["TMPDIR"] = str(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "tests/test_node_definitions.py::test_registry_ids_and_display_names"],
+                          cwd=str(PACK_DIR), env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert not list(tmp_path.glob("sagetriton-report-*")), list(tmp_path.iterdir())
+
+
+@pytest.mark.slow  # a virtual environment and a pip install
+def test_pip_install_editable_makes_the_library_importable_as_sagetriton(tmp_path):
+    """The README's library snippet, from a clone after ``pip install -e .`` (in a throwaway venv that
+    sees this Python's torch; no download: no build isolation, no dependencies)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    pip = subprocess.run([python, "-m", "pip", "install", "-q", "-e", str(PACK_DIR), "--no-build-isolation",
+                          "--no-deps"], capture_output=True, text=True, timeout=300)
+    assert pip.returncode == 0, pip.stderr[-2000:]
+    code = "from sagetriton.kernels import sageattn; import sagetriton; print(sagetriton.__file__)"
+    out = subprocess.run([python, "-c", code], cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and Path(out.stdout.strip()) == PACK_DIR / "__init__.py", out.stderr[-2000:]

@@ -1,9 +1,11 @@
 """GET /sage/status: the payload as a plain function, and the route through a real ComfyUI server."""
+from pathlib import Path
+
 import pytest
 from comfy_server import comfy_server
 
 EXPECTED_KEYS = {"device", "arch", "vendor", "defaults", "variants", "crossover", "sdpa_default_safe", "stats",
-                 "last_run", "setup", "report", "disabled_variants", "long_sequence_kernel"}
+                 "last_run", "setup", "report", "disabled_variants", "long_sequence_kernel", "runs_by_node"}
 
 
 def test_payload_without_server(pack, tmp_path, monkeypatch):
@@ -26,10 +28,16 @@ def test_payload_without_server(pack, tmp_path, monkeypatch):
     rep.save_report(r)
     p = status_payload("cpu")
     assert p["report"]["found"] and p["crossover"]["seq_len"] == 2048 and p["sdpa_default_safe"] is True
+    assert p["report"]["path"] == str(rep.report_path(r["key"])) and tmp_path in Path(p["report"]["path"]).parents
     assert p["min_seq_len_resolved"] == 2048
     assert p["disabled_variants"] == ["per_block/fp8/fp16"] and "per_warp/fp16/fp32" in p["variants"]
     assert p["long_sequence_kernel"] == {"ok": False, "error": "CompilationError"}
     rep.invalidate_cache()
+    # Each Patch node's own last run, by node id (the UI shows a node its own run, never another's).
+    stats.set_last_run({"kernel": 3, "fallback": {}, "node_id": "4"})
+    stats.set_last_run({"kernel": 5, "fallback": {"x": 1}, "node_id": "9"})
+    runs = status_payload("cpu")["runs_by_node"]
+    assert runs["4"]["kernel"] == 3 and runs["9"]["kernel"] == 5
 
 
 @pytest.mark.server
@@ -46,6 +54,7 @@ def test_status_route_in_real_comfyui(comfyui_path, tmp_path):
             time.sleep(0.1)
         log = srv.log()
     assert mirrored["setup"]["phase"] == "skipped" and "no GPU" in mirrored["setup"]["message"]
+    assert log.count("ComfyUI's own attention runs; nothing is patched") == 1, log[-3000:]
     for p in (direct, mirrored):
         assert EXPECTED_KEYS <= set(p), sorted(p)
         assert p["vendor"] == "cpu" and p["device"] == "cpu"  # ComfyUI runs with --cpu

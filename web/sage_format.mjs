@@ -53,7 +53,11 @@ export function archLabel(status) {
 }
 
 // "kernel from 4096 tokens": shorter keys go to the fallback (quantization overhead wins there).
+export const NO_KERNEL_LINE = "no GPU: ComfyUI's own attention runs";
+
 export function seqLine(status) {
+  // No GPU (or ComfyUI started with --cpu): the patch changes nothing, whatever the defaults say.
+  if (status?.kernel_active === false) return NO_KERNEL_LINE;
   // min_seq_len -1 means the crossover measured on this GPU; the table default until measured.
   let n = status?.crossover;
   if (n && typeof n === "object") n = n.seq_len ?? n["128"];
@@ -105,8 +109,9 @@ export function setupInProgress(status) {
   return ["waiting", "running"].includes(status?.setup?.phase);
 }
 
-// The lines the info panel shows on a node of `nodeType`.
-export function infoLines(nodeType, status, unsupported = unsupportedChoices(status)) {
+// The lines the info panel shows on a node of `nodeType`; `run` is a Patch node's own last run
+// (null until that node has run: never another node's or another workflow's).
+export function infoLines(nodeType, status, unsupported = unsupportedChoices(status), run = null) {
   const lines = [archLabel(status)];
   if (!status) return lines;
   lines.push(defaultsLine(status));
@@ -121,7 +126,7 @@ export function infoLines(nodeType, status, unsupported = unsupportedChoices(sta
       for (const { short } of Object.values(values)) lines.push(`⚠ ${short}`);
     }
   } else if (nodeType === PATCH_NODE) {
-    lines.push(...runLines(status.last_run));
+    lines.push(...runLines(run));
   }
   return lines;
 }

@@ -17,6 +17,7 @@ let status; // last /sage/status answer: undefined until the first answer, null 
 let showInfo = null; // the setting's value as last reported by onChange (null: ask the store)
 const warnedReasons = new Set(); // fallback reasons already toasted this session
 const inputTooltips = new Map(); // Sage Settings input name -> the server's tooltip
+const ranPatchNodes = new Set(); // Patch nodes whose run summary arrived since the last status fetch
 
 function isOurs(node) {
   const t = node?.comfyClass ?? node?.type;
@@ -135,7 +136,7 @@ function refreshNode(node) {
   const show = (showInfo ?? settingValue(SHOW_SETTING, true)) !== false;
   const w = infoWidget(node);
   const unsupported = unsupportedChoices(status);
-  w.lines = show ? infoLines(type, status, unsupported) : [];
+  w.lines = show ? infoLines(type, status, unsupported, node.sageRun ?? null) : [];
   w.value = w.lines.join("\n");
   w.hidden = !show;
   if (type === SETTINGS_NODE) markChoices(node, show ? unsupported : {});
@@ -160,6 +161,10 @@ function refreshSoon() {
 
 async function afterRun() {
   await fetchStatus();
+  // A node shows its own run: the one the server recorded under its id, once its summary came to
+  // this tab (progress text goes only to the tab that queued the prompt).
+  for (const node of ranPatchNodes) node.sageRun = status?.runs_by_node?.[String(node.id)] ?? node.sageRun;
+  ranPatchNodes.clear();
   refreshAll();
   // Downgraded settings ("fp8 → fp16 on this GPU") are said once, visibly.
   for (const note of status?.last_run?.notes ?? []) {
@@ -198,10 +203,15 @@ app.registerExtension({
     refreshAll();
     api.addEventListener("execution_success", refreshSoon);
     api.addEventListener("execution_error", refreshSoon);
+    // The first-start self-test's progress (nodes/status_route.py SETUP_EVENT); unlistened, the
+    // frontend logs every such message as "Unhandled message".
+    api.addEventListener("sagetriton.setup", refreshSoon);
     // The patch node's run summary also arrives as progress text on that node.
     api.addEventListener("progress_text", ({ detail }) => {
       const node = app.graph?.getNodeById?.(detail?.nodeId);
-      if ((node?.comfyClass ?? node?.type) === PATCH_NODE) refreshSoon();
+      if ((node?.comfyClass ?? node?.type) !== PATCH_NODE) return;
+      ranPatchNodes.add(node);
+      refreshSoon();
     });
   },
   beforeRegisterNodeDef(_nodeType, nodeData) {
