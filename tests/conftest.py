@@ -86,3 +86,14 @@ def pytest_unconfigure(config):
         import shutil
 
         shutil.rmtree(_OWN_REPORT_DIR, ignore_errors=True)
+
+
+@pytest.fixture
+def rep(pack, tmp_path, monkeypatch):
+    """``installer.report`` on an empty report folder of the test's own."""
+    monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path))
+    from sagetriton.installer import report
+
+    report.invalidate_cache()
+    yield report
+    report.invalidate_cache()

@@ -88,6 +88,16 @@ def test_default_attention_kernel_fits_without_spills(check_targets_json, target
         assert "shared_kv_kernel" not in r  # Gluon's Hopper kernel is built for sm90 only
 
 
+def _compile_in_child(script: str, targets) -> dict:
+    """Run ``script`` (it prints one JSON line) for ``targets`` in a child without the Triton interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(PACK_DIR), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", script, *targets], capture_output=True, text=True,
+                          cwd=str(PACK_DIR), timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 RESIDUAL_TARGETS = ("sm89", "sm90", "sm120", "gfx1201", "gfx942")
 _RESIDUAL_SCRIPT = """
 import json, sys
@@ -108,12 +118,7 @@ print(json.dumps(out))
 def test_fp8_residual_variant_fits_without_spills():
     """fp8+residual adds a second P·V MMA and a second V tile per step (shared memory, TMA ring):
     it must still build with fp8 matrix instructions, in registers, on the fp8 families."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(PACK_DIR), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", _RESIDUAL_SCRIPT, *RESIDUAL_TARGETS], capture_output=True,
-                          text=True, cwd=str(PACK_DIR), timeout=900, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = _compile_in_child(_RESIDUAL_SCRIPT, RESIDUAL_TARGETS)
     for target, r in results.items():
         assert r["ok"] is True, (target, r.get("error"))
         assert r["spills"] == 0 and 0 < r["shared"] <= SHARED_LIMIT[target], (target, r)
@@ -339,12 +344,7 @@ INT8_MMA = {"sm": r"^(wgmma\.mma_async|mma\.sync).*\.s8\.s8", "gfx9": r"^v_mfma_
 def test_int8_pv_variant_uses_int8_matrix_instructions_for_both_products():
     """pv_precision="int8" on every family, the Hopper Gluon kernels included: both products of every
     attention kernel are INT8 matrix instructions (no 16-bit or fp8 one), built without spills."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(PACK_DIR), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", _INT8_SCRIPT, *INT8_TARGETS], capture_output=True,
-                          text=True, cwd=str(PACK_DIR), timeout=900, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = _compile_in_child(_INT8_SCRIPT, INT8_TARGETS)
     import re
 
     for target, kernels in results.items():

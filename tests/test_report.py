@@ -5,16 +5,6 @@ import pytest
 
 
 @pytest.fixture
-def rep(pack, tmp_path, monkeypatch):
-    monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path))
-    from sagetriton.installer import report
-
-    report.invalidate_cache()
-    yield report
-    report.invalidate_cache()
-
-
-@pytest.fixture
 def rdna4(pack):
     from sagetriton.kernels.arch import ArchInfo
 

@@ -12,16 +12,6 @@ import pytest
 from sagetriton_import import PACK_DIR
 
 
-@pytest.fixture
-def rep(pack, tmp_path, monkeypatch):
-    monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path))
-    from sagetriton.installer import report
-
-    report.invalidate_cache()
-    yield report
-    report.invalidate_cache()
-
-
 def _ada():
     from sagetriton.kernels.arch import ArchInfo
 

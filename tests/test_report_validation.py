@@ -40,16 +40,6 @@ BROKEN = {
 }
 
 
-@pytest.fixture
-def rep(pack, tmp_path, monkeypatch):
-    monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path))
-    from sagetriton.installer import report
-
-    report.invalidate_cache()
-    yield report
-    report.invalidate_cache()
-
-
 def _plant(rep, arch, text):
     path = rep.report_path(rep.report_key(arch))
     path.parent.mkdir(parents=True, exist_ok=True)
