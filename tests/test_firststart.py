@@ -28,9 +28,13 @@ state["current"] = None; state["complete"] = True; write()
 
 
 @pytest.fixture
-def fs(pack):
+def fs(pack, monkeypatch):
     from sagetriton.installer import firststart
 
+    # The setup state is process-wide and notifies only on a change: start each test from "idle", whatever
+    # an earlier test (in any file) left there.
+    monkeypatch.setattr(firststart._state, "phase", "idle")
+    monkeypatch.setattr(firststart._state, "message", "")
     return firststart
 
 
