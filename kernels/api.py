@@ -141,7 +141,7 @@ _signs: dict = {}
 
 
 def _rotation_signs(d_pad: int, block: int, device) -> torch.Tensor:
-    """``quant.hadamard_block`` times sqrt(block) as fp16 (±1 and 0), made once per device and size."""
+    """``reference.hadamard_block`` times sqrt(block) as fp16 (±1 and 0), made once per device and size."""
     key = (d_pad, block, str(device))
     if key not in _signs:
         from .reference import hadamard_block

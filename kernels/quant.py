@@ -74,25 +74,9 @@ def round_to_int8(y):
 
 
 @triton.jit
-def hadamard_block(D_PAD: tl.constexpr, BLOCK: tl.constexpr):
-    """(D_PAD, D_PAD) block-diagonal Hadamard matrix, ``BLOCK`` (a power of two) per block, entries
-    ±1/sqrt(BLOCK): orthogonal, so Q·Kᵀ is unchanged when both are multiplied by it, while one large
-    channel is spread over BLOCK channels before INT8 rounding (entry (i, j) is the parity of the
-    bits i and j share)."""
-    i = tl.arange(0, D_PAD)[:, None]
-    j = tl.arange(0, D_PAD)[None, :]
-    bits = i & j & (BLOCK - 1)
-    bits = bits ^ (bits >> 4)
-    bits = bits ^ (bits >> 2)
-    bits = bits ^ (bits >> 1)
-    sign = 1.0 - 2.0 * (bits & 1).to(tl.float32)
-    return tl.where(i // BLOCK == j // BLOCK, sign * (1.0 / tl.sqrt(BLOCK * 1.0)), 0.0)
-
-
-@triton.jit
 def _rotate(x, Signs, D_PAD: tl.constexpr, BLOCK: tl.constexpr):
-    """``x @ hadamard_block`` on the 16-bit tensor cores. ``Signs``: that matrix times sqrt(BLOCK) (±1 and
-    0, exact in fp16; ``hadamard_block`` made once per device by the host, cheaper than per program).
+    """``x @ reference.hadamard_block`` on the 16-bit tensor cores. ``Signs``: that matrix times sqrt(BLOCK)
+    (±1 and 0, exact in fp16), made once per device by the host (``api._rotation_signs``), not per program.
     Each row is divided by its max |x| first, so fp16's 11 bits hold it to 1/2048 of that max (INT8
     keeps 1/127 of it); 1/sqrt(BLOCK) and the row max are applied to the fp32 sums. A row holding
     NaN/Inf stays non-finite."""
@@ -300,7 +284,7 @@ def quantize_int8_kernel(
     """Quantize one tile of Q or K. With FINALIZE (the Q launch, which runs right after the
     statistics), the first program of each key/value head also reduces the K/V partials into Final,
     which the K and V launches after it read: one reduction per head instead of one per program.
-    With ROTATE (a block size), the tile is multiplied by ``hadamard_block`` before rounding; Q and
+    With ROTATE (a block size), the tile is multiplied by a block Hadamard matrix (``_rotate``) before rounding; Q and
     K get the same rotation, so their product is unchanged."""
     bh, offs_l, row_ok, offs_d, x = _row_tile(X, stride_xb, stride_xh, stride_xl, stride_xd, H, L, D, BLOCK, D_PAD)
     pdl_start(PDL)

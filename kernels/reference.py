@@ -54,7 +54,9 @@ def _quantize_groups(x: torch.Tensor, group: int):
 
 
 def hadamard_block(d_pad: int, block: int, dtype=torch.float64) -> torch.Tensor:
-    """The kernels' rotation (``quant.hadamard_block``): block-diagonal Sylvester Hadamard, ±1/sqrt(block)."""
+    """The kernels' rotation: block-diagonal Sylvester Hadamard, ``block`` (a power of two) per block, entries
+    ±1/sqrt(block) (entry (i, j): the parity of the bits i and j share). Orthogonal, so Q·Kᵀ is unchanged when
+    both are multiplied by it, while one large channel is spread over the block before INT8 rounding."""
     i = torch.arange(d_pad)
     shared = (i[:, None] & i[None, :] & (block - 1))
     parity = torch.zeros_like(shared)
