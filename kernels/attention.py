@@ -38,9 +38,11 @@ def _masked_logits(x, offs_m, offs_n, mask_base, stride_mm, stride_mn, LQ, LK,
             x = x + tl.where(keep, 0.0, float("-inf"))
         else:
             # ComfyUI masks with -finfo(float32).max: times log2(e) that overflows to -inf, and a row
-            # masked that way would become all -inf (zeros) where SDPA averages V. Clamped first.
-            m = tl.maximum(tl.load(m_ptrs, mask=m_ok, other=0.0).to(tl.float32), -2.0e38,
-                           propagate_nan=tl.PropagateNan.ALL)
+            # masked that way would become all -inf (zeros) where SDPA averages V. Clamped first; -inf
+            # stays -inf, so a row mixing both (HunyuanVideo's text refiner adds two -max masks, which
+            # overflow) averages only its -max keys, as SDPA does.
+            m = tl.load(m_ptrs, mask=m_ok, other=0.0).to(tl.float32)
+            m = tl.where(m == float("-inf"), m, tl.maximum(m, -2.0e38, propagate_nan=tl.PropagateNan.ALL))
             x = x + m * 1.4426950408889634
     if BOUNDARY:
         x = tl.where(offs_n[None, :] < LK, x, float("-inf"))

@@ -174,6 +174,22 @@ def test_float32_max_masks_do_not_overflow(seed):
     assert torch.allclose(out[:, :, 5].float(), v.float().mean(dim=2), atol=0.05)
 
 
+def test_rows_mixing_max_and_inf_masks_average_the_max_keys(seed):
+    """HunyuanVideo's text refiner adds a -finfo.max padding mask to its transpose: where two padded
+    tokens meet it overflows to -inf. SDPA averages such a row over its -max keys only; clamping -inf
+    too would average over every key."""
+    q, k, v = make_qkv(LQ=8, LK=8, D=32, dtype=torch.bfloat16)
+    pad = torch.zeros(1, 8, dtype=torch.bfloat16)
+    pad[:, 5:] = -torch.finfo(torch.bfloat16).max
+    mask = pad.view(1, 1, 1, 8).repeat(1, 1, 8, 1)
+    mask = mask + mask.transpose(2, 3)
+    assert torch.isneginf(mask[0, 0, 7, 7])
+    out = sageattn(q, k, v, attn_mask=mask)
+    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert torch.allclose(out[:, :, 5:].float(), v[:, :, :5].float().mean(dim=2, keepdim=True), atol=0.02)
+    assert cosine(out, sdpa) >= 0.999
+
+
 def test_lse_with_smoothing_matches_fp64(seed):
     q, k, v = make_qkv(LQ=50, LK=70, D=64, k_bias=8.0)
     _, exact = ref.exact_attention(q, k, v)
