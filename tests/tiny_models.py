@@ -157,6 +157,117 @@ def tiny_hunyuan_video(dtype=torch.bfloat16, seed=0) -> TinyModel:
                      (128,), masks=True, cfg=1.0)
 
 
+# --- The models people run now (issue 32). Each keeps the family's real head_dim; one head, one or two
+# layers and 16-40 tokens keep a patched run to a few kernel calls through the Triton interpreter.
+
+def tiny_qwen_image(dtype=torch.bfloat16, seed=0) -> TinyModel:
+    """Qwen-Image: text and image tokens in one joint attention, head_dim 128."""
+    cfg = dict(image_model="qwen_image", patch_size=2, in_channels=64, out_channels=16, num_layers=1,
+               attention_head_dim=128, num_attention_heads=1, joint_attention_dim=TEXT_DIM, axes_dims_rope=(16, 56, 56))
+    g = torch.Generator().manual_seed(seed + 1)
+    pos, neg = _pair(g, lambda g: {})
+    return TinyModel("qwen_image", _build("QwenImage", cfg, dtype, seed), torch.zeros(1, 16, 1, 8, 8), pos, neg, (128,),
+                     cfg=1.0)
+
+
+def tiny_ltxv(dtype=torch.bfloat16, seed=0) -> TinyModel:
+    """LTX-Video: self-attention over video tokens, cross-attention to text with the text padding mask."""
+    cfg = dict(image_model="ltxv", in_channels=16, cross_attention_dim=64, attention_head_dim=64,
+               num_attention_heads=1, caption_channels=TEXT_DIM, num_layers=1)
+    g = torch.Generator().manual_seed(seed + 1)
+    pos, neg = _pair(g, lambda g: {"attention_mask": _text_mask(5)})
+    return TinyModel("ltxv", _build("LTXV", cfg, dtype, seed), torch.zeros(1, 16, 2, 4, 4), pos, neg, (64,),
+                     masks=True, cfg=1.0)
+
+
+def _wan_cfg(**over) -> dict:
+    cfg = dict(image_model="wan2.1", model_type="t2v", patch_size=(1, 2, 2), text_len=TEXT_TOKENS, in_dim=16,
+               dim=128, ffn_dim=256, freq_dim=256, text_dim=TEXT_DIM, out_dim=16, num_heads=1, num_layers=1,
+               window_size=(-1, -1), qk_norm=True, cross_attn_norm=True, eps=1e-6)
+    cfg.update(over)
+    return cfg
+
+
+def tiny_wan22_5b(dtype=torch.bfloat16, seed=0) -> TinyModel:
+    """Wan 2.2 TI2V 5B: the WAN22 model class on the 48-channel latent of the Wan 2.2 VAE."""
+    g = torch.Generator().manual_seed(seed + 1)
+    pos, neg = _pair(g, lambda g: {})
+    return TinyModel("wan22_5b", _build("WAN22_T2V", _wan_cfg(in_dim=48, out_dim=48), dtype, seed),
+                     torch.zeros(1, 48, 1, 8, 8), pos, neg, (128,), cfg=1.0)
+
+
+def tiny_wan22_14b_experts(dtype=torch.float16, seed=0) -> tuple[TinyModel, TinyModel]:
+    """Wan 2.2 A14B: two models of the Wan 2.1 architecture, a high-noise expert for the first steps and
+    a low-noise expert for the rest (two loaders, two KSamplerAdvanced in ComfyUI's template)."""
+    g = torch.Generator().manual_seed(seed + 1)
+    pos, neg = _pair(g, lambda g: {})
+    latent = torch.zeros(1, 16, 1, 8, 8)
+    high = TinyModel("wan22_14b_high", _build("WAN21_T2V", _wan_cfg(), dtype, seed), latent, pos, neg, (128,), cfg=1.0)
+    low = TinyModel("wan22_14b_low", _build("WAN21_T2V", _wan_cfg(), dtype, seed + 7), latent, pos, neg, (128,),
+                    cfg=1.0)
+    return high, low
+
+
+def tiny_chroma(dtype=torch.bfloat16, seed=0) -> TinyModel:
+    """Chroma: Flux's blocks with a distilled modulation network instead of per-block modulation."""
+    # Chroma counts channels after 2x2 patching (64 for Flux's 16-channel latent).
+    cfg = dict(image_model="chroma", in_channels=64, out_channels=64, context_in_dim=TEXT_DIM, hidden_size=128,
+               mlp_ratio=2.0, num_heads=1, depth=1, depth_single_blocks=1, axes_dim=[16, 56, 56], theta=10000,
+               patch_size=2, qkv_bias=True, in_dim=64, out_dim=128, hidden_dim=64, n_layers=1)
+    g = torch.Generator().manual_seed(seed + 1)
+    pos, neg = _pair(g, lambda g: {"pooled_output": None})  # Chroma's T5 encoder gives no pooled output
+    return TinyModel("chroma", _build("Chroma", cfg, dtype, seed), torch.zeros(1, 16, 8, 8), pos, neg, (128,), cfg=1.0)
+
+
+def tiny_flux_kontext(dtype=torch.bfloat16, seed=0) -> TinyModel:
+    """Flux Kontext: a Flux model whose conditioning carries reference latents, concatenated to the image
+    tokens (ReferenceLatent node), so attention sees text + image + reference tokens."""
+    cfg = dict(image_model="flux", in_channels=16, out_channels=16, vec_in_dim=TEXT_DIM, context_in_dim=TEXT_DIM,
+               hidden_size=128, mlp_ratio=2.0, num_heads=1, depth=1, depth_single_blocks=1, axes_dim=[16, 56, 56],
+               theta=10000, patch_size=2, qkv_bias=True, guidance_embed=True)
+    g = torch.Generator().manual_seed(seed + 1)
+    reference = torch.randn(1, 16, 8, 8, generator=g)
+    pos, neg = _pair(g, lambda g: {"pooled_output": torch.randn(1, TEXT_DIM, generator=g), "guidance": 2.5,
+                                   "reference_latents": [reference]})
+    return TinyModel("flux_kontext", _build("Flux", cfg, dtype, seed), torch.zeros(1, 16, 8, 8), pos, neg, (128,),
+                     cfg=1.0, notes={"reference": reference})
+
+
+def tiny_sd35(dtype=torch.float16, seed=0) -> TinyModel:
+    """SD3.5 Medium's MMDiT-X: RMS q/k norm and an extra self-attention on the image tokens of a block."""
+    depth = 1  # hidden = 64 * depth, heads = depth -> head_dim 64
+    cfg = dict(in_channels=16, out_channels=16, patch_size=2, depth=depth, adm_in_channels=TEXT_DIM,
+               context_embedder_config={"target": "torch.nn.Linear",
+                                        "params": {"in_features": TEXT_DIM, "out_features": 64 * depth}},
+               pos_embed_max_size=8, num_patches=64, pos_embed_scaling_factor=None, qk_norm="rms",
+               x_block_self_attn=True, x_block_self_attn_layers=[0])
+    g = torch.Generator().manual_seed(seed + 1)
+    pos, neg = _pair(g, lambda g: {"pooled_output": torch.randn(1, TEXT_DIM, generator=g)})
+    return TinyModel("sd35", _build("SD3", cfg, dtype, seed), torch.zeros(1, 16, 8, 8), pos, neg, (64,), cfg=1.0)
+
+
+def tiny_aura_flow(dtype=torch.float16, seed=0) -> TinyModel:
+    """AuraFlow: head_dim 256 (the kernel's widest head, run with its 64-row tile)."""
+    cfg = dict(in_channels=4, out_channels=4, patch_size=2, dim=256, n_layers=1, n_double_layers=0, n_heads=1,
+               global_conddim=64, cond_seq_dim=TEXT_DIM, max_seq=16)
+    g = torch.Generator().manual_seed(seed + 1)
+    pos, neg = _pair(g, lambda g: {})
+    return TinyModel("aura_flow", _build("AuraFlow", cfg, dtype, seed), torch.zeros(1, 4, 8, 8), pos, neg, (256,),
+                     cfg=1.0)
+
+
+def tiny_sd15_real_heads(dtype=torch.float16, seed=0) -> TinyModel:
+    """SD1.5's head sizes 40/80/160, not powers of two: 160/320/640 channels in 4 heads, as SD1.5's
+    320/640/1280 in 8. One transformer per down level (self- and cross-attention), none in the middle
+    and up blocks, to keep the interpreter's work small."""
+    cfg = _unet_config(160, TEXT_DIM, None, False, transformer_depth=(1, 1, 1))
+    cfg.update(channel_mult=[1, 2, 4], transformer_depth_middle=-2, transformer_depth_output=[0] * 6)
+    g = torch.Generator().manual_seed(seed + 1)
+    pos, neg = _pair(g, lambda g: {})
+    heads = {"num_heads": 4, "num_head_channels": -1}
+    return TinyModel("sd15_heads", _build("SD15", cfg, dtype, seed, heads), torch.zeros(1, 4, 8, 8), pos, neg,
+                     (40, 80, 160), cfg=1.0)
+
 BUILDERS: dict[str, Callable[..., TinyModel]] = {
     "flux": tiny_flux,
     "wan21": tiny_wan21,
