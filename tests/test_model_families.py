@@ -8,13 +8,16 @@ Triton interpreter with min_seq_len=0, so every eligible call takes it.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import tiny_models
 from model_checks import KernelSpy, assert_calls_close, assert_close, check_every_call, without_masks
+from sagetriton.kernels.arch import arch_from_properties
 from sagetriton.kernels.reference import rel_l1
 from sagetriton.nodes import stats
-from sagetriton.nodes.patching import patch_model
+from sagetriton.nodes.patching import patch_model, patch_state_of
 from sagetriton.nodes.settings import SageSettings
 from tiny_models import sample
 
@@ -100,13 +103,27 @@ def test_family_samples_like_the_unpatched_model(family, monkeypatch, pack):
         assert spy.masked and any(c.mask_effect > 0 for c in checked)
 
 
-def test_head_dim_256_runs_with_the_narrow_tile(monkeypatch, pack):
-    """AuraFlow's head_dim 256 is the widest the kernel takes; its fp32 accumulator only stays in
-    registers with 64-row tiles, so that is the config its calls must run with."""
+GPUS = {"sm90": SimpleNamespace(name="NVIDIA H200", major=9, minor=0),
+        "sm89": SimpleNamespace(name="NVIDIA GeForce RTX 4090", major=8, minor=9),
+        "gfx1100": SimpleNamespace(name="AMD Radeon RX 7900 XTX", gcnArchName="gfx1100")}
+
+
+def test_head_dim_256_routes_to_the_narrow_tile(monkeypatch, pack):
+    """AuraFlow's head_dim 256 is the widest the kernel takes. Its calls reach the kernel here, and the
+    plan each GPU would run them with keeps the fp32 accumulator in registers: 64-row tiles of 4 warps
+    (32 keys per tile on AMD)."""
     t = build("aura_flow")
-    _, checked, spy, run = run_patched(t, monkeypatch, pack)
-    assert_all_on_kernel(checked, spy, run, "aura_flow")
-    assert spy.configs[256].block_m == 64, spy.configs[256]
+    patched = patch_model(t.patcher, ALWAYS_KERNEL)
+    spy = KernelSpy(monkeypatch, pack)
+    sample(t, patched, steps=STEPS)
+    assert {c.head_dim for c in spy.calls} == {256} and stats.last_run()["fallback"] == {}
+
+    planner = patch_state_of(patched).planner
+    for gpu, props in GPUS.items():
+        arch = arch_from_properties(props, is_hip=gpu.startswith("gfx"))
+        narrow = planner.plan(arch, 256).config
+        assert (narrow.block_m, narrow.num_warps) == (64, 4), (gpu, narrow)
+        assert narrow.block_n == (32 if arch.vendor == "amd" else 64), (gpu, narrow)
 
 
 @pytest.mark.slow  # 4 heads at three head sizes: about a minute in the interpreter on 2 cores

@@ -15,7 +15,7 @@ from sagetriton.nodes import stats
 from sagetriton.nodes.patching import OVERRIDE_KEY, patch_model, patch_state_of
 from sagetriton.nodes.run_summary import WRAPPER_KEY, send_progress_text
 from sagetriton.nodes.settings import SageSettings
-from model_checks import KernelSpy, comfy_attention_calls, without_masks
+from model_checks import KernelSpy, assert_calls_close, check_every_call, without_masks
 from tiny_models import BUILDERS, sample
 
 pytestmark = pytest.mark.usefixtures("comfyui_path")
@@ -58,14 +58,16 @@ def test_patched_model_samples_like_the_original(family, tiny, monkeypatch, pack
     spy = KernelSpy(monkeypatch, pack)
 
     patched = patch_model(t.patcher, ALWAYS_KERNEL)
+    checked = check_every_call(patched)  # each call against ComfyUI's own attention on the same inputs
     out = sample(t, patched)
 
     run = stats.last_run()
-    assert run["kernel"] == len(spy.calls) > 0 and run["fallback"] == {}, run["text"]
+    assert run["kernel"] == len(spy.calls) == len(checked) > 0 and run["fallback"] == {}, run["text"]
     assert stats.attention_stats()["kernel"] - totals_before["kernel"] == len(spy.calls)
-    if t.masks:  # every call ComfyUI makes with a mask reaches the kernel with it, and the mask matters
-        masked = [c for c in comfy_attention_calls(lambda m: sample(t, m), t.patcher) if c.masked]
-        assert spy.masked == len(masked) > 0, "this family's masks should reach the kernel"
+    assert sorted(spy.calls, key=repr) == sorted((c.call for c in checked), key=repr)  # masks included
+    assert_calls_close(checked, family)
+    if t.masks:  # the masks reach the kernel, and they matter: to each call and to the picture
+        assert spy.masked > 0 and any(c.mask_effect > 0 for c in checked)
         assert rel_l1(out, reference) < rel_l1(sample(without_masks(t)), reference) / 5
     assert torch.isfinite(out).all()
     assert not torch.equal(out, reference)  # the quantized kernel really computed it...
