@@ -11,8 +11,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-import torch
 import tiny_models
+import torch
 from model_checks import KernelSpy, assert_calls_close, assert_close, check_every_call, without_masks
 from sagetriton.kernels.arch import arch_from_properties
 from sagetriton.kernels.reference import rel_l1

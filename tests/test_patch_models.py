@@ -9,13 +9,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from model_checks import KernelSpy, assert_calls_close, check_every_call, without_masks
 from sagetriton.kernels.arch import arch_from_properties
 from sagetriton.kernels.reference import cosine, rel_l1
 from sagetriton.nodes import stats
 from sagetriton.nodes.patching import OVERRIDE_KEY, patch_model, patch_state_of
 from sagetriton.nodes.run_summary import WRAPPER_KEY, send_progress_text
 from sagetriton.nodes.settings import SageSettings
-from model_checks import KernelSpy, assert_calls_close, check_every_call, without_masks
 from tiny_models import BUILDERS, sample
 
 pytestmark = pytest.mark.usefixtures("comfyui_path")
