@@ -574,8 +574,8 @@ def shaped_qkv(case: str, L: int = 256, D: int = 64, H: int = 2, dtype=torch.bfl
     dict(LQ=33, LK=77, D=40, layout="NHD"),
 ])
 def test_int8_pv_agrees_with_its_torch_copy_and_beats_fp8(seed, gran, shape):
-    """INT8 P·V: P rounded to 0..127 per row and key tile (shifted by the tile's own max), V to ±127
-    per channel, exact int32 products. Same arithmetic in torch, and closer to exact than fp8."""
+    """INT8 P·V: P rounded to 0..255 per row and key tile (shifted by the tile's own max), V to ±127
+    per channel, exact int32 products (P - 128 times V, plus 128 times V's tile column sums). Same arithmetic in torch, and closer to exact than fp8."""
     q, k, v = make_qkv(**shape)
     layout = shape.get("layout", "HND")
     exact, _ = ref.exact_attention(q, k, v, layout=layout)
