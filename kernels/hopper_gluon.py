@@ -113,8 +113,6 @@ if AVAILABLE:
         row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
         row_l: gl.constexpr = gl.SliceLayout(1, l_acc.type.layout)
         PV_INT8: gl.constexpr = v_smem.dtype == gl.int8
-        if PV_INT8:  # V's column sums over this tile (``quant.convert_v_kernel``), loaded ahead of their use
-            tile_bias = gl.load(tb_base + i * D_PAD + gl.arange(0, D_PAD, layout=gl.SliceLayout(0, acc.type.layout)))
         st = i % STAGES
         mbarrier.wait(kv_ready.index(st), (i // STAGES) & 1)
         s = warpgroup_mma_wait(0, deps=(warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s, use_acc=False,
@@ -155,7 +153,8 @@ if AVAILABLE:
                   v_row, key0, STAGES, V_RES)
         pv, rs = warpgroup_mma_wait(0, deps=(pv, rs))
         mbarrier.arrive(kv_empty.index(st), count=1)
-        if PV_INT8:  # (P - 128)·V plus 128·V's column sums, and the row sums likewise
+        if PV_INT8:  # (P - 128)·V plus 128·V's column sums over this tile (``quant.convert_v_kernel``)
+            tile_bias = gl.load(tb_base + i * D_PAD + gl.arange(0, D_PAD, layout=gl.SliceLayout(0, acc.type.layout)))
             pv_f = exact_int_to_float(pv + tile_bias[None, :])
             rs_f = exact_int_to_float(rs + (_ROUNDING_BIAS_BITS + P_OFFSET * BN))
         else:
