@@ -13,16 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .quant import (
-    _ROUNDING_BIAS,
-    _ROUNDING_BIAS_BITS,
-    P_OFFSET,
-    exact_int_to_float,
-    gdc_wait,
-    mma_operand_order,
-    round_p_offset_int8,
-    to_fp8,
-)
+from .quant import P_OFFSET, gdc_wait, mma_operand_order, round_p_offset_int8, to_fp8
 
 # P·V modes.
 PV_16BIT = 0  # P and V in 16-bit, accumulated in fp32 by the MMA
@@ -59,16 +50,13 @@ def _masked_logits(x, offs_m, offs_n, mask_base, stride_mm, stride_mn, LQ, LK,
 
 
 @triton.jit
-def int8_p_shift(t_max, m_use, row_scale, FROM_BITS: tl.constexpr):
+def int8_p_shift(t_max, m_use):
     """INT8 P's shift: this tile's own row max, so its largest weight rounds to 2^P_LOG2 (255), but
     within 2^-INT8_SHIFT_FLOOR of the running max m_use, where a tile's weights round to 0 anyway, so
-    the sums cannot overflow. Logits made from the bits of 1.5·2²³ + s (FROM_BITS) carry a per-row
-    addend rounded at that magnitude: the shift is raised by the rounding's bound (with an unfused
-    multiply and add too), so that largest weight can never round to 256, which would wrap to 0 in int8."""
+    the sums cannot overflow. Raised by a few ulps of the logits' size, which their rounding can
+    reach: that largest weight never rounds to 256, which int8 would wrap to -128."""
     shift = tl.maximum(t_max, m_use - INT8_SHIFT_FLOOR)
-    if FROM_BITS:
-        shift += 2.5 * row_scale + (tl.abs(shift) + 16.0) * 1.2e-7
-    return shift
+    return shift + tl.abs(shift) * 4.0e-7
 
 
 @triton.jit
@@ -117,16 +105,13 @@ def _attn_tile(
     if PV_MODE == 3:
         # The sums are kept in units of INT8 P's own shift (alpha moves them from the last tile's): one
         # FMA per output element.
-        shift = int8_p_shift(t_max, m_use, row_scale if hot else t_max, hot)
+        shift = int8_p_shift(t_max, m_use)
         alpha = tl.math.exp2(sh_i - shift)
     else:
         shift = m_use
         alpha = tl.math.exp2(m_i - m_use)
     if hot:
-        # s + the bias bits is the float 1.5·2²³ + s (|s| < 2²²): its offset joins the FMA's per-row
-        # addend, so no int → float conversion competes with exp2 for the same unit.
-        s_biased = (s + _ROUNDING_BIAS_BITS).to(tl.float32, bitcast=True)
-        p = tl.math.exp2(s_biased * row_scale[:, None] - (shift - P_LOG2 + _ROUNDING_BIAS * row_scale)[:, None])
+        p = tl.math.exp2(s.to(tl.float32) * row_scale[:, None] - (shift - P_LOG2)[:, None])
     else:
         p = tl.math.exp2(x - (shift - P_LOG2)[:, None])
 
@@ -162,7 +147,7 @@ def _attn_tile(
         acc += pv
     else:
         pv = tl.dot(mma_operand_order(p8, BLOCK_N), v)  # int32, exact: (P - 128)·V
-        acc += exact_int_to_float(pv + tl.load(tb_base + (start_n // BLOCK_N) * D_PAD + offs_d)[None, :])
+        acc += (pv + tl.load(tb_base + (start_n // BLOCK_N) * D_PAD + offs_d)[None, :]).to(tl.float32)
     return acc, l_i, m_new, shift
 
 

@@ -31,14 +31,7 @@ and the portable kernel runs.
 from __future__ import annotations
 
 from .attention import finish_rows, int8_p_shift  # Triton functions: Gluon inlines them like its own
-from .quant import (
-    _ROUNDING_BIAS,
-    _ROUNDING_BIAS_BITS,
-    P_OFFSET,
-    exact_int_to_float,
-    mma_operand_order,
-    round_p_offset_int8,
-)
+from .quant import P_OFFSET, mma_operand_order, round_p_offset_int8
 from .tail_split import merge_rows
 
 try:
@@ -129,16 +122,15 @@ if AVAILABLE:
         if PV_INT8:
             # P shifted by this tile's own row max (its largest weight rounds to 255); the sums are kept
             # in units of that shift (``attention._attn_tile``).
-            shift = int8_p_shift(t_max, m_use, row_scale, not MASKED)
+            shift = int8_p_shift(t_max, m_use)
             alpha = gl.exp2(sh_i - shift)
         else:
             shift = m_use
             alpha = gl.exp2(m_i - m_use)
         if MASKED:
             arg = x - (shift - P_LOG2)[:, None]
-        else:  # logits from the bits of 1.5·2²³ + s, no int → float conversion (``attention._attn_tile``)
-            arg = ((s + _ROUNDING_BIAS_BITS).to(gl.float32, bitcast=True) * row_scale[:, None]
-                   - (shift - P_LOG2 + _ROUNDING_BIAS * row_scale)[:, None])
+        else:
+            arg = s.to(gl.float32) * row_scale[:, None] - (shift - P_LOG2)[:, None]
         if PV_INT8:
             p8 = round_p_offset_int8(gl.exp2(arg))  # P - 128
         else:
@@ -155,8 +147,8 @@ if AVAILABLE:
         mbarrier.arrive(kv_empty.index(st), count=1)
         if PV_INT8:  # (P - 128)·V plus 128·V's column sums over this tile (``quant.convert_v_kernel``)
             tile_bias = gl.load(tb_base + i * D_PAD + gl.arange(0, D_PAD, layout=gl.SliceLayout(0, acc.type.layout)))
-            pv_f = exact_int_to_float(pv + tile_bias[None, :])
-            rs_f = exact_int_to_float(rs + (_ROUNDING_BIAS_BITS + P_OFFSET * BN))
+            pv_f = (pv + tile_bias[None, :]).to(gl.float32)
+            rs_f = (rs + P_OFFSET * BN).to(gl.float32)
         else:
             pv_f = pv
             rs_f = rs

@@ -32,18 +32,9 @@ MEAN_NONE, MEAN_SUBTRACT, MEAN_DOT = 0, 1, 2
 # Adding 1.5·2²³ to a float of magnitude below 2²² rounds it to an integer (to nearest even) held
 # in the low mantissa bits, whose low byte is then that integer as two's-complement int8.
 _ROUNDING_BIAS = tl.constexpr(12582912.0)
-_ROUNDING_BIAS_BITS = tl.constexpr(0x4B400000)  # its bits as float32
 # INT8 P·V: P is rounded to 0..255 and fed to the int8 MMA as P - 128 (Triton multiplies int8 by int8
 # only); 128 times each key tile's column sums of V puts the offset back (``convert_v_kernel``).
 P_OFFSET = tl.constexpr(128)
-
-
-@triton.jit
-def exact_int_to_float(x_plus_bias_bits):
-    """An int32 x (|x| < 2²²) given as x + _ROUNDING_BIAS_BITS, as float32: the sum's bits are the
-    float 1.5·2²³ + x, so an integer add and a float subtract replace the int → float conversion,
-    which Hopper issues on the same slow unit as exp2 (exact, like the conversion)."""
-    return x_plus_bias_bits.to(tl.float32, bitcast=True) - _ROUNDING_BIAS
 
 
 @triton.jit
@@ -387,8 +378,7 @@ def convert_v_kernel(
     written as zeros. With ``RESIDUAL`` (fp8 only) the rounding error of each value is stored too,
     rounded to fp8 in turn, D_PAD channel rows below V: V ≈ hi + lo to about 7 mantissa bits.
     With int8 Out, BLOCK is the attention kernel's key tile, and each tile's column sums times
-    P_OFFSET, plus _ROUNDING_BIAS_BITS, go to ``TileBias``: the kernels add them to the tile's P·V
-    sums to undo P's offset and turn them into floats in one integer add (``exact_int_to_float``).
+    P_OFFSET go to ``TileBias``: the kernels add them to the tile's (P - P_OFFSET)·V sums.
     """
     bh, offs_l, row_ok, offs_d, v = _row_tile(V, stride_vb, stride_vh, stride_vl, stride_vd, H, L, D, BLOCK, D_PAD)
     pdl_start(PDL)
@@ -409,7 +399,7 @@ def convert_v_kernel(
         tl.store(o_ptrs, v8, mask=keep)
         col_sums = tl.sum(tl.where(keep, v8, 0).to(tl.int32), axis=0)
         tl.store(TileBias + (bh.to(tl.int64) * tl.num_programs(0) + tl.program_id(0)) * D_PAD + offs_d,
-                 col_sums * P_OFFSET + _ROUNDING_BIAS_BITS)
+                 col_sums * P_OFFSET)
     else:
         v8 = to_fp8(v, Out.dtype.element_ty, INTERPRETER)
         tl.store(o_ptrs, v8, mask=keep)

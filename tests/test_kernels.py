@@ -603,6 +603,16 @@ def test_int8_pv_with_masks_causal_and_lse(seed, pv):
     assert torch.allclose(lse.double(), exact_lse, atol=0.05, rtol=0.01)
 
 
+def test_int8_p_never_wraps_on_huge_logits(seed):
+    """Logits of ~3e5 (base 2) round by more than P's margin to 255.5: the shift's guard keeps the
+    largest weight at 255, where a wrap to int8's -128 would drop the winning key (one-hot output)."""
+    q, k, v = make_qkv(LQ=40, LK=100, D=64)
+    out = sageattn(q, k, v, sm_scale=30000.0, pv_precision="int8", qk_quant_gran="per_warp")
+    qref, _ = ref.quantized_reference(q, k, v, KernelConfig("per_warp", "int8", "fp32", None, 64, 64, 4, 1),
+                                      sm_scale=30000.0)
+    assert cosine(out, qref) >= 0.9999
+
+
 def test_hadamard_block_is_orthogonal_and_the_kernels_get_it_exactly():
     for d_pad, block in ((32, 32), (64, 64), (128, 128), (256, 128), (64, 16)):
         h = ref.hadamard_block(d_pad, block)
