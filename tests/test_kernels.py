@@ -575,11 +575,13 @@ def shaped_qkv(case: str, L: int = 256, D: int = 64, H: int = 2, dtype=torch.bfl
 ])
 def test_int8_pv_agrees_with_its_torch_copy_and_beats_fp8(seed, gran, shape):
     """INT8 P·V: P rounded to 0..255 per row and key tile (shifted by the tile's own max), V to ±127
-    per channel, exact int32 products (P - 128 times V, plus 128 times V's tile column sums). Same arithmetic in torch, and closer to exact than fp8."""
+    per channel, exact int32 products (P - 128 times V, plus 128 times V's tile column sums). Same
+    arithmetic in torch, and closer to exact than fp8."""
     q, k, v = make_qkv(**shape)
     layout = shape.get("layout", "HND")
     exact, _ = ref.exact_attention(q, k, v, layout=layout)
-    outs = {pv: sageattn(q, k, v, tensor_layout=layout, qk_quant_gran=gran, pv_precision=pv) for pv in ("fp8", "int8")}
+    outs = {pv: sageattn(q, k, v, tensor_layout=layout, qk_quant_gran=gran, pv_precision=pv)
+            for pv in ("fp8", "int8")}
     l1 = {pv: ref.rel_l1(out, exact) for pv, out in outs.items()}
     assert l1["int8"] < 0.75 * l1["fp8"], l1
     cfg = KernelConfig(gran, "int8", "fp32", None, 64, 64, 4, 1)
