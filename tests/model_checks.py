@@ -1,11 +1,12 @@
 """What the model tests check on a patched tiny model: which calls reached the kernel, with which
 masks, and how far each call and the sampled output are from ComfyUI's own attention.
 
-Tolerances come from the kernel's accuracy on one attention call, not from the models: on random
-inputs of the tiny models' shapes (4-64 tokens, head_dim 40-256, fp16 and bf16) the CPU default
-(INT8 Q·Kᵀ per warp, fp16 P·V) measured relative L1 <= 0.013 and cosine >= 0.99992 per call (the
-README gives 0.013 for fp16 P·V at 8K tokens too). Each call on a model's real inputs must be within
-that; the sampled output too, since a model adds attention to a residual stream.
+Tolerances come from the kernel's accuracy on one attention call, not from the models: the worst
+relative L1 and cosine of 64 calls on random inputs of the tiny models' shapes (4-64 tokens, head_dim
+40-256, fp16 and bf16) through the interpreter, per P·V precision, widened by 10 % (``PER_CALL``;
+fp16 P·V, the CPU default, measured 0.0130 where the README gives 0.013 at 8K tokens on the H200).
+Each call on a model's real inputs must be within that; the sampled output too, since a model adds
+attention to a residual stream.
 
 The per-call check carries the weight: in tiny random-weight models attention hides behind small
 modulation gates (uniform attention weights move a tiny Flux's prediction by only 0.2 %), so the
@@ -19,8 +20,9 @@ import torch
 from sagetriton.kernels.reference import cosine, rel_l1
 from sagetriton.nodes.patching import OVERRIDE_KEY
 
-MAX_REL_L1 = 0.013  # one call of the CPU default on random inputs (see above)
-MIN_COSINE = 0.9999
+# P·V precision -> (largest relative L1, smallest cosine) of one call (see above; 2026-12-02, triton 3.8)
+PER_CALL = {"fp16": (0.0143, 0.99991), "int8": (0.016, 0.99988), "fp8": (0.039, 0.9993),
+            "fp8+residual": (0.027, 0.99967)}
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,13 @@ class KernelSpy:
     @property
     def masked(self) -> int:
         return sum(c.masked for c in self.calls)
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """``PER_CALL`` of the P·V precision the calls ran with."""
+        choices = {cfg.pv_choice() for cfg in self.configs.values()}
+        assert len(choices) == 1, f"calls ran with P·V precisions {choices}"
+        return PER_CALL[choices.pop()]
 
 
 def _mask_of(args: tuple, kwargs: dict):
@@ -114,22 +123,22 @@ def without_masks(tiny):
     return dataclasses.replace(tiny, positive=unpadded(tiny.positive), negative=unpadded(tiny.negative), masks=False)
 
 
-def assert_close(out: torch.Tensor, reference: torch.Tensor, what: str) -> None:
+def assert_close(out: torch.Tensor, reference: torch.Tensor, what: str, bounds: tuple[float, float]) -> None:
     assert torch.isfinite(out).all(), f"{what}: non-finite output"
     assert not torch.equal(out, reference), f"{what}: identical to the unpatched output (did the kernel run?)"
     err, cos = rel_l1(out, reference), cosine(out, reference)
-    assert err <= MAX_REL_L1 and cos >= MIN_COSINE, f"{what}: rel L1 {err:.5f}, cosine {cos:.7f}"
+    assert err <= bounds[0] and cos >= bounds[1], f"{what}: rel L1 {err:.5f}, cosine {cos:.7f}"
 
 
-def assert_calls_close(checked: list[CheckedCall], what: str) -> None:
+def assert_calls_close(checked: list[CheckedCall], what: str, bounds: tuple[float, float]) -> None:
     """Every call within one call's accuracy of ComfyUI's own attention; where a mask matters, far
     closer to the masked result than leaving the mask out would be."""
     assert checked, f"{what}: no attention call was checked"
     for c in checked:
-        assert c.rel_l1 <= MAX_REL_L1 and c.cosine >= MIN_COSINE, f"{what}: {c}"
+        assert c.rel_l1 <= bounds[0] and c.cosine >= bounds[1], f"{what}: {c}"
         if c.mask_effect:
             assert c.rel_l1 < c.mask_effect / 5, f"{what}: the mask barely shows: {c}"
 
 
-__all__ = ["MAX_REL_L1", "MIN_COSINE", "Call", "KernelSpy", "assert_calls_close", "assert_close",
+__all__ = ["PER_CALL", "Call", "KernelSpy", "assert_calls_close", "assert_close",
            "CheckedCall", "check_every_call", "without_masks"]

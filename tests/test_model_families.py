@@ -97,8 +97,8 @@ def test_family_samples_like_the_unpatched_model(family, monkeypatch, pack):
     assert_all_on_kernel(checked, spy, run, family)
     assert {c.head_dim for c in spy.calls} == head_dims
     assert {c.k_len for c in spy.calls} == k_lens
-    assert_calls_close(checked, family)
-    assert_close(out, reference, family)
+    assert_calls_close(checked, family, spy.bounds)
+    assert_close(out, reference, family, spy.bounds)
     if t.masks:  # the mask reached the kernel and matters there
         assert spy.masked and any(c.mask_effect > 0 for c in checked)
 
@@ -142,9 +142,9 @@ def test_sd15_head_sizes_40_80_160(monkeypatch, pack):
     assert {c.head_dim for c in spy.calls} == {40, 80, 160}
     assert run["kernel"] == len(spy.calls) == len(checked) - len(cross) > 0
     assert run["fallback"] == {"key length < 3": len(cross)} and cross
-    assert_calls_close([c for c in checked if c not in cross], "sd15")
+    assert_calls_close([c for c in checked if c not in cross], "sd15", spy.bounds)
     assert all(c.rel_l1 == 0 for c in cross)  # ComfyUI's own attention ran them
-    assert_close(out, reference, "sd15")
+    assert_close(out, reference, "sd15", spy.bounds)
 
 
 def test_sd2_fp32_attention_falls_back_bit_exact(monkeypatch, pack):
@@ -194,18 +194,20 @@ def test_masks_are_never_dropped(family, monkeypatch, pack):
     assert_all_on_kernel(checked, spy, run, family)
     masked = [c for c in checked if c.call.masked]
     assert masked and spy.masked == len(masked)
-    assert_calls_close(checked, family)  # each masked call: close to the masked result, far from the unmasked
+    # Each masked call: close to the masked result, far from the unmasked one.
+    assert_calls_close(checked, family, spy.bounds)
     # The whole sample too: the kernel's error is far below what dropping the mask would change.
     assert rel_l1(out, reference) < mask_effect / 5, (rel_l1(out, reference), mask_effect)
 
 
 # --- Large activations: Qwen-Image's values beyond fp16's range ----------------------------------------------
 
-@pytest.mark.parametrize("accum", ["fp32", "fp16"])
-def test_qwen_image_values_beyond_fp16_range(accum, monkeypatch, pack):
+@pytest.mark.parametrize("choice", [{"pv_accum_dtype": "fp32"}, {"pv_accum_dtype": "fp16"}, {"pv_precision": "int8"},
+                                    {"pv_precision": "fp8"}], ids=lambda c: "-".join(c.values()))
+def test_qwen_image_values_beyond_fp16_range(choice, monkeypatch, pack):
     """Qwen-Image's text stream carries activations past fp16's 65504 in bf16 (users' black images with
     fp16 P·V accumulation). With the text values scaled there, every call stays as close as on ordinary
-    inputs, with fp16 accumulation too."""
+    inputs: with fp16 accumulation too, and with 8-bit P·V."""
     t = build("qwen_image")
     attn = t.patcher.model.diffusion_model.transformer_blocks[0].attn
     with torch.no_grad():
@@ -223,11 +225,11 @@ def test_qwen_image_values_beyond_fp16_range(accum, monkeypatch, pack):
     reference = sample(t, steps=STEPS)
     assert max(largest_v) > 65504  # the text values really are out of fp16's range
 
-    out, checked, spy, run = run_patched(t, monkeypatch, pack, SageSettings(min_seq_len=0, pv_accum_dtype=accum))
+    out, checked, spy, run = run_patched(t, monkeypatch, pack, SageSettings(min_seq_len=0, **choice))
 
     assert_all_on_kernel(checked, spy, run, "qwen_image")
-    assert_calls_close(checked, f"qwen_image, pv_accum_dtype={accum}")
-    assert_close(out, reference, f"qwen_image, pv_accum_dtype={accum}")
+    assert_calls_close(checked, f"qwen_image, {choice}", spy.bounds)
+    assert_close(out, reference, f"qwen_image, {choice}", spy.bounds)
 
 
 # --- Wan 2.2 A14B: two experts, two Patch nodes, two KSamplerAdvanced ----------------------------------------
@@ -259,8 +261,8 @@ def test_wan22_two_experts_sampled_in_sequence(monkeypatch, pack):
     runs = stats.runs_by_node()
     for node in ("high", "low"):  # one step each: self- and cross-attention of its one block
         assert runs[node]["kernel"] == len(checked[node]) == 2 and runs[node]["fallback"] == {}, runs[node]["text"]
-        assert_calls_close(checked[node], f"wan 2.2 {node}-noise expert")
+        assert_calls_close(checked[node], f"wan 2.2 {node}-noise expert", spy.bounds)
     assert len(spy.calls) == 4
-    assert_close(out, reference, "wan 2.2 two experts")
+    assert_close(out, reference, "wan 2.2 two experts", spy.bounds)
     # The experts really differ: the result is not what the high-noise expert alone would give.
     assert rel_l1(two_experts(high.patcher, high.patcher), reference) > 0.01

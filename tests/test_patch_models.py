@@ -65,7 +65,7 @@ def test_patched_model_samples_like_the_original(family, tiny, monkeypatch, pack
     assert run["kernel"] == len(spy.calls) == len(checked) > 0 and run["fallback"] == {}, run["text"]
     assert stats.attention_stats()["kernel"] - totals_before["kernel"] == len(spy.calls)
     assert sorted(spy.calls, key=repr) == sorted((c.call for c in checked), key=repr)  # masks included
-    assert_calls_close(checked, family)
+    assert_calls_close(checked, family, spy.bounds)
     if t.masks:  # the masks reach the kernel, and they matter: to each call and to the picture
         assert spy.masked > 0 and any(c.mask_effect > 0 for c in checked)
         assert rel_l1(out, reference) < rel_l1(sample(without_masks(t)), reference) / 5
