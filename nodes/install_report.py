@@ -27,6 +27,10 @@ class NoReport:
     def long_sequence_kernel_failed(self, arch: ArchInfo) -> bool:
         return False
 
+    def generation(self) -> int:
+        """Changes when the answers may have changed: decisions made from them are then made again."""
+        return 0
+
 
 def _safely(fn, *args):
     """``fn(*args)``, or None when the report is broken or stale: it must never break sampling."""
@@ -60,3 +64,6 @@ class InstallReport(NoReport):
 
     def long_sequence_kernel_failed(self, arch):
         return bool(_safely(report.long_sequence_kernel_failed, arch))
+
+    def generation(self):
+        return report.generation()
