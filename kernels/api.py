@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import triton
 
 from . import attention as attn
 from . import footprint, hopper_gluon, quant, tail_split
@@ -29,6 +28,11 @@ ROTATION_BLOCK = 128  # channels one Hadamard block mixes (head dims above 128 g
 INT8_MAX = 127.0  # V's range and P's largest weight with INT8 P·V (signed: Triton multiplies int8 by int8 only)
 _warned: set = set()
 GRID_Y_LIMIT = 65535  # CUDA's largest grid y (and z); B·H programs go there
+
+
+def _cdiv(a: int, b: int) -> int:
+    # triton.cdiv is a constexpr function in Triton >= 3.7: ~10 µs of unwrapping per host call.
+    return -(-a // b)
 
 
 def _warn_once(msg: str) -> None:
@@ -126,9 +130,9 @@ def _kv_stats(k, v, k_sum: bool, v_stats: int, d_pad: int, pdl: bool = False):
         return None, 0, 0
     B, H, L, D = k.shape
     block = quant.stats_block(d_pad)
-    tiles = triton.cdiv(L, block)
-    per_part = triton.cdiv(tiles, quant.STATS_PARTS)
-    n_parts = triton.cdiv(tiles, per_part)  # every chunk holds at least one real token
+    tiles = _cdiv(L, block)
+    per_part = _cdiv(tiles, quant.STATS_PARTS)
+    n_parts = _cdiv(tiles, per_part)  # every chunk holds at least one real token
     k_stride, k_tokens = quant.k_mean_sample(L, d_pad)
     parts = torch.empty((4, B * H, n_parts, d_pad), dtype=torch.float32, device=k.device)
     _launch(quant.kv_stats_kernel, (n_parts, B * H), (
@@ -142,7 +146,7 @@ _signs: dict = {}
 
 def _rotation_signs(d_pad: int, block: int, device) -> torch.Tensor:
     """``reference.hadamard_block`` times sqrt(block) as fp16 (±1 and 0), made once per device and size."""
-    key = (d_pad, block, str(device))
+    key = (d_pad, block, device)  # torch.device hashes fast; str(device) cost ~20 µs a call
     if key not in _signs:
         from .reference import hadamard_block
 
@@ -165,11 +169,11 @@ def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, 
     """
     B, H, L, D = x.shape
     out = torch.empty((B * H, L, d_pad), dtype=torch.int8, device=x.device)
-    scale = torch.empty((B * H, triton.cdiv(L, block) if per_block else L), dtype=torch.float32, device=x.device)
+    scale = torch.empty((B * H, _cdiv(L, block) if per_block else L), dtype=torch.float32, device=x.device)
     parts, n_parts, l_kv, k_tokens, final = stats if stats is not None else (scale, 0, 0, 0, scale)
     slots = (parts[0].numel(), final[0].numel()) if stats is not None else (0, 0)
     k_sum, v_stats, v_range, v_pow2 = finalize or (False, quant.V_NONE, 1.0, False)
-    grid = (triton.cdiv(L, block), B * H)
+    grid = (_cdiv(L, block), B * H)
     _launch(quant.quantize_int8_kernel, grid, (
         x, *x.stride(), parts, slots[0], final, slots[1],
         out, scale, bias if bias is not None else scale, _rotation_signs(d_pad, rotate, x.device) if rotate else scale,
@@ -221,7 +225,7 @@ def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int, final, pdl: boo
             out_dtype, mode, p_scale = torch.int8, attn.PV_INT8, INT8_MAX
         # Stored (D_PAD, L) per head: 8-bit MMAs want P·V's B operand K-major (tokens contiguous).
         # Rows padded to whole operand-order chunks (16 bytes at least, as tensor descriptors need).
-        l_pad = triton.cdiv(L, quant.KEY_PERM_CHUNK) * quant.KEY_PERM_CHUNK
+        l_pad = _cdiv(L, quant.KEY_PERM_CHUNK) * quant.KEY_PERM_CHUNK
         rows = 2 * d_pad if cfg.v_residual else d_pad  # the residual's channel rows follow V's
         out = torch.empty((B * H, rows, l_pad), dtype=out_dtype, device=v.device)
         stride_l, stride_d = 1, l_pad
@@ -232,7 +236,7 @@ def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int, final, pdl: boo
         stride_l, stride_d = d_pad, 1
     scale, mean = final[1], final[2]
     block = 64
-    _launch(quant.convert_v_kernel, (triton.cdiv(L, block), B * H), (
+    _launch(quant.convert_v_kernel, (_cdiv(L, block), B * H), (
         v, *v.stride(), scale, mean, out, out.stride(0), stride_l, stride_d, H, L, l_pad, D,
     ), dict(BLOCK=block, D_PAD=d_pad, HAS_MEAN=smooth_v, INTERPRETER=interpreter_enabled(), KEY_PERM=fp8 or int8,
             RESIDUAL=fp8 and cfg.v_residual, PDL=pdl), num_warps=4, **_pdl_launch(pdl))
@@ -398,7 +402,7 @@ def _launch_attention(plan: _CallPlan, qz: _Quantized, cfg: KernelConfig, is_cau
     dummy = qz.qs
     mask_arg = mask if mask is not None else dummy
     mask_strides = mask.stride() if mask is not None else (0, 0, 0, 0)
-    grid = (triton.cdiv(LQ, cfg.block_m), B * H)
+    grid = (_cdiv(LQ, cfg.block_m), B * H)
     _launch(attn.attention_kernel, grid, (
         qz.q8, qz.qs, qz.k8, qz.ks, qz.v_op,
         qz.v_scale if qz.v_scale is not None else dummy, qz.v_mean if qz.v_mean is not None else dummy,
