@@ -17,12 +17,14 @@ model is patched. Rows:
 Host µs is the median over many calls of the time to enqueue one (the GPU is not waited for; the
 batches are short enough for the launch queue). ``wall_ms`` is back-to-back calls with a sync at the
 end, per call, i.e. whichever of host and GPU is slower, and ``x_sdpa`` SDPA's ``wall_ms`` over it.
-With ``--cpu`` the kernel's launches are handed to a no-op launch hook (Triton's launcher is not
-counted: it needs a GPU) and the fallback runs ComfyUI's SDPA on small CPU tensors.
+With ``--cpu`` the patched model runs as on an H200 (its arch simulated), Triton's launches do nothing
+(its launcher needs a GPU: what is left is the pack's own Python) and the fallback runs ComfyUI's SDPA
+on small CPU tensors.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import os
@@ -44,6 +46,14 @@ from sagetriton_import import prepare_comfyui_for_cpu  # noqa: E402
 SHAPES = [("sdxl 2x10x1024x64", 2, 10, 1024, 64, False), ("bench 2x20x1024x64", 2, 20, 1024, 64, False),
           ("bench 2x24x1024x128", 2, 24, 1024, 128, True), ("flux 1x24x4608x128", 1, 24, 4608, 128, True)]
 CPU_SHAPES = [("cpu 2x10x16x64", 2, 10, 16, 64, False), ("cpu 1x4x16x128", 1, 4, 16, 128, True)]
+
+
+def simulated_h200():
+    from types import SimpleNamespace
+
+    from sagetriton.kernels.arch import arch_from_properties
+
+    return arch_from_properties(SimpleNamespace(name="NVIDIA H200", major=9, minor=0), is_hip=False)
 
 
 def comfy_attention():
@@ -112,6 +122,35 @@ def profile_text(fn, calls: int, sync, lines: int = 18) -> str:
     return out.getvalue()
 
 
+class NoLaunches:
+    """Inside the block, ``kernel[grid](...)`` does nothing (the CPU proxy: Triton's launcher needs a GPU)."""
+
+    def __enter__(self):
+        from sagetriton.kernels import quant
+
+        self.cls = type(quant.quantize_int8_kernel)
+        self.had = "__getitem__" in self.cls.__dict__
+        self.previous = self.cls.__dict__.get("__getitem__")
+        self.cls.__getitem__ = lambda kernel, grid: (lambda *args, **kwargs: None)
+        try:  # launches replayed on CPU too, as they are on a GPU
+            from sagetriton.kernels import replay
+
+            self.replay, self.devices = replay, replay.DEVICE_TYPES
+            replay.DEVICE_TYPES = ("cuda", "cpu")
+        except ImportError:  # before launch replay existed
+            self.replay = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.had:
+            self.cls.__getitem__ = self.previous
+        else:
+            del self.cls.__getitem__
+        if self.replay is not None:
+            self.replay.DEVICE_TYPES = self.devices
+            self.replay.clear()
+
+
 def count_launches(fn) -> int:
     from sagetriton.installer.crosscompile import record_launches
 
@@ -121,14 +160,15 @@ def count_launches(fn) -> int:
 
 
 def bench_shape(label, b, h, n, d, skip_reshape, attention, null, device, dtype, calls, sync, cpu: bool):
-    from sagetriton.kernels import api
     from sagetriton.nodes.settings import SageSettings
+
+    HOPPER = simulated_h200()
 
     q, k, v = make_inputs(b, h, n, d, skip_reshape, device, dtype)
     kw = dict(skip_reshape=skip_reshape, skip_output_reshape=False)
     fallback_ov, _ = override_for(SageSettings(min_seq_len=1 << 30))  # every call to ComfyUI's attention
     fallback32_ov, _ = override_for(SageSettings(min_seq_len=1 << 30))
-    kernel_ov, kernel_state = override_for(SageSettings(min_seq_len=0), arch=None)
+    kernel_ov, kernel_state = override_for(SageSettings(min_seq_len=0), arch=HOPPER if cpu else None)
     q32, k32, v32 = (t.float() for t in (q, k, v))
     qh, kh, vh = (t if skip_reshape else t.view(b, n, h, d).transpose(1, 2) for t in (q, k, v))
     fns = {
@@ -147,9 +187,8 @@ def bench_shape(label, b, h, n, d, skip_reshape, attention, null, device, dtype,
                                            transformer_options={"optimized_attention_override": fallback32_ov}),
     }
     row = dict(shape=label, b=b, h=h, n=n, d=d, layout="HND" if skip_reshape else "NLD")
-    if cpu:  # the kernel's launches recorded, not run: what is left is our own Python work
-        previous = api.set_launch_hook(lambda *a: None)
-    try:
+    no_launches = NoLaunches() if cpu else contextlib.nullcontext()
+    with no_launches:
         for _ in range(5):
             for fn in fns.values():
                 fn()
@@ -158,9 +197,6 @@ def bench_shape(label, b, h, n, d, skip_reshape, attention, null, device, dtype,
             row[f"{name}_host_us"] = host_us(fn, calls, sync)
             if not cpu and not name.startswith("null"):
                 row[f"{name}_wall_ms"] = wall_ms(fn, calls, sync)
-    finally:
-        if cpu:
-            api.set_launch_hook(previous)
     # The pack's cost per call that falls back: the override around a backend that does nothing.
     row["override_overhead_us"] = row["null_fallback_host_us"] - row["null_unpatched_host_us"]
     row["override_overhead_fp32_us"] = row["null_fallback_fp32_host_us"] - row["null_unpatched_host_us"]
@@ -168,15 +204,11 @@ def bench_shape(label, b, h, n, d, skip_reshape, attention, null, device, dtype,
         for name in ("unpatched", "fallback", "kernel"):
             row[f"{name}_x_sdpa"] = row["sdpa_wall_ms"] / row[f"{name}_wall_ms"]
     row["kernel_calls"] = kernel_state.run.kernel
-    row["kernel_launches"] = count_launches(fns["kernel"])
-    if cpu:
-        previous = api.set_launch_hook(lambda *a: None)
-    try:
+    with NoLaunches() if cpu else contextlib.nullcontext():
+        row["kernel_launches"] = count_launches(fns["kernel"])
+    with NoLaunches() if cpu else contextlib.nullcontext():
         row["kernel_profile"] = profile_text(fns["kernel"], 200, sync)
         row["fallback_profile"] = profile_text(fns["fallback"], 200, sync, lines=12)
-    finally:
-        if cpu:
-            api.set_launch_hook(previous)
     return row
 
 

@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 from . import attention as attn
-from . import footprint, hopper_gluon, quant, tail_split
+from . import footprint, hopper_gluon, quant, replay, tail_split
 from .arch import FP8_MAX, KernelConfig, arch_for_device, interpreter_enabled, resolve_config
 from .footprint import head_dim_padded
 from .log import logger
@@ -59,7 +59,9 @@ def _launch(kernel, grid, args: tuple, constexprs: dict, num_warps: int, num_sta
         _launch_hook(kernel, grid, args, dict(constexprs), {"num_warps": num_warps, "num_stages": num_stages,
                                                             **options})
         return
-    kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages, **options)
+    kwargs = {**constexprs, "num_warps": num_warps, "num_stages": num_stages, **options}
+    kernel[grid](*args, **kwargs)
+    replay.note_launch(kernel, grid, args, kwargs)
 
 
 def _check_inputs(q, k, v, layout: str, attn_mask, is_causal: bool) -> None:
@@ -265,6 +267,7 @@ class _CallPlan:
     k_scalar: bool  # one K scale per key tile
     pdl: bool
     shared_kv: Optional[tuple]  # the Gluon kernel's launch plan (``_shared_kv_plan``), None: the portable kernel
+    mask_view: Optional[torch.Tensor] = None  # the mask as the attention launch got it (``replay`` slot)
 
 
 @dataclass
@@ -288,18 +291,57 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
                       return_lse: bool, cfg: KernelConfig, smooth_k: bool, smooth_v: bool,
                       out_layout: Optional[str] = None):
     """Run the kernels for an already-resolved config. Returns (out in ``out_layout``, default
-    ``layout``; lse or empty)."""
+    ``layout``; lse or empty). A call with the shapes and options of a recent one replays its launches
+    (``replay``): no host work but the output's allocation and the launches."""
+    key = None
+    if _launch_hook is None:
+        key = replay.call_key(q, k, v, attn_mask, cfg, (layout, out_layout, is_causal, sm_scale, return_lse, smooth_k,
+                                                        smooth_v))
+    if key is not None:
+        rec = replay.lookup(key, cfg)
+        if rec is not None:
+            return _replay_call(rec, q, k, v, layout, out_layout or layout, attn_mask, return_lse)
+        gluon_error = _shared_kv_error
+        replay.start()
+        try:
+            plan = _forward(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
+                            out_layout)
+        finally:
+            launches = replay.stop()
+        if _shared_kv_error is gluon_error:  # not when the Gluon kernel failed and the portable one took over
+            turns = plan.shared_kv[3] if plan.shared_kv is not None else None
+            replay.record(key, cfg, launches, (plan.qh, plan.kh, plan.vh, plan.oh, plan.lse, plan.mask_view),
+                          zero=(turns,) if turns is not None else (), lse=None if return_lse else plan.lse)
+        return plan.out, plan.lse
+    plan = _forward(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v, out_layout)
+    return plan.out, plan.lse
+
+
+def _replay_call(rec, q, k, v, layout: str, out_layout: str, attn_mask, return_lse: bool):
+    """A recorded call's launches on these inputs and a new output (``replay``)."""
+    qh, kh, vh = _as_bhld(q, layout), _as_bhld(k, layout), _as_bhld(v, layout)
+    B, H, LQ, D = qh.shape
+    out = torch.empty(_out_shape(B, H, LQ, D, out_layout), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, LQ), dtype=torch.float32, device=q.device) if return_lse else rec.lse
+    mask = attn_mask.expand(B, H, LQ, kh.shape[2]) if attn_mask is not None else None
+    rec.replay((qh, kh, vh, _as_bhld(out, out_layout), lse, mask))
+    return out, lse
+
+
+def _forward(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
+             out_layout) -> _CallPlan:
+    """The call's host work and launches; its plan holds the output."""
     plan = _plan_call(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, out_layout)
     if plan.dims[3] == 0:
-        return plan.out, plan.lse
+        return plan
     qz = _quantize(plan, cfg, smooth_k, smooth_v, return_lse)
     if plan.shared_kv is not None:
         B, H, H_KV, LQ, LK, D = plan.dims
         if _run_shared_kv(qz.q8, qz.qs, qz.k8, qz.ks, qz.v_op, qz.v_scale, qz.v_mean, plan.oh, (H, H_KV, LQ, LK, D),
                           math.log2(qz.p_scale), cfg.v_residual, plan.shared_kv, plan.pdl):
-            return plan.out, plan.lse
+            return plan
     _launch_attention(plan, qz, cfg, is_causal, attn_mask, return_lse)
-    return plan.out, plan.lse
+    return plan
 
 
 def uses_long_sequence_kernel(cfg: KernelConfig, q_len: int, head_dim: int, masked: bool, is_causal: bool,
@@ -399,6 +441,7 @@ def _launch_attention(plan: _CallPlan, qz: _Quantized, cfg: KernelConfig, is_cau
             v_desc = TensorDescriptor(qz.v_op, list(qz.v_op.shape), list(qz.v_op.stride()), block)
 
     mask, mask_kind = _prepare_mask(attn_mask, B, H, LQ, LK)
+    plan.mask_view = mask
     dummy = qz.qs
     mask_arg = mask if mask is not None else dummy
     mask_strides = mask.stride() if mask is not None else (0, 0, 0, 0)
