@@ -94,8 +94,8 @@ def record(key, cfg, launches: list, tensors: tuple, zero: tuple = (), lse=None)
     ids = {id(t): i for i, t in enumerate(tensors) if t is not None}
     user = {t.untyped_storage().data_ptr() for t in tensors if t is not None and t.numel()}
     buffers: dict = {}
-    launch_slots = []
-    for _, _, args, _ in launches:
+    launch_slots, kept = [], []
+    for kernel, grid, args, kwargs in launches:
         slots = []
         for pos, a in enumerate(args):
             if id(a) in ids:
@@ -108,10 +108,14 @@ def record(key, cfg, launches: list, tensors: tuple, zero: tuple = (), lse=None)
                     return None
                 buffers[ptr] = base.untyped_storage().nbytes()
         launch_slots.append(tuple(slots))
+        held = list(args)
+        for pos, _ in slots:  # the call's own tensors are not kept alive by the recording
+            held[pos] = None
+        kept.append((kernel, grid, tuple(held), kwargs))
     nbytes = sum(buffers.values())
     if not launches or nbytes > MAX_BYTES:
         return None
-    rec = Recording(cfg, launches, launch_slots, zero, lse, nbytes)
+    rec = Recording(cfg, kept, launch_slots, zero, lse, nbytes)
     _recordings.pop(key, None)
     _recordings[key] = rec
     while len(_recordings) > MAX_ENTRIES:

@@ -92,3 +92,13 @@ def test_a_launch_hook_sees_every_launch(seed, replaying):
     with record_launches() as specs:
         kernels.sageattn(q, k, v)
     assert {s["name"] for s in specs} >= {"quantize_int8_kernel", "attention_kernel"}
+
+
+def test_a_recording_keeps_no_tensor_of_its_call_alive(seed, replaying):
+    import weakref
+
+    q, k, v = inputs()
+    out = kernels.sageattn(q, k, v)
+    refs = [weakref.ref(t) for t in (q, k, v, out)]
+    del q, k, v, out
+    assert len(replay._recordings) == 1 and all(r() is None for r in refs)
