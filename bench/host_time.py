@@ -218,6 +218,7 @@ def main(argv=None):
     ap.add_argument("--calls", type=int, default=400)
     ap.add_argument("--out", default=None)
     ap.add_argument("--no-profile-print", action="store_true")
+    ap.add_argument("--only", default="", help="comma-separated starts of shape labels, e.g. 'sdxl,bench'")
     args = ap.parse_args(argv)
     cpu = args.cpu or not torch.cuda.is_available()
     if cpu:
@@ -230,6 +231,8 @@ def main(argv=None):
     print(env, flush=True)
     rows = []
     for shape in (CPU_SHAPES if cpu else SHAPES):
+        if args.only and not shape[0].startswith(tuple(args.only.split(","))):
+            continue
         row = bench_shape(*shape, attention, null, device, dtype, args.calls, sync, cpu)
         rows.append(row)
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if "profile" not in k},
