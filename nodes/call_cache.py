@@ -56,6 +56,8 @@ def call_signature(args: tuple, kwargs: dict, tensor=torch.Tensor, passive=PASSI
     n = len(args)
     if n == 4 and type(args[3]) is int:  # heads: the usual case
         key += (args[3],)
+    elif n == 5 and type(args[3]) is int and args[4] is None:  # heads and no mask (SDXL, SD1.5)
+        key += (args[3], 5)  # an int where the form above has a keyword name: the two never meet
     elif n > 3:  # a mask passed by position, or anything unusual
         key += (None, n, *map(_meta, args[3:]))  # None: never an int heads
     for name, value in kwargs.items():

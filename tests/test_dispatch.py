@@ -597,3 +597,19 @@ def test_sageattn_takes_a_resolved_config_or_options_not_both(pack):
     q, k, v = random_qkv(lq=8, lk=8, d=16)
     with pytest.raises(ValueError, match="not both"):
         sageattn(q, k, v, config=KernelConfig(), qk_quant_gran="per_block")
+
+
+def test_call_signatures_tell_positional_and_keyword_forms_apart():
+    from sagetriton.nodes.call_cache import call_signature
+
+    q, k, v = random_qkv(lq=8, lk=8, d=16)
+    mask = torch.zeros(8, 8)
+    forms = [((q, k, v, 2), {}), ((q, k, v, 2, None), {}), ((q, k, v, 2, mask), {}), ((q, k, v, 2), {"mask": mask}),
+             ((q, k, v), {"heads": 2}), ((q, k, v, 2), {"mask": None}), ((q, k, v, 2, mask.half()), {})]
+    keys = [call_signature(a, kw) for a, kw in forms]
+    assert len(set(keys)) == len(keys)
+    # what never changes a decision leaves the signature alone: the wrapper's marker, transformer_options,
+    # and the mask's values
+    assert call_signature((q, k, v, 2, mask), {"transformer_options": {"a": 1}, "_inside_attn_wrapper": True}) \
+        == call_signature((q, k, v, 2, torch.ones(8, 8)), {})
+    assert call_signature((torch.zeros(3), k), {}) is None and call_signature(([1], k, v), {}) is None
