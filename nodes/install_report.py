@@ -31,6 +31,10 @@ class NoReport:
         """Changes when the answers may have changed: decisions made from them are then made again."""
         return 0
 
+    def pv_choice(self, arch: ArchInfo, head_dim: int) -> Optional[tuple]:
+        """(P·V precision, {precision: ms}) install.py timed fastest here, or None."""
+        return None
+
 
 def _safely(fn, *args):
     """``fn(*args)``, or None when the report is broken or stale: it must never break sampling."""
@@ -67,3 +71,6 @@ class InstallReport(NoReport):
 
     def generation(self):
         return report.generation()
+
+    def pv_choice(self, arch, head_dim):
+        return _safely(report.measured_pv_choice, arch, head_dim)
