@@ -9,7 +9,7 @@ same kernels with the same arguments but for those tensors, so the same results.
 The quantized buffers are reused from call to call. That is safe on one stream: each call's first
 launch is an ordinary launch, which starts only after the previous call's kernels have ended. So
 the key holds the stream and the thread, and only calls whose buffers are small (where host time
-matters) are kept, a few signatures at most.
+matters) are kept, a few signatures at most; the nodes drop them at the end of each sampling run.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import torch
 
 # Device types whose calls are replayed (tests add "cpu": the interpreter runs launches in order too).
 DEVICE_TYPES = ("cuda",)
-MAX_BYTES = 128 << 20  # buffers one recording may keep alive
+MAX_BYTES = 96 << 20  # buffers one recording may keep alive (Flux, and Qwen-Image with CFG, at 1024²)
 MAX_ENTRIES = 4
 
 _recordings: dict = {}  # key -> Recording, oldest first

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Optional
 
+from ..kernels import replay
 from ..kernels.log import logger
 from .dispatch import PatchState
 from .planner import KernelPlan
@@ -72,6 +73,7 @@ def send_progress_text(text: str, node_id: Optional[str]) -> bool:
 
 
 def finish_run(state: PatchState) -> Optional[dict]:
+    replay.clear()  # the kernel's reused buffers live for a sampling run, not between runs
     run = state.runs.end()
     if run is None:
         return None

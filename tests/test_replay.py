@@ -102,3 +102,16 @@ def test_a_recording_keeps_no_tensor_of_its_call_alive(seed, replaying):
     refs = [weakref.ref(t) for t in (q, k, v, out)]
     del q, k, v, out
     assert len(replay._recordings) == 1 and all(r() is None for r in refs)
+
+
+def test_the_end_of_a_sampling_run_frees_the_buffers(seed, replaying):
+    """Reused buffers are held for a run only: between prompts ComfyUI gets the memory back."""
+    from sagetriton.nodes.dispatch import PatchState
+    from sagetriton.nodes.run_summary import finish_run
+
+    state = PatchState()
+    state.begin_run()
+    kernels.sageattn(*inputs())
+    assert replay._recordings
+    finish_run(state)
+    assert not replay._recordings
