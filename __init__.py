@@ -20,6 +20,15 @@ def _comfyui_present() -> bool:
 if _comfyui_present():
     from .nodes.registry import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS  # noqa: F811
 
+    try:  # core's attention registry (ComfyUI 0.3.60+): "sagetriton" by name; never stops the nodes loading
+        from .nodes.core_backends import register_with_core
+
+        register_with_core()
+    except Exception as _e:  # noqa: BLE001
+        import logging
+
+        logging.getLogger("SageTriton").warning("[SageTriton] not registered as a ComfyUI attention backend: %s", _e)
+
     try:  # the status page and the one-time background self-test must never stop the nodes from loading
         from .nodes.status_route import attach_to_server
 

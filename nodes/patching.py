@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..kernels.arch import ArchInfo
+from .core_backends import describe_replaced, fallback_served_by
 from .dispatch import PatchState, make_attention_override
 from .install_report import InstallReport
 from .nonfinite_guard import WRAPPER_KEY as GUARD_KEY
@@ -45,6 +46,8 @@ def patch_model(model, settings: Optional[SageSettings] = None, node_id: Optiona
     require_attention_override_support()
     state = PatchState(settings or DEFAULT_SETTINGS, previous_override_of(model), arch=arch, node_id=node_id,
                        **{"report": InstallReport(), **state_options})
+    replaced = describe_replaced(state.previous_override)
+    state.composition = {"replaced": replaced, "fallback": fallback_served_by(state.settings.fallback, replaced)}
     patched = model.clone()
     patched.model_options.setdefault("transformer_options", {})[OVERRIDE_KEY] = make_attention_override(state)
     outer = comfy.patcher_extension.WrappersMP.OUTER_SAMPLE

@@ -16,6 +16,7 @@ import weakref
 import pytest
 import torch
 from attention_cases import comfy_args, exact_attention, random_qkv, reference_backend
+from current_comfy import Holder, current_wrap_attn
 from sagetriton.kernels import api
 from sagetriton.kernels.reference import cosine
 from sagetriton.nodes import containers, dispatch
@@ -23,50 +24,6 @@ from sagetriton.nodes.dispatch import PatchState, make_attention_override
 from sagetriton.nodes.settings import SageSettings
 
 ALWAYS_KERNEL = SageSettings(min_seq_len=0)
-
-
-class Holder:
-    """A single-owner tensor holder with current ComfyUI's documented interface."""
-
-    __slots__ = ("tensor",)
-
-    def __init__(self, tensor):
-        self.tensor = tensor
-
-    def peek(self):
-        if self.tensor is None:
-            raise RuntimeError("holder already consumed")
-        return self.tensor
-
-    def take(self):
-        tensor = self.peek()
-        self.tensor = None
-        return tensor
-
-
-def current_wrap_attn(func):
-    """Current ComfyUI's ``wrap_attn`` behaviour, as documented in its source."""
-
-    def wrapper(*args, **kwargs):
-        kwargs.pop("preferred_attention", None)
-        holders = len(args) >= 3 and isinstance(args[0], Holder)
-        if "_inside_attn_wrapper" not in kwargs:
-            kwargs = {**kwargs, "_inside_attn_wrapper": True}
-            override = (kwargs.get("transformer_options") or {}).get("optimized_attention_override")
-            if override is not None:
-                if holders:
-                    if hasattr(override, "container_function"):
-                        return override.container_function(*args, **kwargs)
-                    args = tuple(h.take() for h in args[:3]) + args[3:]
-                return override(func, *args, **kwargs)
-        if holders:
-            if wrapper.container_function is not None:
-                return wrapper.container_function(*args, **kwargs)
-            args = tuple(h.take() for h in args[:3]) + args[3:]
-        return func(*args, **kwargs)
-
-    wrapper.container_function = None
-    return wrapper
 
 
 global_backend = current_wrap_attn(reference_backend)
