@@ -282,7 +282,8 @@ class PatchState:
         out_layout = "HND" if call.skip_output_reshape else "NHD"
         # The plan's config as resolved here (downgrades, self-test results, arch override): the kernel
         # library must not resolve a second one from the device.
-        out = (self.kernel_runner or sageattn)(q, k, v, tensor_layout=layout, is_causal=False, sm_scale=call.extra.get("scale"),
+        run = self.kernel_runner or sageattn
+        out = run(q, k, v, tensor_layout=layout, is_causal=False, sm_scale=call.extra.get("scale"),
                        attn_mask=mask, smooth_k=self.settings.smooth_k, smooth_v=self.settings.smooth_v,
                        out_layout=out_layout, config=plan.config)
         return comfy_output(out, out_layout, call)
