@@ -52,6 +52,35 @@ def _v3_output(io, kind: str, name, tooltip):
     return cls.Output(display_name=name, tooltip=tooltip)
 
 
+def _widget_ranges(input_types: dict) -> dict:
+    """name -> allowed choices (list) or (min, max) for every combo and INT input."""
+    ranges = {}
+    for section in ("required", "optional"):
+        for name, spec in input_types.get(section, {}).items():
+            opts = spec[1] if len(spec) > 1 else {}
+            if isinstance(spec[0], (list, tuple)):
+                ranges[name] = list(spec[0])
+            elif spec[0] == "INT":
+                ranges[name] = (opts.get("min"), opts.get("max"))
+    return ranges
+
+
+def check_widget_values(ranges: dict, values: dict):
+    """True, or a message naming the first input whose value is not allowed."""
+    for name, allowed in ranges.items():
+        value = values.get(name)
+        if value is None:  # not given or from a link: checked where it is produced
+            continue
+        if isinstance(allowed, list):
+            if value not in allowed:
+                return f"{name}: {value!r} is not one of {', '.join(map(str, allowed))}"
+        else:
+            low, high = allowed
+            if not isinstance(value, int) or (low is not None and value < low) or (high is not None and value > high):
+                return f"{name}: {value!r} is outside {low}..{high}"
+    return True
+
+
 def make_v3_node(classic: type, node_id: str, display_name: str):
     """A V3 ``ComfyNode`` class presenting ``classic``'s definition and running its function."""
     io, _ = v3_api()
@@ -63,7 +92,15 @@ def make_v3_node(classic: type, node_id: str, display_name: str):
     outputs = [_v3_output(io, kind, name, tip)
                for kind, name, tip in zip(classic.RETURN_TYPES, names, classic.OUTPUT_TOOLTIPS, strict=True)]
 
+    ranges = _widget_ranges(types)
+
     class Node(io.ComfyNode):
+        @classmethod
+        def validate_inputs(cls, **values):
+            # The early V3 API (0.3.64) checks no combo choices or INT ranges of V3 nodes; a wrong value
+            # must still stop the prompt at validation, naming the input, as it does for classic nodes.
+            return check_widget_values(ranges, values)
+
         @classmethod
         def define_schema(cls):
             return io.Schema(node_id=node_id, display_name=display_name, category=classic.CATEGORY,
