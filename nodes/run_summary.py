@@ -55,7 +55,8 @@ def format_summary(summary: dict) -> str:
             f"{summary['fallback_total']} fallback")
     if reasons:
         text += f" ({reasons})"
-    text += f"; {summary['config_text']}"
+    if backend == "SageTriton":  # the kernel config says nothing about another backend's calls
+        text += f"; {summary['config_text']}"
     if summary.get("replaced"):
         text += f"; replaced {summary['replaced']}, fallbacks on {summary['fallback_backend']}"
     if summary["notes"]:
