@@ -8,12 +8,17 @@ Imports ComfyUI's API only when asked for.
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 from ..kernels.log import logger
 
 # The V3 names this module uses; a ComfyUI whose comfy_api.latest lacks any of them gets the classic nodes.
 _V3_NAMES = ("ComfyNode", "Schema", "NodeOutput", "Combo", "Boolean", "Int", "Model", "Custom", "Hidden")
-CLASSIC_ENV = "SAGETRITON_CLASSIC_NODES"  # "1": serve the classic definitions even where V3 exists
+SCHEMA_ENV = "SAGETRITON_NODE_SCHEMA"  # "v3" or "classic": overrides the choice by version
+# The newest ComfyUI served the classic definitions by default. Its early V3 support was tested with these
+# nodes and falls short: no combo or range checks (done in validate_inputs here), no per-node cache keys
+# (not_idempotent here), and in its frontend (1.27) the Patch nodes' per-run panel did not update.
+LAST_CLASSIC_VERSION = (0, 3, 64)
 
 
 def v3_api():
@@ -27,8 +32,27 @@ def v3_api():
     return io, ComfyExtension
 
 
+def comfyui_version() -> Optional[tuple]:
+    try:
+        from comfyui_version import __version__
+    except Exception:  # noqa: BLE001 - releases before the file existed
+        return None
+    try:
+        return tuple(int(p) for p in __version__.split(".")[:3])
+    except ValueError:
+        return None
+
+
 def use_v3() -> bool:
-    return os.environ.get(CLASSIC_ENV, "").strip().lower() not in ("1", "true", "yes", "on") and v3_api() is not None
+    """V3 classes where the API exists and ComfyUI is newer than ``LAST_CLASSIC_VERSION``, or where
+    ``SAGETRITON_NODE_SCHEMA=v3`` asks for them; ``=classic`` always gets the classic ones."""
+    choice = os.environ.get(SCHEMA_ENV, "").strip().lower()
+    if choice == "classic" or v3_api() is None:
+        return False
+    if choice == "v3":
+        return True
+    version = comfyui_version()
+    return version is not None and version > LAST_CLASSIC_VERSION
 
 
 def _v3_input(io, name: str, spec: tuple, optional: bool):
@@ -103,8 +127,11 @@ def make_v3_node(classic: type, node_id: str, display_name: str):
 
         @classmethod
         def define_schema(cls):
+            # not_idempotent: ComfyUI keys a classic node's cache by its id when it asks for UNIQUE_ID, but
+            # not a V3 node's (its hidden inputs read as tuples); two identical Patch nodes must still run apart.
             return io.Schema(node_id=node_id, display_name=display_name, category=classic.CATEGORY,
-                             description=classic.DESCRIPTION, inputs=inputs, outputs=outputs, hidden=hidden)
+                             description=classic.DESCRIPTION, inputs=inputs, outputs=outputs, hidden=hidden,
+                             not_idempotent=bool(hidden))
 
         @classmethod
         def execute(cls, **kwargs):

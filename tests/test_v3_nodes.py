@@ -2,7 +2,8 @@
 
 The tested ComfyUI (0.3.64) ships an early ``comfy_api.latest`` with ``io.ComfyNode``, ``io.Schema``
 and ``ComfyExtension``, so the V3 path runs here for real; the classic path is what a ComfyUI without
-that API gets (and what ``SAGETRITON_CLASSIC_NODES=1`` forces).
+that API gets, and what 0.3.64 gets by default (``nodes/v3_nodes.py`` says why); the tests here ask
+for V3 with ``SAGETRITON_NODE_SCHEMA=v3``.
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from sagetriton.nodes.settings import SageSettings
 
 
 @pytest.fixture
-def io(comfyui_path):
+def io(comfyui_path, monkeypatch):
+    monkeypatch.setenv(v3_nodes.SCHEMA_ENV, "v3")  # 0.3.64 gets the classic nodes by default (see v3_nodes)
     api = v3_nodes.v3_api()
     assert api is not None, "the tested ComfyUI has comfy_api.latest with the V3 node API"
     return api[0]
@@ -51,6 +53,9 @@ def test_v3_definition_equals_the_classic_one(io, node_id):
     assert (v3.CATEGORY, v3.DESCRIPTION) == (classic.CATEGORY, classic.DESCRIPTION)
     assert tuple(v3.RETURN_TYPES) == tuple(classic.RETURN_TYPES)
     assert tuple(v3.OUTPUT_TOOLTIPS) == tuple(classic.OUTPUT_TOOLTIPS)
+    # Per-node cache keys, as the classic node's UNIQUE_ID gives it (each Patch node shows its own run).
+    classic_keyed_by_id = "UNIQUE_ID" in classic.INPUT_TYPES().get("hidden", {}).values()
+    assert bool(v3.NOT_IDEMPOTENT) == classic_keyed_by_id
     info = v3.GET_NODE_INFO_V1()
     assert info["display_name"] == NAMES[node_id] and info["category"] == classic.CATEGORY
     assert info["output_name"] == list(getattr(classic, "RETURN_NAMES", None) or classic.RETURN_TYPES)
@@ -78,21 +83,25 @@ def test_both_paths_build_the_same_settings_and_patch(io):
     assert patch_state_of(classic_patched).settings == state.settings and patch_state_of(base) is None
 
 
-def test_classic_definitions_where_there_is_no_v3_api_or_when_asked(io, monkeypatch):
-    assert v3_nodes.node_mappings(CLASSIC, NAMES) != CLASSIC
-    monkeypatch.setenv(v3_nodes.CLASSIC_ENV, "1")
+def test_classic_definitions_by_version_or_when_asked(io, monkeypatch):
+    assert v3_nodes.node_mappings(CLASSIC, NAMES) != CLASSIC  # SAGETRITON_NODE_SCHEMA=v3 (the fixture)
+    monkeypatch.setenv(v3_nodes.SCHEMA_ENV, "classic")
     assert v3_nodes.node_mappings(CLASSIC, NAMES) == CLASSIC
-    monkeypatch.delenv(v3_nodes.CLASSIC_ENV)
-    monkeypatch.setattr(v3_nodes, "v3_api", lambda: None)  # an older ComfyUI: no comfy_api.latest V3 API
+    monkeypatch.delenv(v3_nodes.SCHEMA_ENV)
+    assert v3_nodes.comfyui_version() == (0, 3, 64)
+    assert v3_nodes.node_mappings(CLASSIC, NAMES) == CLASSIC  # the tested release: classic by default
+    monkeypatch.setattr(v3_nodes, "comfyui_version", lambda: (0, 38, 2))
+    assert v3_nodes.node_mappings(CLASSIC, NAMES) != CLASSIC  # a newer one: V3
+    monkeypatch.setattr(v3_nodes, "v3_api", lambda: None)  # no comfy_api.latest V3 API: classic
     assert v3_nodes.node_mappings(CLASSIC, NAMES) == CLASSIC
 
 
-def test_the_pack_exports_v3_nodes_and_a_comfy_entrypoint(io, pack):
+def test_the_pack_offers_a_comfy_entrypoint_with_v3_nodes(io, pack):
     assert set(pack.NODE_CLASS_MAPPINGS) == set(CLASSIC)
-    assert all(issubclass(cls, io.ComfyNode) for cls in pack.NODE_CLASS_MAPPINGS.values())
     from comfy_api.latest import ComfyExtension
 
     extension = pack.comfy_entrypoint()
     assert isinstance(extension, ComfyExtension)
     nodes = asyncio.run(extension.get_node_list())
+    assert all(issubclass(cls, io.ComfyNode) for cls in nodes)
     assert {cls.GET_SCHEMA().node_id: cls.GET_SCHEMA().display_name for cls in nodes} == NAMES
