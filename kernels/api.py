@@ -26,7 +26,8 @@ _FP8_TORCH = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
 # fp16 per-tile accumulation: keep |V| small enough that a tile of BLOCK_N keys sums below 65504.
 _FP16_TILE_V_LIMIT = 256.0
 ROTATION_BLOCK = 128  # channels one Hadamard block mixes (head dims above 128 get two blocks)
-INT8_MAX = 127.0  # V's range and P's largest weight with INT8 P·V (signed: Triton multiplies int8 by int8 only)
+INT8_MAX = 127.0  # V's range with INT8 P·V
+INT8_P_MAX = 255.0  # P's largest weight with INT8 P·V (fed to the MMA as P - 128: ``quant.P_OFFSET``)
 _warned: set = set()
 GRID_Y_LIMIT = 65535  # CUDA's largest grid y (and z); B·H programs go there
 
@@ -200,25 +201,26 @@ def _v_range(cfg: KernelConfig) -> tuple[float, bool]:
 
 
 def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int, final, pdl: bool = False):
-    """Return (v operand, strides (b, h, n, d), v_scale, v_mean, pv_mode, p_scale).
+    """Return (v operand, strides (b, h, n, d), v_scale, v_mean, pv_mode, p_scale, tile bias).
 
     The plain 16-bit path reads V in place. FP8, INT8, smoothing and fp16 tile accumulation convert V
     with the scale and mean in ``final`` (slots 1 and 2, from ``quant._finalize_kv_stats``). 8-bit V
     is stored with its tokens in MMA operand order (``quant.KEY_PERM_CHUNK``-token chunks,
-    zero-padded), matching P's order in the kernel.
+    zero-padded), matching P's order in the kernel. INT8 V also has per-key-tile column sums
+    (``quant.convert_v_kernel``'s ``TileBias``, None otherwise).
     """
     B, H, L, D = v.shape
     fp8 = cfg.pv_precision == "fp8"
     int8 = cfg.pv_precision == "int8"
     tile16 = not (fp8 or int8) and cfg.pv_accum_dtype in ("fp16+fp32", "fp16")
     if _v_stats_needed(cfg, smooth_v) == quant.V_NONE:
-        return v, v.stride(), None, None, attn.PV_16BIT, 1.0
+        return v, v.stride(), None, None, attn.PV_16BIT, 1.0, None
 
     if fp8 or int8:
         if fp8:
             out_dtype, mode, p_scale = _FP8_TORCH[cfg.fp8_format], attn.PV_FP8, FP8_MAX[cfg.fp8_format]
         else:
-            out_dtype, mode, p_scale = torch.int8, attn.PV_INT8, INT8_MAX
+            out_dtype, mode, p_scale = torch.int8, attn.PV_INT8, INT8_P_MAX
         # Stored (D_PAD, L) per head: 8-bit MMAs want P·V's B operand K-major (tokens contiguous).
         # Rows padded to whole operand-order chunks (16 bytes at least, as tensor descriptors need).
         l_pad = triton.cdiv(L, quant.KEY_PERM_CHUNK) * quant.KEY_PERM_CHUNK
@@ -231,14 +233,19 @@ def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int, final, pdl: boo
         out = torch.empty((B * H, L, d_pad), dtype=out_dtype, device=v.device)
         stride_l, stride_d = d_pad, 1
     scale, mean = final[1], final[2]
-    block = 64
+    # INT8: one program per key tile of the attention kernel, which writes that tile's column sums.
+    block = cfg.block_n if int8 else 64
+    tile_bias = (torch.empty((B * H, triton.cdiv(L, block), d_pad), dtype=torch.int32, device=v.device)
+                 if int8 else None)
     _launch(quant.convert_v_kernel, (triton.cdiv(L, block), B * H), (
-        v, *v.stride(), scale, mean, out, out.stride(0), stride_l, stride_d, H, L, l_pad, D,
+        v, *v.stride(), scale, mean, out, out.stride(0), stride_l, stride_d,
+        tile_bias if int8 else out, H, L, l_pad, D,
     ), dict(BLOCK=block, D_PAD=d_pad, HAS_MEAN=smooth_v, INTERPRETER=interpreter_enabled(), KEY_PERM=fp8 or int8,
-            RESIDUAL=fp8 and cfg.v_residual, PDL=pdl), num_warps=4, **_pdl_launch(pdl))
+            RESIDUAL=fp8 and cfg.v_residual, PDL=pdl), num_warps=8 if block * d_pad > 8192 else 4,
+        **_pdl_launch(pdl))
     # Kernel-side strides of the converted V as (B, H, L, D_PAD).
     strides = (H * out.stride(0), out.stride(0), stride_l, stride_d)
-    return out, strides, scale, mean if smooth_v else None, mode, p_scale
+    return out, strides, scale, mean if smooth_v else None, mode, p_scale, tile_bias
 
 
 def _out_shape(B: int, H: int, LQ: int, D: int, out_layout: str) -> tuple:
@@ -280,6 +287,7 @@ class _Quantized:
     v_mean: Optional[torch.Tensor]
     pv_mode: int
     p_scale: float
+    v_tile_bias: Optional[torch.Tensor]  # INT8 P·V: per key tile (``_prepare_v``)
 
 
 def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[float], attn_mask,
@@ -313,7 +321,8 @@ def _forward(inputs: list, layout, is_causal, sm_scale, attn_mask, return_lse, c
     _allocate_out(plan)
     if plan.shared_kv is not None:
         B, H, H_KV, LQ, LK, D = plan.dims
-        if _run_shared_kv(qz.q8, qz.qs, qz.k8, qz.ks, qz.v_op, qz.v_scale, qz.v_mean, plan.oh, (H, H_KV, LQ, LK, D),
+        if _run_shared_kv(qz.q8, qz.qs, qz.k8, qz.ks, qz.v_op, qz.v_scale, qz.v_mean, qz.v_tile_bias, plan.oh,
+                          (H, H_KV, LQ, LK, D),
                           math.log2(qz.p_scale), cfg.v_residual, plan.shared_kv, plan.pdl):
             return plan.out, plan.lse
     _launch_attention(plan, qz, cfg, is_causal, attn_mask, return_lse)
@@ -415,10 +424,10 @@ def _quantize(plan: _CallPlan, cfg: KernelConfig, smooth_k: bool, smooth_v: bool
                           stats, per_block=plan.k_scalar, pdl=pdl, rotate=rotate)
     if release:
         kh = plan.kh = None
-    v_op, v_strides, v_scale, v_mean, pv_mode, p_scale = _prepare_v(vh, cfg, smooth_v, d_pad, final, pdl)
+    v_op, v_strides, v_scale, v_mean, pv_mode, p_scale, tile_bias = _prepare_v(vh, cfg, smooth_v, d_pad, final, pdl)
     if release and v_op is not vh:  # a converted copy: the kernel never reads the float V
         vh = plan.vh = None
-    return _Quantized(q8, qs, qbias, k8, ks, v_op, v_strides, v_scale, v_mean, pv_mode, p_scale)
+    return _Quantized(q8, qs, qbias, k8, ks, v_op, v_strides, v_scale, v_mean, pv_mode, p_scale, tile_bias)
 
 
 def _launch_attention(plan: _CallPlan, qz: _Quantized, cfg: KernelConfig, is_causal: bool, attn_mask,
@@ -444,7 +453,7 @@ def _launch_attention(plan: _CallPlan, qz: _Quantized, cfg: KernelConfig, is_cau
     _launch(attn.attention_kernel, grid, (
         qz.q8, qz.qs, qz.k8, qz.ks, qz.v_op,
         qz.v_scale if qz.v_scale is not None else dummy, qz.v_mean if qz.v_mean is not None else dummy,
-        qz.qbias if qz.qbias is not None else dummy,
+        qz.qbias if qz.qbias is not None else dummy, qz.v_tile_bias if qz.v_tile_bias is not None else qz.k8,
         oh, plan.lse, mask_arg, k_desc if k_desc is not None else qz.k8, v_desc if v_desc is not None else qz.k8,
         *qz.v_strides, *oh.stride(), *mask_strides,
         H, H_KV, LQ, LK, D,
@@ -486,7 +495,7 @@ def _shared_kv_plan(n_heads: int, LQ: int, LK: int, device):
     return n_whole, splits, n_tail * splits, turns, ml
 
 
-def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, oh, dims, p_log2: float, v_residual: bool, plan,
+def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, v_tile_bias, oh, dims, p_log2: float, v_residual: bool, plan,
                    pdl: bool = False) -> bool:
     """Hopper's Gluon kernel on the quantized tensors, split last wave as ``plan`` (``_shared_kv_plan``);
     False (and the portable kernel from then on, logged once) if this Triton cannot build or launch it.
@@ -500,7 +509,8 @@ def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, oh, dims, p_log2: float
     flags = dict(HAS_VSCALE=v_scale is not None, HAS_VMEAN=v_mean is not None)
     v_scale = v_scale if v_scale is not None else qs
     v_mean = v_mean if v_mean is not None else qs
-    args = (*g.descriptors(q8, k8, v_t), qs, ks, v_scale, v_mean, oh, *oh.stride()[:3], H, H_KV, LQ, LK, D)
+    v_tile_bias = v_tile_bias if v_tile_bias is not None else qs
+    args = (*g.descriptors(q8, k8, v_t), qs, ks, v_scale, v_mean, v_tile_bias, oh, *oh.stride()[:3], H, H_KV, LQ, LK, D)
     consts = dict(P_LOG2=p_log2, STAGES=g.STAGES, **flags, REGISTERS=g.REGISTERS, V_RES=v_residual)
     try:
         if n_whole:

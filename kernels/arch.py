@@ -15,7 +15,7 @@ from .log import logger
 
 QK_QUANT_GRANS = ("per_block", "per_warp", "per_thread")
 # fp8+residual: fp8 P·V plus a second fp8 MMA with V's rounding error (more accurate, slower).
-# int8: P rounded to 0..127 per row and key tile, V to ±127 per channel, an INT8 MMA (every GPU has one).
+# int8: P rounded to 0..255 per row and key tile, V to ±127 per channel, an INT8 MMA (every GPU has one).
 PV_PRECISIONS = ("fp16", "fp8", "fp8+residual", "int8")
 PV_ACCUM_DTYPES = ("fp32", "fp16+fp32", "fp16")
 

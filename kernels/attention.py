@@ -13,13 +13,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .quant import _ROUNDING_BIAS, gdc_wait, mma_operand_order, to_fp8
+from .quant import P_OFFSET, gdc_wait, mma_operand_order, round_p_offset_int8, to_fp8
 
 # P·V modes.
 PV_16BIT = 0  # P and V in 16-bit, accumulated in fp32 by the MMA
 PV_16BIT_TILE = 1  # fp16 MMA accumulation per tile, added into the fp32 accumulator
 PV_FP8 = 2  # P and V in fp8, a fresh accumulator per tile added into fp32 (two-level)
-PV_INT8 = 3  # P in 0..127 per row and tile, V in ±127 per channel, an exact int32 sum per tile
+PV_INT8 = 3  # P in 0..255 per row and tile, V in ±127 per channel, an exact int32 sum per tile
 INT8_SHIFT_FLOOR = tl.constexpr(20.0)  # base-2 logits below the running max where INT8 P stops following a tile
 
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
@@ -50,9 +50,19 @@ def _masked_logits(x, offs_m, offs_n, mask_base, stride_mm, stride_mn, LQ, LK,
 
 
 @triton.jit
+def int8_p_shift(t_max, m_use):
+    """INT8 P's shift: this tile's own row max, so its largest weight rounds to 2^P_LOG2 (255), but
+    within 2^-INT8_SHIFT_FLOOR of the running max m_use, where a tile's weights round to 0 anyway, so
+    the sums cannot overflow. Raised by a few ulps of the logits' size, which their rounding can
+    reach: that largest weight never rounds to 256, which int8 would wrap to -128."""
+    shift = tl.maximum(t_max, m_use - INT8_SHIFT_FLOOR)
+    return shift + tl.abs(shift) * 4.0e-7
+
+
+@triton.jit
 def _attn_tile(
     acc, l_i, m_i, sh_i, q, qs, offs_m, start_n,
-    k_base, ks_base, v_base, mask_base, k_desc, v_desc, bhk,
+    k_base, ks_base, v_base, tb_base, mask_base, k_desc, v_desc, bhk,
     stride_vn, stride_vd, stride_mm, stride_mn,
     LQ, LK, D,
     BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, BOUNDARY: tl.constexpr, IS_CAUSAL: tl.constexpr,
@@ -93,11 +103,9 @@ def _attn_tile(
     # A row masked so far has max -inf: shift by 0 instead, so exp2 gives 0 rather than NaN.
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     if PV_MODE == 3:
-        # INT8 P is shifted by this tile's own row max, so its largest weight rounds to 2^P_LOG2 (127),
-        # and the sums are kept in units of that shift (gamma moves them from the last tile's): one
-        # FMA per output element. The shift stays within 2^-INT8_SHIFT_FLOOR of the running max, where
-        # a tile's weights round to 0 anyway, so the sums cannot overflow.
-        shift = tl.maximum(t_max, m_use - INT8_SHIFT_FLOOR)
+        # The sums are kept in units of INT8 P's own shift (alpha moves them from the last tile's): one
+        # FMA per output element.
+        shift = int8_p_shift(t_max, m_use)
         alpha = tl.math.exp2(sh_i - shift)
     else:
         shift = m_use
@@ -108,9 +116,8 @@ def _attn_tile(
         p = tl.math.exp2(x - (shift - P_LOG2)[:, None])
 
     if PV_MODE == 3:
-        p = p + _ROUNDING_BIAS  # rounded to an integer held in the low mantissa bits
-        p8 = p.to(tl.int32, bitcast=True).to(tl.int8)
-        l_i = l_i * alpha + tl.sum(p - _ROUNDING_BIAS, 1)
+        p8 = round_p_offset_int8(p)  # P - 128
+        l_i = l_i * alpha + (tl.sum(p8.to(tl.int32), 1) + P_OFFSET * BLOCK_N).to(tl.float32)
     else:
         l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
@@ -139,8 +146,8 @@ def _attn_tile(
                                     BLOCK_N, D_PAD, BOUNDARY, PV_MODE, EVEN_D, V_TMA, V_T), pv)
         acc += pv
     else:
-        pv = tl.dot(mma_operand_order(p8, BLOCK_N), v)  # int32, exact
-        acc += pv.to(tl.float32)
+        pv = tl.dot(mma_operand_order(p8, BLOCK_N), v)  # int32, exact: (P - 128)·V
+        acc += (pv + tl.load(tb_base + (start_n // BLOCK_N) * D_PAD + offs_d)[None, :]).to(tl.float32)
     return acc, l_i, m_new, shift
 
 
@@ -186,7 +193,7 @@ def finish_rows(acc, l_sum, VScale, VMean, bhk, offs_d, D, HAS_VSCALE: tl.conste
 
 @triton.jit
 def attention_kernel(
-    Q8, QS, K8, KS, V, VScale, VMean, QBias,
+    Q8, QS, K8, KS, V, VScale, VMean, QBias, TileBias,
     Out, Lse, Mask, KDesc, VDesc,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,
@@ -219,6 +226,7 @@ def attention_kernel(
     else:
         ks_base = KS + bhk.to(tl.int64) * LK
     v_base = V + b.to(tl.int64) * stride_vb + (bhk - b * H_KV).to(tl.int64) * stride_vh
+    tb_base = TileBias + bhk.to(tl.int64) * tl.cdiv(LK, BLOCK_N) * D_PAD  # INT8 P·V: V's key-tile sums
     mask_base = Mask + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -234,13 +242,13 @@ def attention_kernel(
 
     for start_n in range(0, full_end, BLOCK_N):
         acc, l_i, m_i, sh_i = _attn_tile(
-            acc, l_i, m_i, sh_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, mask_base, KDesc, VDesc, bhk,
+            acc, l_i, m_i, sh_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, tb_base, mask_base, KDesc, VDesc, bhk,
             stride_vn, stride_vd, stride_mm, stride_mn, LQ, LK, D,
             BLOCK_N, D_PAD, False, IS_CAUSAL, MASK_KIND, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
             K_TMA, V_TMA, V_T, V_RES)
     for start_n in range(full_end, hi, BLOCK_N):
         acc, l_i, m_i, sh_i = _attn_tile(
-            acc, l_i, m_i, sh_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, mask_base, KDesc, VDesc, bhk,
+            acc, l_i, m_i, sh_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, tb_base, mask_base, KDesc, VDesc, bhk,
             stride_vn, stride_vd, stride_mm, stride_mn, LQ, LK, D,
             BLOCK_N, D_PAD, True, IS_CAUSAL, MASK_KIND, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
             K_TMA, V_TMA, V_T, V_RES)

@@ -22,7 +22,7 @@ runs its CTAs in key shares instead, which merge their rows into the output in t
 (``kernels/tail_split.py``).
 
 Scope: FP8 P·V (with fp8+residual, a second MMA with V's rounding error into the same tile sum) or
-INT8 P·V (P shifted by each tile's own row max and rounded to 0..127, exact int32 sums scaled back),
+INT8 P·V (P shifted by each tile's own row max and rounded to 0..255, exact int32 sums scaled back),
 head_dim padded to 128 and a multiple of 8 (16-byte output stores), per-tile K scales, no mask, not
 causal, no LSE. It wins from 4,608 query tokens (bench/results/sm90_gluon_min_len_ab2.json); ``api``
 sends it nothing else. Gluon ships inside the triton package (3.5+); without it ``AVAILABLE`` is False
@@ -30,8 +30,8 @@ and the portable kernel runs.
 """
 from __future__ import annotations
 
-from .attention import INT8_SHIFT_FLOOR, finish_rows  # Triton functions: Gluon inlines them like its own
-from .quant import _ROUNDING_BIAS, mma_operand_order
+from .attention import finish_rows, int8_p_shift  # Triton functions: Gluon inlines them like its own
+from .quant import P_OFFSET, mma_operand_order, round_p_offset_int8
 from .tail_split import merge_rows
 
 try:
@@ -88,12 +88,13 @@ if AVAILABLE:
 
     @gluon.jit
     def _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s, pv, rs, acc, m_i, sh_i, l_acc, qs,
-              ks_base, i, key0, LK, k_desc, v_desc, n_local, k_row0, v_row, P_LOG2: gl.constexpr,
+              ks_base, tb_base, i, key0, LK, k_desc, v_desc, n_local, k_row0, v_row, P_LOG2: gl.constexpr,
               STAGES: gl.constexpr, MASKED: gl.constexpr, p_layout: gl.constexpr, V_RES: gl.constexpr,
               FILL: gl.constexpr):
         """The ``i``-th K/V tile of this CTA's key range (``key0``: its first key; ``ks_base``: its
-        first tile's K scale) for one warpgroup. ``s``, ``pv`` and ``rs`` are the previous tile's
-        (dead) results, handed back as the MMAs' ignored accumulators so no zero tile stays live in registers.
+        first tile's K scale; ``tb_base``: its first tile's INT8 V column sums) for one warpgroup. ``s``,
+        ``pv`` and ``rs`` are the previous tile's (dead) results, handed back as the MMAs' ignored
+        accumulators so no zero tile stays live in registers.
         The row sums of P come from the tensor cores (P times a column block of ones, ``rs``), not
         from 64 adds and two shuffles per thread: ``l_acc`` holds them, every column the same.
 
@@ -101,14 +102,15 @@ if AVAILABLE:
         runs: its barrier waits and copies then cost that warpgroup nothing, where before the tile they
         made it the last of the three to finish every CTA."""
         BN: gl.constexpr = k_smem.type.shape[1]
+        D_PAD: gl.constexpr = acc.type.shape[1]
         row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
         row_l: gl.constexpr = gl.SliceLayout(1, l_acc.type.layout)
+        PV_INT8: gl.constexpr = v_smem.dtype == gl.int8
         st = i % STAGES
         mbarrier.wait(kv_ready.index(st), (i // STAGES) & 1)
         s = warpgroup_mma_wait(0, deps=(warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s, use_acc=False,
                                                       is_async=True),))
         row_scale = qs * gl.load(ks_base + i)
-        PV_INT8: gl.constexpr = v_smem.dtype == gl.int8
         if MASKED:  # the last tile: keys past LK belong to the next head (or are zero-filled)
             offs_n = key0 + i * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s.type.layout))
             x = gl.where((offs_n < LK)[None, :], s.to(gl.float32) * row_scale[:, None], float("-inf"))
@@ -118,9 +120,9 @@ if AVAILABLE:
         m_new = gl.maximum(m_i, t_max)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
         if PV_INT8:
-            # P shifted by this tile's own row max (its largest weight rounds to 127); the sums are kept
+            # P shifted by this tile's own row max (its largest weight rounds to 255); the sums are kept
             # in units of that shift (``attention._attn_tile``).
-            shift = gl.maximum(t_max, m_use - INT8_SHIFT_FLOOR)
+            shift = int8_p_shift(t_max, m_use)
             alpha = gl.exp2(sh_i - shift)
         else:
             shift = m_use
@@ -129,8 +131,8 @@ if AVAILABLE:
             arg = x - (shift - P_LOG2)[:, None]
         else:
             arg = s.to(gl.float32) * row_scale[:, None] - (shift - P_LOG2)[:, None]
-        if PV_INT8:  # rounded to an integer held in the low mantissa bits, whose low byte is the int8
-            p8 = (gl.exp2(arg) + _ROUNDING_BIAS).to(gl.int32, bitcast=True).to(gl.int8)
+        if PV_INT8:
+            p8 = round_p_offset_int8(gl.exp2(arg))  # P - 128
         else:
             p8 = gl.exp2(arg).to(v_smem.dtype)
         p8 = gl.convert_layout(mma_operand_order(p8, BN), p_layout)  # no data movement
@@ -143,8 +145,15 @@ if AVAILABLE:
                   v_row, key0, STAGES, V_RES)
         pv, rs = warpgroup_mma_wait(0, deps=(pv, rs))
         mbarrier.arrive(kv_empty.index(st), count=1)
-        acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv.to(gl.float32)
-        l_acc = l_acc * gl.convert_layout(alpha, row_l)[:, None] + rs.to(gl.float32)
+        if PV_INT8:  # (P - 128)·V plus 128·V's column sums over this tile (``quant.convert_v_kernel``)
+            tile_bias = gl.load(tb_base + i * D_PAD + gl.arange(0, D_PAD, layout=gl.SliceLayout(0, acc.type.layout)))
+            pv_f = (pv + tile_bias[None, :]).to(gl.float32)
+            rs_f = (rs + P_OFFSET * BN).to(gl.float32)
+        else:
+            pv_f = pv
+            rs_f = rs
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv_f
+        l_acc = l_acc * gl.convert_layout(alpha, row_l)[:, None] + rs_f
         return s, pv, rs, acc, m_new, shift, l_acc
 
     @gluon.jit
@@ -152,8 +161,8 @@ if AVAILABLE:
                    HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr):
         """Rows C·64.. of this CTA's 192 query rows, over its key range (every key, or one share with
         SPLIT). Warpgroup 0 also loads Q and keeps the K/V ring STAGES - 1 tiles ahead of itself."""
-        (q_smem, k_smem, v_smem, vres_smem, ones_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, Out,
-         stride_ob, stride_oh, stride_om, H, H_KV, LQ, LK, D, n_whole, splits, Flags, ML, ticket_smem) = args
+        (q_smem, k_smem, v_smem, vres_smem, ones_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, TileBias,
+         Out, stride_ob, stride_oh, stride_om, H, H_KV, LQ, LK, D, n_whole, splits, Flags, ML, ticket_smem) = args
         q_desc, k_desc, v_desc = descs
         NCONS: gl.constexpr = q_smem.type.shape[0]
         ROWS: gl.constexpr = q_smem.type.shape[1]
@@ -209,6 +218,7 @@ if AVAILABLE:
         # Q scales already hold sm_scale·log2(e): logits come out in base-2 units.
         qs = gl.load(QS + bh.to(gl.int64) * LQ + offs_m, mask=offs_m < LQ, other=0.0)
         ks_base = KS + bhk.to(gl.int64) * n_tiles + t0
+        tb_base = TileBias + (bhk.to(gl.int64) * n_tiles + t0) * D_PAD
         q = q_smem.index(C)
         # 8-bit MMAs sum into int32 (INT8 P·V) or fp32 (FP8).
         mma_sum: gl.constexpr = gl.int32 if v_smem.dtype == gl.int8 else gl.float32
@@ -223,14 +233,14 @@ if AVAILABLE:
         n_full = gl.minimum(t1, LK // BN) - t0  # whole tiles; a partial last one follows if t1 reaches it
         for i in range(n_full):
             s, pv, rs, acc, m_i, sh_i, l_acc = _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s,
-                                                     pv, rs, acc, m_i, sh_i, l_acc, qs, ks_base, i, t0 * BN, LK,
-                                                     k_desc, v_desc, n_local, k_row0, v_row, P_LOG2, STAGES, False,
-                                                     p_layout, V_RES, C == 0)
+                                                     pv, rs, acc, m_i, sh_i, l_acc, qs, ks_base, tb_base, i,
+                                                     t0 * BN, LK, k_desc, v_desc, n_local, k_row0, v_row, P_LOG2,
+                                                     STAGES, False, p_layout, V_RES, C == 0)
         if n_full < n_local:
             s, pv, rs, acc, m_i, sh_i, l_acc = _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s,
-                                                     pv, rs, acc, m_i, sh_i, l_acc, qs, ks_base, n_full, t0 * BN, LK,
-                                                     k_desc, v_desc, n_local, k_row0, v_row, P_LOG2, STAGES, True,
-                                                     p_layout, V_RES, C == 0)
+                                                     pv, rs, acc, m_i, sh_i, l_acc, qs, ks_base, tb_base, n_full,
+                                                     t0 * BN, LK, k_desc, v_desc, n_local, k_row0, v_row, P_LOG2,
+                                                     STAGES, True, p_layout, V_RES, C == 0)
 
         l_i = gl.convert_layout(gl.max(l_acc, axis=1), row_o)  # every column holds the row sum
         out = finish_rows(acc, l_i, VScale, VMean, bhk, gl.arange(0, D_PAD, layout=col_o), D, HAS_VSCALE,
@@ -320,7 +330,7 @@ if AVAILABLE:
         _warpgroup(args, descs, 2, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT)
 
     @gluon.jit
-    def _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, Out, stride_ob, stride_oh, stride_om,
+    def _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, TileBias, Out, stride_ob, stride_oh, stride_om,
                    H, H_KV, LQ, LK, D, n_whole, splits, Flags, ML, P_LOG2: gl.constexpr, STAGES: gl.constexpr,
                    HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr, REGISTERS: gl.constexpr, V_RES: gl.constexpr,
                    SPLIT: gl.constexpr):
@@ -365,8 +375,9 @@ if AVAILABLE:
             Flags = Flags + 1  # then one hand-over flag per warpgroup of each tail CTA
         else:
             ticket_smem = q_bar  # never read: the whole kernel's CTAs are their program ids
-        args = (q_smem, k_smem, v_smem, vres_smem, ones_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, Out,
-                stride_ob, stride_oh, stride_om, H, H_KV, LQ, LK, D, n_whole, splits, Flags, ML, ticket_smem)
+        args = (q_smem, k_smem, v_smem, vres_smem, ones_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean,
+                TileBias, Out, stride_ob, stride_oh, stride_om, H, H_KV, LQ, LK, D, n_whole, splits, Flags, ML,
+                ticket_smem)
         descs = (q_desc, k_desc, v_desc)
         if not SPLIT:
             # Programmatic dependent launch. This kernel may be launched while the V conversion ends
@@ -386,19 +397,19 @@ if AVAILABLE:
     @gluon.jit
     def shared_kv_attention_kernel(
         q_desc, k_desc, v_desc,  # int8 Q (B*H*LQ, D_PAD), int8 K (B*H_KV*LK, D_PAD), fp8/int8 Vᵀ (B*H_KV*D_PAD, L_PAD)
-        QS, KS, VScale, VMean, Out,  # Out (B, H, LQ, D) by its first three strides, channels contiguous
+        QS, KS, VScale, VMean, TileBias, Out,  # Out (B, H, LQ, D) by its first three strides, channels contiguous
         stride_ob, stride_oh, stride_om,
         H, H_KV, LQ, LK, D,
         P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr,
         REGISTERS: gl.constexpr, V_RES: gl.constexpr,
     ):
         """CTA i: query rows 192·(i mod ceil(LQ/192)) of head i div ceil(LQ/192), every key."""
-        _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, Out, stride_ob, stride_oh, stride_om,
+        _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, TileBias, Out, stride_ob, stride_oh, stride_om,
                    H, H_KV, LQ, LK, D, 0, 1, QS, QS, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, REGISTERS, V_RES, False)
 
     @gluon.jit
     def shared_kv_split_kernel(
-        q_desc, k_desc, v_desc, QS, KS, VScale, VMean, Out,
+        q_desc, k_desc, v_desc, QS, KS, VScale, VMean, TileBias, Out,
         stride_ob, stride_oh, stride_om,
         H, H_KV, LQ, LK, D,
         n_whole, splits, Flags, ML,
@@ -409,7 +420,7 @@ if AVAILABLE:
         share i mod splits of CTA n_whole + i div splits, i the ticket it takes as it starts; the shares of
         a CTA merge into its Out rows in turn (``Flags``: int32, zeroed: the ticket counter, then a flag
         per warpgroup of each tail CTA; ``ML``: fp32 row max and sum)."""
-        _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, Out, stride_ob, stride_oh, stride_om,
+        _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, TileBias, Out, stride_ob, stride_oh, stride_om,
                    H, H_KV, LQ, LK, D, n_whole, splits, Flags, ML, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, REGISTERS,
                    V_RES, True)
 

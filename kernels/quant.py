@@ -32,6 +32,15 @@ MEAN_NONE, MEAN_SUBTRACT, MEAN_DOT = 0, 1, 2
 # Adding 1.5·2²³ to a float of magnitude below 2²² rounds it to an integer (to nearest even) held
 # in the low mantissa bits, whose low byte is then that integer as two's-complement int8.
 _ROUNDING_BIAS = tl.constexpr(12582912.0)
+# INT8 P·V: P is rounded to 0..255 and fed to the int8 MMA as P - 128 (Triton multiplies int8 by int8
+# only); 128 times each key tile's column sums of V puts the offset back (``convert_v_kernel``).
+P_OFFSET = tl.constexpr(128)
+
+
+@triton.jit
+def round_p_offset_int8(p):
+    """P in 0..255 (fp32) rounded to the nearest integer (ties to even) and stored as P - P_OFFSET, int8."""
+    return (p + (_ROUNDING_BIAS - P_OFFSET)).to(tl.int32, bitcast=True).to(tl.int8)
 
 
 @triton.jit
@@ -358,6 +367,7 @@ def convert_v_kernel(
     V, stride_vb, stride_vh, stride_vl, stride_vd,
     Scale, Mean,  # fp32 (B*H, D) per-channel scale and mean (HAS_MEAN), from _finalize_kv_stats
     Out, stride_ob, stride_ol, stride_od,  # (B*H, L, D_PAD) in any order of the last two
+    TileBias,  # int8 Out: int32 (B*H, L_OUT / BLOCK, D_PAD)
     H, L, L_OUT, D,
     BLOCK: tl.constexpr, D_PAD: tl.constexpr, HAS_MEAN: tl.constexpr, INTERPRETER: tl.constexpr,
     KEY_PERM: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr,
@@ -367,6 +377,8 @@ def convert_v_kernel(
     With ``KEY_PERM`` the tokens are stored in MMA operand order and the L_OUT - L padding rows are
     written as zeros. With ``RESIDUAL`` (fp8 only) the rounding error of each value is stored too,
     rounded to fp8 in turn, D_PAD channel rows below V: V ≈ hi + lo to about 7 mantissa bits.
+    With int8 Out, BLOCK is the attention kernel's key tile, and each tile's column sums times
+    P_OFFSET go to ``TileBias``: the kernels add them to the tile's (P - P_OFFSET)·V sums.
     """
     bh, offs_l, row_ok, offs_d, v = _row_tile(V, stride_vb, stride_vh, stride_vl, stride_vd, H, L, D, BLOCK, D_PAD)
     pdl_start(PDL)
@@ -383,7 +395,11 @@ def convert_v_kernel(
     if Out.dtype.element_ty == tl.float16:
         tl.store(o_ptrs, v.to(tl.float16), mask=keep)
     elif Out.dtype.element_ty == tl.int8:
-        tl.store(o_ptrs, round_to_int8(v), mask=keep)
+        v8 = round_to_int8(v)
+        tl.store(o_ptrs, v8, mask=keep)
+        col_sums = tl.sum(tl.where(keep, v8, 0).to(tl.int32), axis=0)
+        tl.store(TileBias + (bh.to(tl.int64) * tl.num_programs(0) + tl.program_id(0)) * D_PAD + offs_d,
+                 col_sums * P_OFFSET)
     else:
         v8 = to_fp8(v, Out.dtype.element_ty, INTERPRETER)
         tl.store(o_ptrs, v8, mask=keep)

@@ -115,7 +115,7 @@ def k_mean(kh: torch.Tensor) -> torch.Tensor:
 
 def _int8_pv(s2: torch.Tensor, m: torch.Tensor, vc: torch.Tensor, tile: int, heads: int):
     """INT8 P·V as the kernels do it: per row and tile of ``tile`` keys, P shifted by the tile's own max
-    and rounded to 0..127, V rounded to ±127 per channel; the exact integer products and the rounded
+    and rounded to 0..255, V rounded to ±127 per channel; the exact integer products and the rounded
     P's row sums are brought back to the row max ``m``. Returns (P·V, row sums)."""
     B, H, LQ, LK = s2.shape
     pad = (-LK) % tile
@@ -125,8 +125,8 @@ def _int8_pv(s2: torch.Tensor, m: torch.Tensor, vc: torch.Tensor, tile: int, hea
     running = torch.cummax(torch.nan_to_num(t_max, neginf=-1e30), dim=3).values
     running = torch.where(running <= -1e30, 0.0, running)
     shift = torch.maximum(t_max, running - INT8_SHIFT_FLOOR)
-    p_int = torch.round(torch.exp2(st - shift) * 127.0)
-    weight = torch.exp2(shift - m[..., None]) / 127.0  # the tile's rescale to the row max
+    p_int = torch.round(torch.exp2(st - shift) * 255.0)
+    weight = torch.exp2(shift - m[..., None]) / 255.0  # the tile's rescale to the row max
     amax = vc.abs().amax(dim=2, keepdim=True)
     vs = torch.where(amax > 0, amax / 127.0, 1.0)
     v_int = torch.nn.functional.pad(torch.clamp(torch.round(vc / vs), -127, 127), (0, 0, 0, pad))

@@ -33,10 +33,11 @@ class SageTritonSettings:
             "pv_precision": (list(PV_PRECISION_CHOICES), {
                 "default": "auto",
                 "tooltip": "Precision of the P·V product. int8 is about twice as accurate as fp8 (relative error "
-                           "0.021 vs 0.039) and the default where it is also faster (RTX 30/40/50, A100); on Hopper "
-                           "it is about 15% slower than fp8, the default there. fp8 needs fp8 matrix units (Ada, "
-                           "Hopper, Blackwell, MI300, RDNA4; elsewhere it falls back to fp16). fp8+residual adds a "
-                           "second fp8 product with V's rounding error (0.028) but is about 25% slower (H200: "
+                           "0.017 vs 0.039, ComfyUI's own INT8 attention 0.016) and the default where it is also "
+                           "faster (RTX 30/40/50, A100); on Hopper it runs at 1.06-1.20x SDPA against fp8's "
+                           "1.48-1.61x (H200, 8K-32K tokens), so fp8 is the default there. fp8 needs fp8 matrix units "
+                           "(Ada, Hopper, Blackwell, MI300, RDNA4; elsewhere it falls back to fp16). fp8+residual "
+                           "adds a second fp8 product with V's rounding error (0.028) but is about 25% slower (H200: "
                            "1.13-1.17x SDPA vs 1.48-1.55x at 8K-16K tokens). fp16 is the most accurate (0.013) and "
                            "the slowest. auto = this GPU's default."}),
             "pv_accum_dtype": (list(PV_ACCUM_DTYPE_CHOICES), {

@@ -574,12 +574,14 @@ def shaped_qkv(case: str, L: int = 256, D: int = 64, H: int = 2, dtype=torch.bfl
     dict(LQ=33, LK=77, D=40, layout="NHD"),
 ])
 def test_int8_pv_agrees_with_its_torch_copy_and_beats_fp8(seed, gran, shape):
-    """INT8 P·V: P rounded to 0..127 per row and key tile (shifted by the tile's own max), V to ±127
-    per channel, exact int32 products. Same arithmetic in torch, and closer to exact than fp8."""
+    """INT8 P·V: P rounded to 0..255 per row and key tile (shifted by the tile's own max), V to ±127
+    per channel, exact int32 products (P - 128 times V, plus 128 times V's tile column sums). Same
+    arithmetic in torch, and closer to exact than fp8."""
     q, k, v = make_qkv(**shape)
     layout = shape.get("layout", "HND")
     exact, _ = ref.exact_attention(q, k, v, layout=layout)
-    outs = {pv: sageattn(q, k, v, tensor_layout=layout, qk_quant_gran=gran, pv_precision=pv) for pv in ("fp8", "int8")}
+    outs = {pv: sageattn(q, k, v, tensor_layout=layout, qk_quant_gran=gran, pv_precision=pv)
+            for pv in ("fp8", "int8")}
     l1 = {pv: ref.rel_l1(out, exact) for pv, out in outs.items()}
     assert l1["int8"] < 0.75 * l1["fp8"], l1
     cfg = KernelConfig(gran, "int8", "fp32", None, 64, 64, 4, 1)
@@ -601,6 +603,16 @@ def test_int8_pv_with_masks_causal_and_lse(seed, pv):
     exact, exact_lse = ref.exact_attention(q, k, v, is_causal=True)
     assert cosine(out, exact) >= 0.999
     assert torch.allclose(lse.double(), exact_lse, atol=0.05, rtol=0.01)
+
+
+def test_int8_p_never_wraps_on_huge_logits(seed):
+    """Logits of ~3e5 (base 2) round by more than P's margin to 255.5: the shift's guard keeps the
+    largest weight at 255, where a wrap to int8's -128 would drop the winning key (one-hot output)."""
+    q, k, v = make_qkv(LQ=40, LK=100, D=64)
+    out = sageattn(q, k, v, sm_scale=30000.0, pv_precision="int8", qk_quant_gran="per_warp")
+    qref, _ = ref.quantized_reference(q, k, v, KernelConfig("per_warp", "int8", "fp32", None, 64, 64, 4, 1),
+                                      sm_scale=30000.0)
+    assert cosine(out, qref) >= 0.9999
 
 
 def test_hadamard_block_is_orthogonal_and_the_kernels_get_it_exactly():
