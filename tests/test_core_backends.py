@@ -88,7 +88,8 @@ def test_patch_node_replaces_a_per_model_backend_and_falls_back_on_it(comfy, see
     patched = patch_model(base, SageSettings(min_seq_len=64))
     state = patch_state_of(patched)
     assert state.composition == {"replaced": "pytorch, set per model (Model Attention Backend node)",
-                                 "fallback": "pytorch, set per model (Model Attention Backend node)"}
+                                 "fallback": "pytorch, set per model (Model Attention Backend node)",
+                                 "backend": "SageTriton"}
     # Short calls go to the backend the model had: the spied one.
     spied = patch_model(tiny_patcher(model_patcher), SageSettings(min_seq_len=64))
     set_model_optimized_attention(spied, pytorch)
@@ -110,7 +111,7 @@ def test_the_replaced_backend_is_named_for_the_global_flag_and_other_overrides(c
     assert global_name is not None  # on CPU: sub_quad or pytorch, whichever ComfyUI chose
     state = patch_state_of(patch_model(tiny_patcher(model_patcher), SageSettings(fallback="sdpa")))
     assert state.composition == {"replaced": f"ComfyUI's global attention ({global_name})",
-                                 "fallback": "PyTorch SDPA (Sage Settings fallback=sdpa)"}
+                                 "fallback": "PyTorch SDPA (Sage Settings fallback=sdpa)", "backend": "SageTriton"}
 
     def other_pack_override(func, *args, **kwargs):
         return func(*args, **kwargs)
