@@ -79,9 +79,10 @@ def print_report(report: dict) -> None:
     if off:
         print(f"{len(off)} variant(s) turned off (the runtime will not pick them): {', '.join(off)}")
     if report.get("mode") == "gpu":
-        line = selftest.format_long_sequence_kernel(report.get("long_sequence_kernel"))
-        if line:
-            print(line)
+        for line in (selftest.format_long_sequence_kernel(report.get("long_sequence_kernel")),
+                     selftest.format_pv_choice(report.get("pv_choice"))):
+            if line:
+                print(line)
         print(selftest.format_crossover(report.get("crossover")))
     if report.get("sdpa_probe"):
         p = report["sdpa_probe"]

@@ -34,6 +34,7 @@ MAX_SETUP_ATTEMPTS = 3  # starts that retry an incomplete report (the worker die
 STEP_TIMEOUT = 600.0  # one variant (two head dims) or the speed test; a GPU hang is stopped after this
 WORKER_TIMEOUT = 3600.0  # the whole stage
 LONG_SEQUENCE_STEP = "long-sequence kernel"  # the worker step that builds and checks it (GPU only)
+PV_CHOICE_STEP = "P·V path timing"  # the worker step that times fp8 against int8 P·V (GPU only)
 ENV_NO_AUTOSETUP = "SAGETRITON_NO_AUTOSETUP"
 ENV_SETUP_DELAY = "SAGETRITON_SETUP_DELAY"  # seconds after start-up before the background self-test (default 10)
 DEFAULT_SETUP_DELAY, MAX_SETUP_DELAY = 10.0, 600.0  # longer leaves the browser waiting for nothing
@@ -138,12 +139,20 @@ def worker_main(out_path: str, mode: str, show_progress: bool = True) -> int:
         if bar:
             bar.set_postfix_str(LONG_SEQUENCE_STEP)
         state["long_sequence_kernel"] = selftest.long_sequence_kernel(arch, device, dtype)
+    if mode == "gpu" and "pv_choice" not in state:
+        state["current"] = PV_CHOICE_STEP
+        _write_json(path, state)
+        if bar:
+            bar.set_postfix_str(PV_CHOICE_STEP)
+        disabled = frozenset(disabled_from(state["variants"]))
+        state["pv_choice"] = selftest.measure_pv_choice(arch, device, dtype, disabled)
     if mode == "gpu" and "crossover" not in state:
         state["current"] = "crossover"
         _write_json(path, state)
         if bar:
             bar.set_postfix_str("speed vs SDPA")
-        state["crossover"] = selftest.measure_crossovers(arch, device, dtype, state.get("sdpa_default_safe"))
+        state["crossover"] = selftest.measure_crossovers(arch, device, dtype, state.get("sdpa_default_safe"),
+                                                         pv_choice=state.get("pv_choice"))
         if bar:
             bar.update(1)
     if bar:
@@ -301,6 +310,8 @@ def run_worker_stage(mode: str, out_path: Path, echo: bool = True, sdpa_default_
             state["crossover"] = {"seq_len": None, "error": f"speed measurement crashed: {how}"}
         elif current == LONG_SEQUENCE_STEP:
             state["long_sequence_kernel"] = {"ok": False, "error": f"crashed the process: {how}"}
+        elif current == PV_CHOICE_STEP:  # nothing chosen: the arch table's default stays
+            state["pv_choice"] = None
         else:
             state.setdefault("variants", {})[current] = {"build": {"ok": False, "error": f"crashed the process: {how}"}}
         state["current"] = None
@@ -388,6 +399,7 @@ def _run_setup_locked(report, key, d, mode, echo, safe, on_progress, quick) -> d
     report["disabled_variants"] = disabled_from(report["variants"])
     report["crossover"] = state.get("crossover")
     report["long_sequence_kernel"] = state.get("long_sequence_kernel")
+    report["pv_choice"] = state.get("pv_choice")
     if state.get("crashes"):
         report["worker_crashes"] = state["crashes"]
     if state.get("error"):

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from ..kernels.arch import ArchInfo, residual_crossover_factor
+from ..kernels.arch import PV_PRECISIONS, ArchInfo, residual_crossover_factor
 from ..kernels.log import logger
 
 SCHEMA = 1
@@ -225,7 +225,26 @@ def report_problem(data, key: Optional[dict] = None) -> Optional[str]:
         return f"attempts is {data['attempts']!r}, not a whole number >= 1"
     if data.get("long_sequence_kernel") is not None and not isinstance(data["long_sequence_kernel"], dict):
         return "long_sequence_kernel is not an object"
-    return _crossover_problem(data.get("crossover"))
+    problem = _pv_choice_problem(data.get("pv_choice"))
+    return problem or _crossover_problem(data.get("crossover"))
+
+
+def _pv_choice_problem(c) -> Optional[str]:
+    if c is None:
+        return None
+    by = c.get("by_head_dim") if isinstance(c, dict) else None
+    if not isinstance(by, dict):
+        return "pv_choice is not an object with by_head_dim"
+    for d, e in by.items():
+        if not str(d).isdigit() or not isinstance(e, dict):
+            return f"pv_choice.by_head_dim[{d!r}] is not a head size's entry"
+        if e.get("choice") is not None and e["choice"] not in PV_PRECISIONS:
+            return f"pv_choice.by_head_dim[{d}].choice is {e['choice']!r}, not one of {', '.join(PV_PRECISIONS)}"
+        ms = e.get("ms", {})
+        if not isinstance(ms, dict) or any(not isinstance(t, (int, float)) or isinstance(t, bool) or not t > 0
+                                           for t in ms.values()):
+            return f"pv_choice.by_head_dim[{d}].ms is not an object of positive times"
+    return None
 
 
 def _no_constants(name: str):
@@ -323,6 +342,17 @@ def crossover_seq_len(cross: dict, head_dim: int = 128) -> Optional[int]:
         longest = max((t["seq_len"] for t in cross.get("timings", []) if "seq_len" in t), default=None)
         return None if longest is None else 2 * longest
     return cross.get("seq_len")
+
+
+def measured_pv_choice(arch: Optional[ArchInfo] = None, head_dim: int = 128) -> Optional[tuple]:
+    """(P·V precision, {precision: ms}) install.py found fastest here for ``head_dim``, or None. Taken
+    from the measured size nearest ``head_dim`` (64 for 40-96, 128 above)."""
+    by = ((current_report(arch) or {}).get("pv_choice") or {}).get("by_head_dim") or {}
+    sizes = sorted(int(d) for d in by)
+    if not sizes:
+        return None
+    e = by[str(min(sizes, key=lambda s: (abs(s - head_dim), -s)))]
+    return (e["choice"], dict(e.get("ms", {}))) if e.get("choice") else None
 
 
 def disabled_variants(arch: Optional[ArchInfo] = None) -> frozenset:

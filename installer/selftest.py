@@ -245,22 +245,27 @@ def alternating(fn, sets: list):
 
 
 def measure_crossovers(arch: ArchInfo, device, dtype, sdpa_safe: Optional[bool] = None,
-                       head_dims=CROSSOVER_HEAD_DIMS, **kw) -> dict:
+                       head_dims=CROSSOVER_HEAD_DIMS, pv_choice: Optional[dict] = None, **kw) -> dict:
     """The crossover for ``head_dims[0]`` with the others under ``"by_head_dim"``: at head_dim 64 the
-    same tile does half the matrix work per exp2, so the kernel needs longer sequences to win."""
-    result = measure_crossover(arch, device, dtype, sdpa_safe, head_dim=head_dims[0], **kw)
-    result["by_head_dim"] = {str(d): measure_crossover(arch, device, dtype, sdpa_safe, head_dim=d, **kw)
-                             for d in head_dims[1:]}
+    same tile does half the matrix work per exp2, so the kernel needs longer sequences to win. Each is
+    measured with the P·V path ``measure_pv_choice`` chose for that size, where it chose one."""
+    def one(d):
+        pv = ((pv_choice or {}).get("by_head_dim", {}).get(str(d)) or {}).get("choice")
+        return measure_crossover(arch, device, dtype, sdpa_safe, head_dim=d,
+                                 variant={"pv_precision": pv} if pv else None, **kw)
+
+    result = one(head_dims[0])
+    result["by_head_dim"] = {str(d): one(d) for d in head_dims[1:]}
     return result
 
 
 def measure_crossover(arch: ArchInfo, device, dtype, sdpa_safe: Optional[bool] = None, head_dim: int = 128,
                       lengths=CROSSOVER_LENGTHS, heads: int = CROSSOVER_HEADS, batch: int = CROSSOVER_BATCH,
-                      on_length=None) -> dict:
+                      on_length=None, variant: Optional[dict] = None) -> dict:
     import torch
 
     sdpa, sdpa_name = sdpa_fallback(arch, sdpa_safe)
-    sage = _sageattn()
+    sage = (lambda q, k, v: _sageattn()(q, k, v, **variant)) if variant else _sageattn()
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 8 << 30
     timings = []
     for n in lengths:
@@ -289,7 +294,78 @@ def measure_crossover(arch: ArchInfo, device, dtype, sdpa_safe: Optional[bool] =
     result = crossover_from_timings([t for t in timings if "kernel_ms" in t])
     result.update({"sdpa": sdpa_name, "batch": batch, "heads": heads, "head_dim": head_dim,
                    "dtype": str(dtype).replace("torch.", "")})
+    if variant:
+        result["variant"] = dict(variant)
     return result
+
+
+# P·V paths install.py times against each other on the user's GPU (the arch table's default comes
+# from datasheet rates, which this replaces with a measurement where both 8-bit paths work).
+PV_CHOICE_CANDIDATES = ("fp8", "int8")
+PV_CHOICE_LENGTH = 8192  # long enough that the kernel, not its launches, is timed
+
+
+def pv_candidates(arch: ArchInfo, head_dim: int, disabled=frozenset()) -> list:
+    """The default variant's P·V and the 8-bit ones this GPU runs natively that passed the self-test."""
+    base = default_variant(arch, head_dim)
+    native = [p for p, (ok, _) in supported_choices(arch)["pv_precision"].items() if ok]
+    out = []
+    for pv in dict.fromkeys((base["pv_precision"], *PV_CHOICE_CANDIDATES)):
+        v = {**base, "pv_precision": pv, "pv_accum_dtype": "fp32" if pv == "int8" else base["pv_accum_dtype"]}
+        if pv in native and name_of(v) not in disabled:
+            out.append(v)
+    return out
+
+
+def choose_pv(ms: dict) -> Optional[str]:
+    """The fastest measured P·V (``{pv: ms}``, failed ones absent), None with nothing measured."""
+    timed = {pv: t for pv, t in ms.items() if isinstance(t, (int, float)) and math.isfinite(t) and t > 0}
+    return min(timed, key=timed.get) if timed else None
+
+
+def measure_pv_choice(arch: ArchInfo, device, dtype, disabled=frozenset(), head_dims=CROSSOVER_HEAD_DIMS,
+                      seq_len: int = PV_CHOICE_LENGTH, heads: int = CROSSOVER_HEADS,
+                      batch: int = CROSSOVER_BATCH) -> Optional[dict]:
+    """Per head size, each candidate P·V (``pv_candidates``) timed on the same inputs and the fastest
+    named ``choice``; None where there is nothing to choose (one candidate). Never raises."""
+    import torch
+
+    result = {"seq_len": seq_len, "batch": batch, "heads": heads, "by_head_dim": {}}
+    for d in head_dims:
+        cands = pv_candidates(arch, d, disabled)
+        if len(cands) < 2:
+            continue
+        ms, errors = {}, {}
+        try:
+            sets = [make_inputs((batch, heads, seq_len, seq_len, d), device, dtype, seed=7 + i) for i in range(2)]
+        except Exception as e:  # noqa: BLE001 - no room for the inputs: nothing measured at this size
+            result["by_head_dim"][str(d)] = {"choice": None, "ms": {}, "errors": {"inputs": _short_error(e)}}
+            continue
+        for v in cands:
+            try:
+                ms[v["pv_precision"]] = round(time_call(alternating(
+                    lambda q, k, v_, var=v: _sageattn()(q, k, v_, **var), sets), device, iters=5), 4)
+            except Exception as e:  # noqa: BLE001 - that path is simply not chosen
+                errors[v["pv_precision"]] = _short_error(e)
+        entry = {"choice": choose_pv(ms), "ms": ms}
+        if errors:
+            entry["errors"] = errors
+        result["by_head_dim"][str(d)] = entry
+        del sets
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return result if result["by_head_dim"] else None
+
+
+def format_pv_choice(r: Optional[dict]) -> Optional[str]:
+    if not r:
+        return None
+    parts = []
+    for d, e in r.get("by_head_dim", {}).items():
+        times = ", ".join(f"{pv} {t:.2f} ms" for pv, t in e.get("ms", {}).items())
+        parts.append(f"head_dim {d}: {e.get('choice') or 'none'} ({times or 'nothing measured'})")
+    shape = f"{r.get('batch')}x{r.get('heads')}x{r.get('seq_len')}"
+    return f"P·V path, timed at {shape} (the faster one is used when Sage Settings says auto): " + "; ".join(parts)
 
 
 def format_variant_table(variants: dict) -> str:

@@ -27,6 +27,10 @@ class NoReport:
     def long_sequence_kernel_failed(self, arch: ArchInfo) -> bool:
         return False
 
+    def pv_choice(self, arch: ArchInfo, head_dim: int) -> Optional[tuple]:
+        """(P·V precision, {precision: ms}) install.py timed fastest here, or None."""
+        return None
+
 
 def _safely(fn, *args):
     """``fn(*args)``, or None when the report is broken or stale: it must never break sampling."""
@@ -60,3 +64,6 @@ class InstallReport(NoReport):
 
     def long_sequence_kernel_failed(self, arch):
         return bool(_safely(report.long_sequence_kernel_failed, arch))
+
+    def pv_choice(self, arch, head_dim):
+        return _safely(report.measured_pv_choice, arch, head_dim)

@@ -29,6 +29,8 @@ class KernelPlan:
     min_seq_len: int  # key length from which the kernel takes a call
     # Lq x Lk x batch x heads from which it does (0: any); only for the measured crossover.
     min_work: int = 0
+    # Where the P·V precision came from, when install.py's timing picked it (shown on the node).
+    pv_source: str = ""
 
     @property
     def min_work_text(self) -> str:
@@ -52,7 +54,16 @@ class KernelPlanner:
         return plan
 
     def _resolve(self, arch: ArchInfo, head_dim: int) -> KernelPlan:
-        cfg, notes = resolve_config(arch, head_dim, **self.settings.explicit_kernel_choices())
+        choices = self.settings.explicit_kernel_choices()
+        cfg, notes = resolve_config(arch, head_dim, **choices)
+        pv_source = ""
+        measured = self.report.pv_choice(arch, head_dim) if choices["pv_precision"] is None else None
+        if measured is not None and measured[0] != cfg.pv_choice():
+            timed, notes_pv = resolve_config(arch, head_dim, **{**choices, "pv_precision": measured[0]})
+            if not notes_pv and not self.report.variant_failed(arch, timed):
+                cfg = timed
+        if measured is not None and cfg.pv_choice() == measured[0]:
+            pv_source = "P·V timed by install.py: " + ", ".join(f"{pv} {ms:.2f} ms" for pv, ms in measured[1].items())
         if self.report.variant_failed(arch, cfg):
             cfg, note = self._working_variant(arch, cfg)
             notes.append(note)
@@ -65,10 +76,10 @@ class KernelPlanner:
         if cfg is None:
             return KernelPlan(arch, head_dim, None, 0)
         if self.settings.min_seq_len != MIN_SEQ_LEN_MEASURED:  # the user's length, taken as given
-            return KernelPlan(arch, head_dim, cfg, self.settings.min_seq_len)
-        measured = self.report.crossover(arch, cfg, head_dim)
-        min_len = cfg.min_seq_len if measured is None else int(measured)
-        return KernelPlan(arch, head_dim, cfg, min_len, CROSSOVER_CALL_HEADS * min_len * min_len)
+            return KernelPlan(arch, head_dim, cfg, self.settings.min_seq_len, pv_source=pv_source)
+        cross = self.report.crossover(arch, cfg, head_dim)
+        min_len = cfg.min_seq_len if cross is None else int(cross)
+        return KernelPlan(arch, head_dim, cfg, min_len, CROSSOVER_CALL_HEADS * min_len * min_len, pv_source)
 
     def _working_variant(self, arch: ArchInfo, cfg: KernelConfig) -> tuple[Optional[KernelConfig], str]:
         """The closest variant that passed the install self-test, safest choices first."""

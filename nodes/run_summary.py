@@ -23,8 +23,8 @@ def describe_plan(plan: Optional[KernelPlan]) -> str:
     cfg = plan.config
     pv = cfg.pv_choice() + (f"({cfg.fp8_format})" if cfg.pv_precision == "fp8" else "")
     qk = cfg.qk_quant_gran + (" rotated" if cfg.qk_rotation else "")
-    return (f"{qk} QK, {pv} PV, {cfg.pv_accum_dtype} accum, min_seq_len {plan.min_seq_len} "
-            f"on {plan.arch.arch}")
+    text = f"{qk} QK, {pv} PV, {cfg.pv_accum_dtype} accum, min_seq_len {plan.min_seq_len} on {plan.arch.arch}"
+    return f"{text} ({plan.pv_source})" if plan.pv_source else text
 
 
 def build_summary(state: PatchState, run: RunTally) -> dict:

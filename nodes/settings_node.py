@@ -39,7 +39,8 @@ class SageTritonSettings:
                            "(Ada, Hopper, Blackwell, MI300, RDNA4; elsewhere it falls back to fp16). fp8+residual "
                            "adds a second fp8 product with V's rounding error (0.028) but is about 25% slower (H200: "
                            "1.13-1.17x SDPA vs 1.48-1.55x at 8K-16K tokens). fp16 is the most accurate (0.013) and "
-                           "the slowest. auto = this GPU's default."}),
+                           "the slowest. auto = whichever of this GPU's P·V paths install.py timed faster here "
+                           "(without its report: this GPU's default)."}),
             "pv_accum_dtype": (list(PV_ACCUM_DTYPE_CHOICES), {
                 "default": "auto",
                 "tooltip": "Accumulator of P·V. fp32 is safest; fp16+fp32 accumulates each tile in fp16 and sums "

@@ -70,6 +70,8 @@ def status_payload(device=None) -> dict:
         "disabled_variants": (r or {}).get("disabled_variants", []),
         "crossover": (r or {}).get("crossover"),
         "long_sequence_kernel": (r or {}).get("long_sequence_kernel"),  # Hopper's Gluon kernel: self-test
+        "pv_choice": (r or {}).get("pv_choice"),  # install.py's fp8 vs int8 P·V timing
+        "pv_source": plan.pv_source,
         "min_seq_len_resolved": plan.min_seq_len,
         "sdpa_default_safe": (r or {}).get("sdpa_default_safe"),
         # The file does not hold its own path: the folder it is read from (pack folder, then user cache).

@@ -151,3 +151,35 @@ def test_long_sequence_kernel_verdict(rep, rdna4, monkeypatch, entry, failed):
     rep.save_report(r)
     monkeypatch.setattr(rep, "report_key", lambda arch, *a: r["key"])
     assert rep.long_sequence_kernel_failed(rdna4) is failed
+
+
+def test_measured_pv_choice_replaces_the_table_default_only_when_auto(rep, monkeypatch):
+    """install.py timed int8 P·V faster than fp8 at head_dim 128 on this (simulated) Hopper: an
+    unconfigured node runs int8 there and says why; an explicit choice, a failed int8 variant or
+    another head size keep their own."""
+    from sagetriton.kernels.arch import ArchInfo
+    from sagetriton.nodes.install_report import InstallReport
+    from sagetriton.nodes.planner import KernelPlanner
+    from sagetriton.nodes.run_summary import describe_plan
+    from sagetriton.nodes.settings import DEFAULT_SETTINGS
+
+    h200 = ArchInfo("nvidia", "sm90", "hopper", "NVIDIA H200", 132, "e4m3fn")
+    r = _report(rep, h200, pv_choice={"seq_len": 8192, "batch": 2, "heads": 24, "by_head_dim": {
+        "128": {"choice": "int8", "ms": {"fp8": 2.5, "int8": 1.8}},
+        "64": {"choice": "fp8", "ms": {"fp8": 1.4, "int8": 1.9}}}})
+    rep.save_report(r)
+    monkeypatch.setattr(rep, "report_key", lambda arch, *a: r["key"])
+    assert rep.measured_pv_choice(h200, 128) == ("int8", {"fp8": 2.5, "int8": 1.8})
+    assert rep.measured_pv_choice(h200, 40)[0] == "fp8" and rep.measured_pv_choice(h200, 256)[0] == "int8"
+
+    plan = KernelPlanner(report=InstallReport()).plan(h200, 128)
+    assert plan.config.pv_precision == "int8" and "timed by install.py: fp8 2.50 ms, int8 1.80 ms" in plan.pv_source
+    assert "int8 PV" in describe_plan(plan) and plan.pv_source in describe_plan(plan)
+    assert KernelPlanner(report=InstallReport()).plan(h200, 64).config.pv_precision == "fp8"
+    mine = KernelPlanner(DEFAULT_SETTINGS.replace(pv_precision="fp8"), InstallReport()).plan(h200, 128)
+    assert mine.config.pv_precision == "fp8" and mine.pv_source == ""
+
+    r["disabled_variants"] = [f"{plan.config.qk_quant_gran}/int8/fp32"]
+    rep.save_report(r)
+    kept = KernelPlanner(report=InstallReport()).plan(h200, 128)
+    assert kept.config.pv_precision == "fp8" and kept.pv_source == ""
