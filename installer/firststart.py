@@ -144,8 +144,8 @@ def worker_main(out_path: str, mode: str, show_progress: bool = True) -> int:
         _write_json(path, state)
         if bar:
             bar.set_postfix_str(PV_CHOICE_STEP)
-        disabled = frozenset(disabled_from(state["variants"]))
-        state["pv_choice"] = selftest.measure_pv_choice(arch, device, dtype, disabled)
+        passed = frozenset(state["variants"]) - frozenset(disabled_from(state["variants"]))
+        state["pv_choice"] = selftest.measure_pv_choice(arch, device, dtype, passed)
     if mode == "gpu" and "crossover" not in state:
         state["current"] = "crossover"
         _write_json(path, state)

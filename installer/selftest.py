@@ -305,14 +305,15 @@ PV_CHOICE_CANDIDATES = ("fp8", "int8")
 PV_CHOICE_LENGTH = 8192  # long enough that the kernel, not its launches, is timed
 
 
-def pv_candidates(arch: ArchInfo, head_dim: int, disabled=frozenset()) -> list:
-    """The default variant's P·V and the 8-bit ones this GPU runs natively that passed the self-test."""
+def pv_candidates(arch: ArchInfo, head_dim: int, passed) -> list:
+    """The default variant's P·V and the 8-bit ones this GPU runs natively, among the variant names
+    ``passed`` (built and self-tested)."""
     base = default_variant(arch, head_dim)
     native = [p for p, (ok, _) in supported_choices(arch)["pv_precision"].items() if ok]
     out = []
     for pv in dict.fromkeys((base["pv_precision"], *PV_CHOICE_CANDIDATES)):
         v = {**base, "pv_precision": pv, "pv_accum_dtype": "fp32" if pv == "int8" else base["pv_accum_dtype"]}
-        if pv in native and name_of(v) not in disabled:
+        if pv in native and name_of(v) in passed:
             out.append(v)
     return out
 
@@ -323,7 +324,7 @@ def choose_pv(ms: dict) -> Optional[str]:
     return min(timed, key=timed.get) if timed else None
 
 
-def measure_pv_choice(arch: ArchInfo, device, dtype, disabled=frozenset(), head_dims=CROSSOVER_HEAD_DIMS,
+def measure_pv_choice(arch: ArchInfo, device, dtype, passed, head_dims=CROSSOVER_HEAD_DIMS,
                       seq_len: int = PV_CHOICE_LENGTH, heads: int = CROSSOVER_HEADS,
                       batch: int = CROSSOVER_BATCH) -> Optional[dict]:
     """Per head size, each candidate P·V (``pv_candidates``) timed on the same inputs and the fastest
@@ -332,7 +333,7 @@ def measure_pv_choice(arch: ArchInfo, device, dtype, disabled=frozenset(), head_
 
     result = {"seq_len": seq_len, "batch": batch, "heads": heads, "by_head_dim": {}}
     for d in head_dims:
-        cands = pv_candidates(arch, d, disabled)
+        cands = pv_candidates(arch, d, passed)
         if len(cands) < 2:
             continue
         ms, errors = {}, {}

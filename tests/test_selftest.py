@@ -103,16 +103,18 @@ def test_pv_choice_times_the_8bit_paths_that_passed_and_picks_the_faster(st):
 
     h200 = ArchInfo("nvidia", "sm90", "hopper", "NVIDIA H200", 132, "e4m3fn")
     rdna3 = ArchInfo("amd", "gfx1100", "rdna3", "RX 7900 XTX", 32, None)
-    assert [v["pv_precision"] for v in st.pv_candidates(h200, 128)] == ["fp8", "int8"]
-    assert [v["pv_precision"] for v in st.pv_candidates(rdna3, 128)] == ["fp16", "int8"]  # no fp8 units there
-    int8_name = st.name_of(st.pv_candidates(h200, 128)[1])
-    assert [v["pv_precision"] for v in st.pv_candidates(h200, 128, {int8_name})] == ["fp8"]
+    every = {st.name_of(v) for a in (h200, rdna3) for v in st.variants_for(a)}
+    assert [v["pv_precision"] for v in st.pv_candidates(h200, 128, every)] == ["fp8", "int8"]
+    assert [v["pv_precision"] for v in st.pv_candidates(rdna3, 128, every)] == ["fp16", "int8"]  # no fp8 units
+    int8_name = st.name_of(st.pv_candidates(h200, 128, every)[1])
+    # Only variants that were built and self-tested compete (a --quick report tested the default alone).
+    assert [v["pv_precision"] for v in st.pv_candidates(h200, 128, every - {int8_name})] == ["fp8"]
     assert st.choose_pv({"fp8": 1.8, "int8": 2.5}) == "fp8" and st.choose_pv({"fp8": 2.1, "int8": 1.6}) == "int8"
     assert st.choose_pv({"fp8": float("nan"), "int8": 2.5}) == "int8" and st.choose_pv({}) is None
 
     # The real measurement on the interpreter: every candidate timed on the same inputs, the fastest named.
     cpu = ArchInfo("nvidia", "sm90", "hopper", "simulated H200 (interpreter)", 132, "e4m3fn")
-    r = st.measure_pv_choice(cpu, torch.device("cpu"), torch.float16, head_dims=(32,), seq_len=64, heads=1,
+    r = st.measure_pv_choice(cpu, torch.device("cpu"), torch.float16, every, head_dims=(32,), seq_len=64, heads=1,
                              batch=1)
     e = r["by_head_dim"]["32"]
     assert set(e["ms"]) == {"fp8", "int8"} and all(t > 0 for t in e["ms"].values())
@@ -120,5 +122,5 @@ def test_pv_choice_times_the_8bit_paths_that_passed_and_picks_the_faster(st):
     text = st.format_pv_choice(r)
     assert "head_dim 32: " + e["choice"] in text and "1x1x64" in text
     # One candidate left (int8 failed its self-test): nothing to choose, nothing timed.
-    assert st.measure_pv_choice(cpu, torch.device("cpu"), torch.float16, {int8_name}, head_dims=(32,), seq_len=64,
-                                heads=1, batch=1) is None
+    assert st.measure_pv_choice(cpu, torch.device("cpu"), torch.float16, every - {int8_name}, head_dims=(32,),
+                                seq_len=64, heads=1, batch=1) is None
