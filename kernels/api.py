@@ -274,6 +274,8 @@ class _CallPlan:
     k_scalar: bool  # one K scale per key tile
     pdl: bool
     shared_kv: Optional[tuple]  # the Gluon kernel's launch plan (``_shared_kv_plan``), None: the portable kernel
+    out_layout: str = "HND"
+    dtype: torch.dtype = torch.float16
     mask_view: Optional[torch.Tensor] = None  # the mask as the attention launch got it (``replay`` slot)
 
 
@@ -312,8 +314,8 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
         gluon_error = _shared_kv_error
         replay.start()
         try:
-            plan = _forward(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
-                            out_layout)
+            plan = _forward([q, k, v], layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
+                            out_layout, release=False)
         finally:
             launches = replay.stop()
         if _shared_kv_error is gluon_error:  # not when the Gluon kernel failed and the portable one took over
@@ -321,8 +323,20 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
             replay.record(key, cfg, launches, (plan.qh, plan.kh, plan.vh, plan.oh, plan.lse, plan.mask_view),
                           zero=(turns,) if turns is not None else (), lse=None if return_lse else plan.lse)
         return plan.out, plan.lse
-    plan = _forward(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v, out_layout)
+    plan = _forward([q, k, v], layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
+                    out_layout, release=False)
     return plan.out, plan.lse
+
+
+def attention_forward_taking(inputs: list, layout: str, is_causal: bool, sm_scale: Optional[float], attn_mask,
+                             cfg: KernelConfig, smooth_k: bool, smooth_v: bool, out_layout: Optional[str] = None):
+    """``attention_forward`` for a caller that hands over its only references to q, k, v in ``inputs``
+    (emptied here): each float input is dropped once quantized and the output is allocated after
+    that, so the call's peak holds at most one quantized copy beside the floats (ComfyUI's
+    single-owner q, k, v containers). Not replayed: a recording would keep what this call frees.
+    Returns the output only."""
+    return _forward(inputs, layout, is_causal, sm_scale, attn_mask, False, cfg, smooth_k, smooth_v, out_layout,
+                    release=True).out
 
 
 def _replay_call(rec, q, k, v, layout: str, out_layout: str, attn_mask, return_lse: bool):
@@ -336,13 +350,18 @@ def _replay_call(rec, q, k, v, layout: str, out_layout: str, attn_mask, return_l
     return out, lse
 
 
-def _forward(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
-             out_layout) -> _CallPlan:
-    """The call's host work and launches; its plan holds the output."""
-    plan = _plan_call(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, out_layout)
+def _forward(inputs: list, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v, out_layout,
+             release: bool) -> _CallPlan:
+    """The call's host work and launches; its plan holds the output. ``release``: ``inputs`` holds the
+    only references to q, k, v (``attention_forward_taking``)."""
+    plan = _plan_call(*inputs, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, out_layout,
+                      defer_out=release)
+    inputs.clear()
     if plan.dims[3] == 0:
+        _allocate_out(plan)
         return plan
-    qz = _quantize(plan, cfg, smooth_k, smooth_v, return_lse)
+    qz = _quantize(plan, cfg, smooth_k, smooth_v, return_lse, release)
+    _allocate_out(plan)
     if plan.shared_kv is not None:
         B, H, H_KV, LQ, LK, D = plan.dims
         if _run_shared_kv(qz.q8, qz.qs, qz.k8, qz.ks, qz.v_op, qz.v_scale, qz.v_mean, qz.v_tile_bias, plan.oh,
@@ -365,7 +384,7 @@ def uses_long_sequence_kernel(cfg: KernelConfig, q_len: int, head_dim: int, mask
 
 
 def _plan_call(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg: KernelConfig,
-               out_layout) -> _CallPlan:
+               out_layout, defer_out: bool = False) -> _CallPlan:
     """Check the inputs, allocate the outputs and choose the attention kernel."""
     _check_inputs(q, k, v, layout, attn_mask, is_causal)
     out_layout = out_layout or layout
@@ -387,8 +406,10 @@ def _plan_call(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg:
         raise ValueError("key/value sequence is empty")
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
 
-    out = torch.empty(_out_shape(B, H, LQ, D, out_layout), dtype=q.dtype, device=q.device)
-    oh = _as_bhld(out, out_layout)  # the kernels write through strides: either layout costs the same
+    out = oh = None
+    if not defer_out:
+        out = torch.empty(_out_shape(B, H, LQ, D, out_layout), dtype=q.dtype, device=q.device)
+        oh = _as_bhld(out, out_layout)  # the kernels write through strides: either layout costs the same
     lse = torch.empty((B, H, LQ) if return_lse else (0,), dtype=torch.float32, device=q.device)
     # The Gluon kernel's workspace is allocated here, before the quantization launches, so that no fill
     # runs between them and the kernel (with ``pdl`` each launch may start as the one before it ends).
@@ -396,11 +417,23 @@ def _plan_call(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg:
     if LQ and uses_long_sequence_kernel(cfg, LQ, D, attn_mask is not None, is_causal, return_lse):
         shared_kv = _shared_kv_plan(B * H, LQ, LK, q.device)
     return _CallPlan(qh, kh, vh, out, oh, lse, (B, H, H_KV, LQ, LK, D), head_dim_padded(D), sm_scale,
-                     cfg.group_sizes()[1] == cfg.block_n, cfg.pdl and not interpreter_enabled(), shared_kv)
+                     cfg.group_sizes()[1] == cfg.block_n, cfg.pdl and not interpreter_enabled(), shared_kv,
+                     out_layout, q.dtype)
 
 
-def _quantize(plan: _CallPlan, cfg: KernelConfig, smooth_k: bool, smooth_v: bool, return_lse: bool) -> _Quantized:
-    """K/V statistics, then INT8 Q (which finalizes the statistics), INT8 K and the converted V."""
+def _allocate_out(plan: _CallPlan) -> None:
+    """The output buffer, where ``_plan_call`` deferred it (no fill: nothing is launched)."""
+    if plan.out is None:
+        B, H, _, LQ, _, D = plan.dims
+        plan.out = torch.empty(_out_shape(B, H, LQ, D, plan.out_layout), dtype=plan.dtype, device=plan.lse.device)
+        plan.oh = _as_bhld(plan.out, plan.out_layout)
+
+
+def _quantize(plan: _CallPlan, cfg: KernelConfig, smooth_k: bool, smooth_v: bool, return_lse: bool,
+              release: bool = False) -> _Quantized:
+    """K/V statistics, then INT8 Q (which finalizes the statistics), INT8 K and the converted V.
+    ``release``: the plan holds the only references to the float inputs; each is dropped once its
+    launch is queued (the allocator reuses the block only for work queued after it)."""
     qh, kh, vh, d_pad, pdl = plan.qh, plan.kh, plan.vh, plan.d_pad, plan.pdl
     B, H, H_KV, LQ, LK, D = plan.dims
     q_group, k_group = cfg.group_sizes()
@@ -428,9 +461,15 @@ def _quantize(plan: _CallPlan, cfg: KernelConfig, smooth_k: bool, smooth_v: bool
         # after that launch, and with ``pdl`` those launches store nothing before it has ended.
         stats = (final, 0, LK, k_tokens, final)
         del parts
+    if release:
+        qh = plan.qh = None
     k8, ks = _quantize_qk(kh, k_group, cfg.block_n, d_pad, 1.0, quant.MEAN_SUBTRACT if smooth_k else quant.MEAN_NONE,
                           stats, per_block=plan.k_scalar, pdl=pdl, rotate=rotate)
+    if release:
+        kh = plan.kh = None
     v_op, v_strides, v_scale, v_mean, pv_mode, p_scale, tile_bias = _prepare_v(vh, cfg, smooth_v, d_pad, final, pdl)
+    if release and v_op is not vh:  # a converted copy: the kernel never reads the float V
+        vh = plan.vh = None
     return _Quantized(q8, qs, qbias, k8, ks, v_op, v_strides, v_scale, v_mean, pv_mode, p_scale, tile_bias)
 
 

@@ -225,6 +225,8 @@ class PatchState:
         self.last_plan: Optional[KernelPlan] = None  # of the last call that reached the plan (run summary)
         self._step_cache: Optional[tuple[tuple, bool]] = None
         self._calls = CallCache()  # decisions by call signature: a repeated call skips binding and checks
+        self.kernel_runner: Optional[Callable] = None  # Sage Settings' backend choice; None: our kernel (sageattn)
+        self.composition: dict = {}  # which backend this patch replaced and which serves fallbacks (run summary)
 
     @property
     def run(self) -> Optional[RunTally]:
@@ -280,7 +282,8 @@ class PatchState:
         out_layout = "HND" if call.skip_output_reshape else "NHD"
         # The plan's config as resolved here (downgrades, self-test results, arch override): the kernel
         # library must not resolve a second one from the device.
-        out = sageattn(q, k, v, tensor_layout=layout, is_causal=False, sm_scale=call.extra.get("scale"),
+        run = self.kernel_runner or sageattn
+        out = run(q, k, v, tensor_layout=layout, is_causal=False, sm_scale=call.extra.get("scale"),
                        attn_mask=mask, smooth_k=self.settings.smooth_k, smooth_v=self.settings.smooth_v,
                        out_layout=out_layout, config=plan.config)
         return comfy_output(out, out_layout, call)
@@ -400,6 +403,9 @@ def make_attention_override(state: PatchState) -> Callable:
         return state.dispatch(func, args, kwargs)
 
     sagetriton_attention_override.sagetriton_state = state  # lets a second patch node replace, not stack
+    from .containers import dispatch_containers  # current ComfyUI hands q, k, v over in containers
+
+    sagetriton_attention_override.container_function = lambda *args, **kwargs: dispatch_containers(state, args, kwargs)
     return sagetriton_attention_override
 
 
