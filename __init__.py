@@ -18,7 +18,27 @@ def _comfyui_present() -> bool:
 
 
 if _comfyui_present():
-    from .nodes.registry import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS  # noqa: F811
+    from .nodes.registry import NODE_CLASS_MAPPINGS as _CLASSIC_NODES
+    from .nodes.registry import NODE_DISPLAY_NAME_MAPPINGS  # noqa: F811
+    from .nodes.v3_nodes import make_extension, node_mappings, v3_node_classes
+
+    # V3 node classes (comfy_api.latest) where this ComfyUI has that API, the classic ones elsewhere; both
+    # present the same definitions. ComfyUI reads NODE_CLASS_MAPPINGS first; comfy_entrypoint is for
+    # loaders that ask for the V3 extension.
+    NODE_CLASS_MAPPINGS = node_mappings(_CLASSIC_NODES, NODE_DISPLAY_NAME_MAPPINGS)
+
+    def comfy_entrypoint():
+        """ComfyUI's V3 entry point: the nodes as a ComfyExtension."""
+        return make_extension(list(v3_node_classes(_CLASSIC_NODES, NODE_DISPLAY_NAME_MAPPINGS).values()))
+
+    try:  # core's attention registry (ComfyUI 0.3.60+): "sagetriton" by name; never stops the nodes loading
+        from .nodes.core_backends import register_with_core
+
+        register_with_core()
+    except Exception as _e:  # noqa: BLE001
+        import logging
+
+        logging.getLogger("SageTriton").warning("[SageTriton] not registered as a ComfyUI attention backend: %s", _e)
 
     try:  # the status page and the one-time background self-test must never stop the nodes from loading
         from .nodes.status_route import attach_to_server

@@ -19,7 +19,7 @@ import sys
 import torch
 import torch.nn.functional as F
 import triton.testing
-from common import RESULTS, cosine, environment, import_pack, kitchen_attention, rel_l1, write_json
+from common import RESULTS, cosine, environment, find_comfyui, import_pack, kitchen_attention, rel_l1, write_json
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import_pack()
@@ -124,7 +124,46 @@ def measured_crossovers(arch):
     return {d: crossover_seq_len(cross, d) for d in (64, 128)}, cross
 
 
-def bench_shape(shape, dtype, arch, all_variants=True, crossovers=None):
+def comfy_attention():
+    """ComfyUI's ``attention_pytorch`` (wrapped by ``wrap_attn``), or None (printed why) without ComfyUI."""
+    path = find_comfyui()
+    if path is None:
+        print("ComfyUI not found (COMFYUI_PATH): the dispatch row shows the routed method's timing instead")
+        return None
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+    try:
+        import comfy.ldm.modules.attention as attention
+    except Exception as e:  # noqa: BLE001 - a ComfyUI that does not import here
+        print(f"ComfyUI does not import ({type(e).__name__}: {e}): dispatch row from the routed method")
+        return None
+    return attention.attention_pytorch
+
+
+def override_methods(attention, crossovers):
+    """(label, fn, None) rows: ComfyUI's attention unpatched, and the same call through the Patch node's
+    override (``optimized_attention_override(func, q, k, v, heads, ...)`` from ``wrap_attn``) with the
+    default settings and the crossovers measured here, i.e. what a patched model gets; and its state."""
+    from sagetriton.nodes.dispatch import PatchState, make_attention_override
+    from sagetriton.nodes.install_report import NoReport
+
+    class Measured(NoReport):  # the crossovers measured by this run, as install.py's report would give them
+        def crossover(self, arch, cfg, head_dim=128):
+            return (crossovers or {}).get(head_dim)
+
+    state = PatchState(report=Measured())
+    state.begin_run()
+    opts = {"optimized_attention_override": make_attention_override(state)}
+
+    def call(q, k, v, transformer_options):  # Flux's form: (B, H, L, D) in; (B, H, L, D) out as SDPA's row
+        return attention(q, k, v, q.shape[1], skip_reshape=True, skip_output_reshape=True,
+                         transformer_options=transformer_options)
+
+    return [("comfy sdpa", lambda q, k, v: call(q, k, v, {}), None),
+            ("dispatch", lambda q, k, v: call(q, k, v, opts), None)], state
+
+
+def bench_shape(shape, dtype, arch, all_variants=True, crossovers=None, attention=None, others=True):
     B, H, L, D = shape
     sets = make_sets(shape, dtype)
     rows = []
@@ -132,15 +171,20 @@ def bench_shape(shape, dtype, arch, all_variants=True, crossovers=None):
     if not all_variants:
         krows = krows[:1]
     methods = [("sdpa default", lambda q, k, v: F.scaled_dot_product_attention(q, k, v), None)]
-    methods += [(f"sdpa {b.name.lower()}", sdpa_with([b]), None) for b in
-                (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION)]
+    if others:
+        methods += [(f"sdpa {b.name.lower()}", sdpa_with([b]), None) for b in
+                    (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION)]
     methods += krows
-    ref = reference_sage()
+    ref = reference_sage() if others else None
     if ref is not None:
         methods.append(ref)
-    ck = kitchen_attention()  # ComfyUI's built-in INT8 attention, where importable
+    ck = kitchen_attention() if others else None  # ComfyUI's built-in INT8 attention, where importable
     if ck is not None:
         methods.append((*ck, None))
+    state = None
+    if attention is not None:
+        extra, state = override_methods(attention, crossovers)
+        methods += extra
     for label, fn, cfg in methods:
         try:
             cos, l1 = accuracy(fn, *sets[0])  # first: builds the kernels outside the timing
@@ -157,12 +201,16 @@ def bench_shape(shape, dtype, arch, all_variants=True, crossovers=None):
     sage = next(r for r in rows if r["method"] == "sage default")
     measured = (crossovers or {}).get(D)
     crossover = measured if measured is not None else base.min_seq_len
-    use_kernel = L >= crossover
-    pick = sage if use_kernel else sdpa
-    rows.append(dict(method="dispatch", **{k: pick[k] for k in ("ms", "tops", "cosine", "rel_l1", "peak_mib")},
-                     **({"copies_mib": pick["copies_mib"]} if use_kernel else {}),
-                     routed_to="kernel" if use_kernel else "sdpa", crossover=crossover,
-                     crossover_source="measured here" if measured is not None else "table default"))
+    source = dict(crossover=crossover, crossover_source="measured here" if measured is not None else "table default")
+    dispatch = next((r for r in rows if r["method"] == "dispatch"), None)
+    if dispatch is not None:  # timed through the override: its routing and host time included
+        dispatch.update(routed_to="kernel" if state.run.kernel else "sdpa", **source)
+    else:
+        use_kernel = L >= crossover
+        pick = sage if use_kernel else sdpa
+        rows.append(dict(method="dispatch", **{k: pick[k] for k in ("ms", "tops", "cosine", "rel_l1", "peak_mib")},
+                         **({"copies_mib": pick["copies_mib"]} if use_kernel else {}),
+                         routed_to="kernel" if use_kernel else "sdpa", **source))
     ref_row = next((r for r in rows if ref is not None and r["method"] == ref[0] and "ms" in r), None)
     for r in rows:
         r.update(shape=list(shape), dtype=str(dtype).replace("torch.", ""))
@@ -252,6 +300,10 @@ def main(argv=None):
     ap.add_argument("--dtypes", default="bfloat16,float16")
     ap.add_argument("--table-crossover", action="store_true",
                     help="dispatch row from the per-arch table's crossover instead of measuring it here")
+    ap.add_argument("--no-override", action="store_true",
+                    help="dispatch row from the routed method's timing, not through the Patch node's override")
+    ap.add_argument("--shapes", default=None, help="only these shapes, e.g. 2x24x1024x128,2x20x1024x64")
+    ap.add_argument("--dispatch-only", action="store_true", help="SDPA, the default kernel and the override only")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -268,11 +320,15 @@ def main(argv=None):
         payload["profile"] = profile_stages(arch, torch.bfloat16)
     if args.sweep:
         payload["sweep"] = sweep(arch, [(1, 24, 16384, 128), (1, 24, 16384, 64), (2, 24, 4096, 128)], torch.bfloat16)
+    attention = None if args.no_override else comfy_attention()
     for dt in filter(None, args.dtypes.split(",")):
         dtype = getattr(torch, dt)
-        for shape in (QUICK if args.quick else SHAPES):
-            rows, base = bench_shape(shape, dtype, arch, all_variants=not args.quick and dt == "bfloat16",
-                                     crossovers=crossovers)
+        shapes = ([tuple(map(int, x.split("x"))) for x in args.shapes.split(",")] if args.shapes
+                  else QUICK if args.quick else SHAPES)
+        for shape in shapes:
+            rows, base = bench_shape(shape, dtype, arch, all_variants=not (args.quick or args.dispatch_only)
+                                     and dt == "bfloat16",
+                                     crossovers=crossovers, attention=attention, others=not args.dispatch_only)
             print_table(rows)
             payload["rows"] += rows
             payload.setdefault("configs", {})[str(shape[3])] = base.as_dict()

@@ -7,7 +7,9 @@ For each model: one full forward of the cond+uncond batch (as the sampler sends 
 the kernel forced on every call (min_seq_len=0) to show where the crossover matters, without the
 Q/K rotation, with INT8 P·V, with the ``fp8+residual`` P·V precision (at its own crossover), and, when the
 ``sageattention`` package is importable, with ComfyUI's own ``attention_sage`` (the reference
-library) on every call, as ``--use-sage-attention`` would run it. Medians of
+library) on every call, as ``--use-sage-attention`` would run it, and Sage Settings' ``backend`` choice for
+each other backend installed here (SageAttention, comfy-kitchen, SDPA): the calls our kernel would take
+run on that backend instead, side by side. Medians of
 several runs after warm-up, peak GPU memory, fallback share by reason, cosine of the patched
 output to the unpatched one, and the same after 4 sampling steps through ``comfy.sample.sample``.
 """
@@ -38,6 +40,7 @@ import comfy.model_management  # noqa: E402
 import comfy.model_patcher  # noqa: E402
 import comfy.sample  # noqa: E402
 import comfy.supported_models  # noqa: E402
+from sagetriton.nodes.alt_backends import available_backends  # noqa: E402
 from sagetriton.nodes.patching import patch_model  # noqa: E402
 from sagetriton.nodes.settings import SageSettings  # noqa: E402
 from sagetriton.nodes.stats import attention_stats  # noqa: E402
@@ -233,6 +236,9 @@ def bench_model(name: str, runs: int, profile_host: bool = False, controls: bool
     reference = with_reference_sage(base)
     if reference is not None:
         variants["reference sageattention"] = reference
+    for backend in available_backends():  # Sage Settings' backend choice: the same routing, another attention
+        if backend != "SageTriton":
+            variants[f"backend {backend}"] = patch_model(base, SageSettings(backend=backend))
     x, sigma, kwargs = forward_inputs(base, name)
     if profile_host:
         for label in ("unpatched", "patched (defaults)"):

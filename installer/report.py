@@ -288,11 +288,19 @@ def load_report(key: dict) -> Optional[dict]:
 
 _cache_lock = threading.Lock()
 _cached: dict = {}  # arch -> (report, problem)
+_generation = 0  # bumped whenever the cache is dropped: lets callers keep decisions made from a report
 
 
 def invalidate_cache() -> None:
+    global _generation
     with _cache_lock:
         _cached.clear()
+        _generation += 1
+
+
+def generation() -> int:
+    """Changes whenever a report may have changed (saved, or the cache dropped)."""
+    return _generation
 
 
 def _current(arch: Optional[ArchInfo]) -> tuple[Optional[dict], Optional[str]]:

@@ -12,7 +12,8 @@ def __getattr__(name):
     if name in _LAZY:
         from . import api
 
-        return getattr(api, name)
+        value = globals()[name] = getattr(api, name)  # later lookups skip this hook (~10 µs a call)
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import triton
 
 from . import attention as attn
-from . import footprint, hopper_gluon, quant, tail_split
+from . import footprint, hopper_gluon, quant, replay, tail_split
 from .arch import FP8_MAX, KernelConfig, arch_for_device, interpreter_enabled, resolve_config
 from .footprint import head_dim_padded
 from .log import logger
@@ -30,6 +29,11 @@ INT8_MAX = 127.0  # V's range with INT8 P·V
 INT8_P_MAX = 255.0  # P's largest weight with INT8 P·V (fed to the MMA as P - 128: ``quant.P_OFFSET``)
 _warned: set = set()
 GRID_Y_LIMIT = 65535  # CUDA's largest grid y (and z); B·H programs go there
+
+
+def _cdiv(a: int, b: int) -> int:
+    # triton.cdiv is a constexpr function in Triton >= 3.7: ~10 µs of unwrapping per host call.
+    return -(-a // b)
 
 
 def _warn_once(msg: str) -> None:
@@ -56,7 +60,9 @@ def _launch(kernel, grid, args: tuple, constexprs: dict, num_warps: int, num_sta
         _launch_hook(kernel, grid, args, dict(constexprs), {"num_warps": num_warps, "num_stages": num_stages,
                                                             **options})
         return
-    kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages, **options)
+    kwargs = {**constexprs, "num_warps": num_warps, "num_stages": num_stages, **options}
+    kernel[grid](*args, **kwargs)
+    replay.note_launch(kernel, grid, args, kwargs)
 
 
 def _check_inputs(q, k, v, layout: str, attn_mask, is_causal: bool) -> None:
@@ -127,9 +133,9 @@ def _kv_stats(k, v, k_sum: bool, v_stats: int, d_pad: int, pdl: bool = False):
         return None, 0, 0
     B, H, L, D = k.shape
     block = quant.stats_block(d_pad)
-    tiles = triton.cdiv(L, block)
-    per_part = triton.cdiv(tiles, quant.STATS_PARTS)
-    n_parts = triton.cdiv(tiles, per_part)  # every chunk holds at least one real token
+    tiles = _cdiv(L, block)
+    per_part = _cdiv(tiles, quant.STATS_PARTS)
+    n_parts = _cdiv(tiles, per_part)  # every chunk holds at least one real token
     k_stride, k_tokens = quant.k_mean_sample(L, d_pad)
     parts = torch.empty((4, B * H, n_parts, d_pad), dtype=torch.float32, device=k.device)
     _launch(quant.kv_stats_kernel, (n_parts, B * H), (
@@ -143,7 +149,7 @@ _signs: dict = {}
 
 def _rotation_signs(d_pad: int, block: int, device) -> torch.Tensor:
     """``reference.hadamard_block`` times sqrt(block) as fp16 (±1 and 0), made once per device and size."""
-    key = (d_pad, block, str(device))
+    key = (d_pad, block, device)  # torch.device hashes fast; str(device) cost ~20 µs a call
     if key not in _signs:
         from .reference import hadamard_block
 
@@ -166,11 +172,11 @@ def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, 
     """
     B, H, L, D = x.shape
     out = torch.empty((B * H, L, d_pad), dtype=torch.int8, device=x.device)
-    scale = torch.empty((B * H, triton.cdiv(L, block) if per_block else L), dtype=torch.float32, device=x.device)
+    scale = torch.empty((B * H, _cdiv(L, block) if per_block else L), dtype=torch.float32, device=x.device)
     parts, n_parts, l_kv, k_tokens, final = stats if stats is not None else (scale, 0, 0, 0, scale)
     slots = (parts[0].numel(), final[0].numel()) if stats is not None else (0, 0)
     k_sum, v_stats, v_range, v_pow2 = finalize or (False, quant.V_NONE, 1.0, False)
-    grid = (triton.cdiv(L, block), B * H)
+    grid = (_cdiv(L, block), B * H)
     _launch(quant.quantize_int8_kernel, grid, (
         x, *x.stride(), parts, slots[0], final, slots[1],
         out, scale, bias if bias is not None else scale, _rotation_signs(d_pad, rotate, x.device) if rotate else scale,
@@ -223,7 +229,7 @@ def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int, final, pdl: boo
             out_dtype, mode, p_scale = torch.int8, attn.PV_INT8, INT8_P_MAX
         # Stored (D_PAD, L) per head: 8-bit MMAs want P·V's B operand K-major (tokens contiguous).
         # Rows padded to whole operand-order chunks (16 bytes at least, as tensor descriptors need).
-        l_pad = triton.cdiv(L, quant.KEY_PERM_CHUNK) * quant.KEY_PERM_CHUNK
+        l_pad = _cdiv(L, quant.KEY_PERM_CHUNK) * quant.KEY_PERM_CHUNK
         rows = 2 * d_pad if cfg.v_residual else d_pad  # the residual's channel rows follow V's
         out = torch.empty((B * H, rows, l_pad), dtype=out_dtype, device=v.device)
         stride_l, stride_d = 1, l_pad
@@ -235,9 +241,9 @@ def _prepare_v(v, cfg: KernelConfig, smooth_v: bool, d_pad: int, final, pdl: boo
     scale, mean = final[1], final[2]
     # INT8: one program per key tile of the attention kernel, which writes that tile's column sums.
     block = cfg.block_n if int8 else 64
-    tile_bias = (torch.empty((B * H, triton.cdiv(L, block), d_pad), dtype=torch.int32, device=v.device)
+    tile_bias = (torch.empty((B * H, _cdiv(L, block), d_pad), dtype=torch.int32, device=v.device)
                  if int8 else None)
-    _launch(quant.convert_v_kernel, (triton.cdiv(L, block), B * H), (
+    _launch(quant.convert_v_kernel, (_cdiv(L, block), B * H), (
         v, *v.stride(), scale, mean, out, out.stride(0), stride_l, stride_d,
         tile_bias if int8 else out, H, L, l_pad, D,
     ), dict(BLOCK=block, D_PAD=d_pad, HAS_MEAN=smooth_v, INTERPRETER=interpreter_enabled(), KEY_PERM=fp8 or int8,
@@ -268,6 +274,9 @@ class _CallPlan:
     k_scalar: bool  # one K scale per key tile
     pdl: bool
     shared_kv: Optional[tuple]  # the Gluon kernel's launch plan (``_shared_kv_plan``), None: the portable kernel
+    out_layout: str = "HND"
+    dtype: torch.dtype = torch.float16
+    mask_view: Optional[torch.Tensor] = None  # the mask as the attention launch got it (``replay`` slot)
 
 
 @dataclass
@@ -292,19 +301,75 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
                       return_lse: bool, cfg: KernelConfig, smooth_k: bool, smooth_v: bool,
                       out_layout: Optional[str] = None):
     """Run the kernels for an already-resolved config. Returns (out in ``out_layout``, default
-    ``layout``; lse or empty)."""
-    plan = _plan_call(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, out_layout)
-    if plan.dims[3] == 0:
+    ``layout``; lse or empty). A call with the shapes and options of a recent one replays its launches
+    (``replay``): no host work but the output's allocation and the launches."""
+    key = None
+    if _launch_hook is None:
+        key = replay.call_key(q, k, v, attn_mask, cfg, (layout, out_layout, is_causal, sm_scale, return_lse, smooth_k,
+                                                        smooth_v))
+    if key is not None:
+        rec = replay.lookup(key, cfg)
+        if rec is not None:
+            return _replay_call(rec, q, k, v, layout, out_layout or layout, attn_mask, return_lse)
+        gluon_error = _shared_kv_error
+        replay.start()
+        try:
+            plan = _forward([q, k, v], layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
+                            out_layout, release=False)
+        finally:
+            launches = replay.stop()
+        if _shared_kv_error is gluon_error:  # not when the Gluon kernel failed and the portable one took over
+            turns = plan.shared_kv[3] if plan.shared_kv is not None else None
+            replay.record(key, cfg, launches, (plan.qh, plan.kh, plan.vh, plan.oh, plan.lse, plan.mask_view),
+                          zero=(turns,) if turns is not None else (), lse=None if return_lse else plan.lse)
         return plan.out, plan.lse
-    qz = _quantize(plan, cfg, smooth_k, smooth_v, return_lse)
+    plan = _forward([q, k, v], layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
+                    out_layout, release=False)
+    return plan.out, plan.lse
+
+
+def attention_forward_taking(inputs: list, layout: str, is_causal: bool, sm_scale: Optional[float], attn_mask,
+                             cfg: KernelConfig, smooth_k: bool, smooth_v: bool, out_layout: Optional[str] = None):
+    """``attention_forward`` for a caller that hands over its only references to q, k, v in ``inputs``
+    (emptied here): each float input is dropped once quantized and the output is allocated after
+    that, so the call's peak holds at most one quantized copy beside the floats (ComfyUI's
+    single-owner q, k, v containers). Not replayed: a recording would keep what this call frees.
+    Returns the output only."""
+    return _forward(inputs, layout, is_causal, sm_scale, attn_mask, False, cfg, smooth_k, smooth_v, out_layout,
+                    release=True).out
+
+
+def _replay_call(rec, q, k, v, layout: str, out_layout: str, attn_mask, return_lse: bool):
+    """A recorded call's launches on these inputs and a new output (``replay``)."""
+    qh, kh, vh = _as_bhld(q, layout), _as_bhld(k, layout), _as_bhld(v, layout)
+    B, H, LQ, D = qh.shape
+    out = torch.empty(_out_shape(B, H, LQ, D, out_layout), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, LQ), dtype=torch.float32, device=q.device) if return_lse else rec.lse
+    mask = attn_mask.expand(B, H, LQ, kh.shape[2]) if attn_mask is not None else None
+    rec.replay((qh, kh, vh, _as_bhld(out, out_layout), lse, mask))
+    return out, lse
+
+
+def _forward(inputs: list, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v, out_layout,
+             release: bool) -> _CallPlan:
+    """The call's host work and launches; its plan holds the output. ``release``: ``inputs`` holds the
+    only references to q, k, v (``attention_forward_taking``)."""
+    plan = _plan_call(*inputs, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, out_layout,
+                      defer_out=release)
+    inputs.clear()
+    if plan.dims[3] == 0:
+        _allocate_out(plan)
+        return plan
+    qz = _quantize(plan, cfg, smooth_k, smooth_v, return_lse, release)
+    _allocate_out(plan)
     if plan.shared_kv is not None:
         B, H, H_KV, LQ, LK, D = plan.dims
         if _run_shared_kv(qz.q8, qz.qs, qz.k8, qz.ks, qz.v_op, qz.v_scale, qz.v_mean, qz.v_tile_bias, plan.oh,
                           (H, H_KV, LQ, LK, D),
                           math.log2(qz.p_scale), cfg.v_residual, plan.shared_kv, plan.pdl):
-            return plan.out, plan.lse
+            return plan
     _launch_attention(plan, qz, cfg, is_causal, attn_mask, return_lse)
-    return plan.out, plan.lse
+    return plan
 
 
 def uses_long_sequence_kernel(cfg: KernelConfig, q_len: int, head_dim: int, masked: bool, is_causal: bool,
@@ -319,7 +384,7 @@ def uses_long_sequence_kernel(cfg: KernelConfig, q_len: int, head_dim: int, mask
 
 
 def _plan_call(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg: KernelConfig,
-               out_layout) -> _CallPlan:
+               out_layout, defer_out: bool = False) -> _CallPlan:
     """Check the inputs, allocate the outputs and choose the attention kernel."""
     _check_inputs(q, k, v, layout, attn_mask, is_causal)
     out_layout = out_layout or layout
@@ -341,8 +406,10 @@ def _plan_call(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg:
         raise ValueError("key/value sequence is empty")
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
 
-    out = torch.empty(_out_shape(B, H, LQ, D, out_layout), dtype=q.dtype, device=q.device)
-    oh = _as_bhld(out, out_layout)  # the kernels write through strides: either layout costs the same
+    out = oh = None
+    if not defer_out:
+        out = torch.empty(_out_shape(B, H, LQ, D, out_layout), dtype=q.dtype, device=q.device)
+        oh = _as_bhld(out, out_layout)  # the kernels write through strides: either layout costs the same
     lse = torch.empty((B, H, LQ) if return_lse else (0,), dtype=torch.float32, device=q.device)
     # The Gluon kernel's workspace is allocated here, before the quantization launches, so that no fill
     # runs between them and the kernel (with ``pdl`` each launch may start as the one before it ends).
@@ -350,11 +417,23 @@ def _plan_call(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg:
     if LQ and uses_long_sequence_kernel(cfg, LQ, D, attn_mask is not None, is_causal, return_lse):
         shared_kv = _shared_kv_plan(B * H, LQ, LK, q.device)
     return _CallPlan(qh, kh, vh, out, oh, lse, (B, H, H_KV, LQ, LK, D), head_dim_padded(D), sm_scale,
-                     cfg.group_sizes()[1] == cfg.block_n, cfg.pdl and not interpreter_enabled(), shared_kv)
+                     cfg.group_sizes()[1] == cfg.block_n, cfg.pdl and not interpreter_enabled(), shared_kv,
+                     out_layout, q.dtype)
 
 
-def _quantize(plan: _CallPlan, cfg: KernelConfig, smooth_k: bool, smooth_v: bool, return_lse: bool) -> _Quantized:
-    """K/V statistics, then INT8 Q (which finalizes the statistics), INT8 K and the converted V."""
+def _allocate_out(plan: _CallPlan) -> None:
+    """The output buffer, where ``_plan_call`` deferred it (no fill: nothing is launched)."""
+    if plan.out is None:
+        B, H, _, LQ, _, D = plan.dims
+        plan.out = torch.empty(_out_shape(B, H, LQ, D, plan.out_layout), dtype=plan.dtype, device=plan.lse.device)
+        plan.oh = _as_bhld(plan.out, plan.out_layout)
+
+
+def _quantize(plan: _CallPlan, cfg: KernelConfig, smooth_k: bool, smooth_v: bool, return_lse: bool,
+              release: bool = False) -> _Quantized:
+    """K/V statistics, then INT8 Q (which finalizes the statistics), INT8 K and the converted V.
+    ``release``: the plan holds the only references to the float inputs; each is dropped once its
+    launch is queued (the allocator reuses the block only for work queued after it)."""
     qh, kh, vh, d_pad, pdl = plan.qh, plan.kh, plan.vh, plan.d_pad, plan.pdl
     B, H, H_KV, LQ, LK, D = plan.dims
     q_group, k_group = cfg.group_sizes()
@@ -382,9 +461,15 @@ def _quantize(plan: _CallPlan, cfg: KernelConfig, smooth_k: bool, smooth_v: bool
         # after that launch, and with ``pdl`` those launches store nothing before it has ended.
         stats = (final, 0, LK, k_tokens, final)
         del parts
+    if release:
+        qh = plan.qh = None
     k8, ks = _quantize_qk(kh, k_group, cfg.block_n, d_pad, 1.0, quant.MEAN_SUBTRACT if smooth_k else quant.MEAN_NONE,
                           stats, per_block=plan.k_scalar, pdl=pdl, rotate=rotate)
+    if release:
+        kh = plan.kh = None
     v_op, v_strides, v_scale, v_mean, pv_mode, p_scale, tile_bias = _prepare_v(vh, cfg, smooth_v, d_pad, final, pdl)
+    if release and v_op is not vh:  # a converted copy: the kernel never reads the float V
+        vh = plan.vh = None
     return _Quantized(q8, qs, qbias, k8, ks, v_op, v_strides, v_scale, v_mean, pv_mode, p_scale, tile_bias)
 
 
@@ -404,10 +489,11 @@ def _launch_attention(plan: _CallPlan, qz: _Quantized, cfg: KernelConfig, is_cau
             v_desc = TensorDescriptor(qz.v_op, list(qz.v_op.shape), list(qz.v_op.stride()), block)
 
     mask, mask_kind = _prepare_mask(attn_mask, B, H, LQ, LK)
+    plan.mask_view = mask
     dummy = qz.qs
     mask_arg = mask if mask is not None else dummy
     mask_strides = mask.stride() if mask is not None else (0, 0, 0, 0)
-    grid = (triton.cdiv(LQ, cfg.block_m), B * H)
+    grid = (_cdiv(LQ, cfg.block_m), B * H)
     _launch(attn.attention_kernel, grid, (
         qz.q8, qz.qs, qz.k8, qz.ks, qz.v_op,
         qz.v_scale if qz.v_scale is not None else dummy, qz.v_mean if qz.v_mean is not None else dummy,

@@ -16,7 +16,9 @@ import torch
 
 from ..kernels.arch import ArchInfo, arch_for_device, interpreter_enabled
 from ..kernels.log import logger
+from . import call_cache
 from . import fallback as fb
+from .call_cache import BOUND, BOUND_MATH, COMFY, COMFY_MATH, KERNEL, CallCache, Decision, call_signature
 from .install_report import NoReport
 from .planner import KernelPlan, KernelPlanner
 from .schedule import is_full_precision_step
@@ -26,12 +28,13 @@ from .stats import RunLog, RunTally
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
 # kwargs ComfyUI adds that do not change what attention computes.
-PASSIVE_KWARGS = frozenset({"transformer_options", "_inside_attn_wrapper"})
+PASSIVE_KWARGS = call_cache.PASSIVE_KWARGS
 # kwargs we understand: scale -> sm_scale, enable_gqa (kernel does GQA), low_precision_attention.
 HANDLED_KWARGS = frozenset({"scale", "enable_gqa", "low_precision_attention"})
 
 # Kernel variants that failed to compile or run: disabled until ComfyUI restarts. key -> cause.
 _disabled_variants: dict[tuple, str] = {}
+VARIANT_DISABLED = "kernel failed (variant disabled until restart)"
 
 
 def _bind_backend_arguments(q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False,
@@ -221,9 +224,9 @@ class PatchState:
         self.redo_reason: Optional[str] = None  # set by the non-finite guard: every call of a redone forward
         self.last_plan: Optional[KernelPlan] = None  # of the last call that reached the plan (run summary)
         self._step_cache: Optional[tuple[tuple, bool]] = None
-        # head_dim -> (min key length, reason): calls known to go to ComfyUI's own attention by length
-        # alone skip argument binding (short self- and cross-attention is most calls in a UNet).
-        self._short_calls: dict[int, tuple[int, str]] = {}
+        self._calls = CallCache()  # decisions by call signature: a repeated call skips binding and checks
+        self.kernel_runner: Optional[Callable] = None  # Sage Settings' backend choice; None: our kernel (sageattn)
+        self.composition: dict = {}  # which backend this patch replaced and which serves fallbacks (run summary)
 
     @property
     def run(self) -> Optional[RunTally]:
@@ -254,6 +257,11 @@ class PatchState:
 
     def decide(self, call: AttentionCall) -> tuple[Optional[str], Optional[KernelPlan]]:
         """(None, plan) when the kernel takes the call, else (the reason to fall back, None)."""
+        reason, plan = self._decide(call)
+        return (None, plan) if reason is None else (reason, None)
+
+    def _decide(self, call: AttentionCall) -> tuple[Optional[str], Optional[KernelPlan]]:
+        """(fallback reason or None, the plan the call reached or None)."""
         reason = call_fallback_reason(call)
         if reason is None and self._full_precision_step(call.transformer_options):
             reason = "full-precision step"
@@ -262,13 +270,7 @@ class PatchState:
         plan = self.planner.plan(self.arch_for(call.q.device), call.head_dim)
         if plan.config is not None:
             self.last_plan = plan
-        reason = fallback_reason(call, plan)
-        if reason is not None:
-            too_short = call.k_len < plan.min_seq_len
-            if too_short and fb.resolve_fallback_kind(self.settings.fallback, plan.arch) == "comfy":
-                self._short_calls[call.head_dim] = (plan.min_seq_len, reason)
-            return reason, None
-        return None, plan
+        return fallback_reason(call, plan), plan
 
     # --- running -----------------------------------------------------------------------------------
     def run_kernel(self, call: AttentionCall, plan: KernelPlan, mask) -> torch.Tensor:
@@ -280,26 +282,33 @@ class PatchState:
         out_layout = "HND" if call.skip_output_reshape else "NHD"
         # The plan's config as resolved here (downgrades, self-test results, arch override): the kernel
         # library must not resolve a second one from the device.
-        out = sageattn(q, k, v, tensor_layout=layout, is_causal=False, sm_scale=call.extra.get("scale"),
+        run = self.kernel_runner or sageattn
+        out = run(q, k, v, tensor_layout=layout, is_causal=False, sm_scale=call.extra.get("scale"),
                        attn_mask=mask, smooth_k=self.settings.smooth_k, smooth_v=self.settings.smooth_v,
                        out_layout=out_layout, config=plan.config)
         return comfy_output(out, out_layout, call)
 
-    def run_fallback(self, func: Callable, args: tuple, kwargs: dict, call: Optional[AttentionCall]) -> torch.Tensor:
-        first = call.q if call is not None else (args[0] if args else None)
-        arch = self.arch_for(first.device) if isinstance(first, torch.Tensor) else self.arch_override
+    def _fallback_route(self, arch: Optional[ArchInfo]) -> int:
+        """Where a call the kernel does not take goes on ``arch`` (``call_cache`` routes)."""
         kind = fb.resolve_fallback_kind(self.settings.fallback, arch,
                                         self.report.sdpa_default_safe(arch) if fb.is_rdna4(arch) else None)
-        if call is None or kind == "comfy":
-            return self._call_comfy_side(func, args, kwargs, math_only=kind == "math")
+        if kind == "comfy":
+            return COMFY
         if kind == "math" and self.previous_override is not None and self.settings.fallback == "auto":
-            # RDNA4 with an earlier override: it stays our fallback, but never reaches SDPA's flash path.
-            return self._call_comfy_side(func, args, kwargs, math_only=True)
+            return COMFY_MATH  # RDNA4 with an earlier override: it stays our fallback, never on SDPA's flash path
+        return BOUND_MATH if kind == "math" else BOUND
+
+    def run_fallback(self, func: Callable, args: tuple, kwargs: dict, call: Optional[AttentionCall]) -> torch.Tensor:
+        first = call.q if call is not None else (args[0] if args else None)
+        route = self._fallback_route(self.arch_for(first.device) if isinstance(first, torch.Tensor)
+                                     else self.arch_override)
+        if call is None or route in (COMFY, COMFY_MATH):
+            return self._call_comfy_side(func, args, kwargs, math_only=route in (COMFY_MATH, BOUND_MATH))
         mask, _ = normalize_mask(call)
         q, k, v = hnd_inputs(call)
         upcast = call.attn_precision == torch.float32
         scale = call.extra.get("scale")
-        if kind == "math":
+        if route == BOUND_MATH:
             out = fb.math_sdpa_chunked(q, k, v, mask, scale, upcast, self.score_budget_bytes)
         else:
             out = fb.sdpa_attention(q, k, v, mask, scale, upcast)
@@ -314,57 +323,77 @@ class PatchState:
         previous = self.previous_override
         return func(*args, **kwargs) if previous is None else previous(func, *args, **kwargs)
 
-    def short_call_reason(self, args: tuple, kwargs: dict) -> Optional[str]:
-        """The fallback reason for a call that is too short for the kernel, from shapes alone, once a
-        call of the same head size has been fully checked; None when the full check must run."""
-        if not self._short_calls or len(args) < 2 or "low_precision_attention" in kwargs:
-            return None
-        q, k = args[0], args[1]
-        heads = args[3] if len(args) > 3 else kwargs.get("heads")
-        if not isinstance(heads, int) or not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
-            return None
-        if kwargs.get("skip_reshape", False):
-            head_dim, k_len = q.shape[-1], k.shape[2]
-        else:
-            head_dim, k_len = q.shape[-1] // heads, k.shape[1]
-        entry = self._short_calls.get(head_dim)
-        return entry[1] if entry is not None and k_len < entry[0] else None
-
     def dispatch(self, func: Callable, args: tuple, kwargs: dict) -> torch.Tensor:
         if self.redo_reason is not None:  # the non-finite guard redoes this forward on ComfyUI's attention
             self.runs.fallback(self.redo_reason)
             return self.run_fallback(func, args, kwargs, None)
-        reason = self.short_call_reason(args, kwargs)
-        if reason is not None:  # no binding, no checks
-            self.runs.fallback(reason)
-            return self._call_comfy_side(func, args, kwargs, math_only=False)
+        key = call_signature(args, kwargs)
+        if key is not None:
+            s, calls = self.settings, self._calls
+            if s.full_precision_first_steps > 0 or s.full_precision_last_steps > 0:
+                key = (key, self._full_precision_step(kwargs.get("transformer_options") or {}))
+            if not calls.valid_for(s, self.previous_override, self.report.generation()):
+                self.planner.settings = s  # settings replaced, or install.py's report changed: plan again
+                self.planner.forget()
+            decision = calls.get(key)
+            if decision is not None:  # decided before: no binding, no checks
+                route = decision.route
+                if decision.plan is not None:
+                    self.last_plan = decision.plan
+                if route == COMFY:
+                    self.runs.fallback(decision.reason)
+                    previous = self.previous_override
+                    return func(*args, **kwargs) if previous is None else previous(func, *args, **kwargs)
+                if route == COMFY_MATH:
+                    self.runs.fallback(decision.reason)
+                    return self._call_comfy_side(func, args, kwargs, math_only=True)
+                if route == KERNEL and decision.variant not in _disabled_variants:
+                    call = bind_call(args, kwargs)
+                    out = self._try_kernel(call, decision.plan, normalize_mask(call)[0], decision.variant)
+                    if out is not None:
+                        return out
+                    self.runs.fallback(VARIANT_DISABLED)
+                    return self.run_fallback(func, args, kwargs, call)
+        return self._dispatch_checked(func, args, kwargs, key)
+
+    def _dispatch_checked(self, func: Callable, args: tuple, kwargs: dict, key: Optional[tuple]) -> torch.Tensor:
+        """The full checks; their decision is remembered under ``key`` (``call_cache``)."""
         try:
             call = bind_call(args, kwargs)
         except (TypeError, ValueError, AttributeError) as e:
             self.runs.fallback("unrecognised call signature", str(e))
             return self.run_fallback(func, args, kwargs, None)
-        reason, plan = self.decide(call)
+        reason, plan = self._decide(call)
+        reached = plan if plan is not None and plan.config is not None else None
         if reason is None:
             mask = normalize_mask(call)[0]
-            key = _variant_key(plan, self.settings, call, mask)
-            if key in _disabled_variants:
-                reason = "kernel failed (variant disabled until restart)"
-            else:
-                try:
-                    out = self.run_kernel(call, plan, mask)
-                except torch.OutOfMemoryError:
-                    raise  # the fallback would need the memory too; let ComfyUI report it
-                except Exception as e:  # compile or launch failure: never fail the run
-                    _disabled_variants[key] = f"{type(e).__name__}: {e}"
-                    logger.warning("[SageTriton] kernel %s failed on %s (%s); this variant is disabled until "
-                                   "ComfyUI restarts, the fallback runs instead.", plan.config, plan.arch.arch,
-                                   _disabled_variants[key])
-                    reason = "kernel failed (variant disabled until restart)"
-                else:
-                    self.runs.kernel()
+            variant = _variant_key(plan, self.settings, call, mask)
+            if key is not None:
+                self._calls.put(key, Decision(None, KERNEL, reached, variant))
+            if variant not in _disabled_variants:
+                out = self._try_kernel(call, plan, mask, variant)
+                if out is not None:
                     return out
+            reason = VARIANT_DISABLED
+        elif key is not None:
+            self._calls.put(key, Decision(reason, self._fallback_route(self.arch_for(call.q.device)), reached, None))
         self.runs.fallback(reason)
         return self.run_fallback(func, args, kwargs, call)
+
+    def _try_kernel(self, call: AttentionCall, plan: KernelPlan, mask, variant: tuple) -> Optional[torch.Tensor]:
+        """The kernel's output (counted), or None after a failure, which disables ``variant``."""
+        try:
+            out = self.run_kernel(call, plan, mask)
+        except torch.OutOfMemoryError:
+            raise  # the fallback would need the memory too; let ComfyUI report it
+        except Exception as e:  # compile or launch failure: never fail the run
+            _disabled_variants[variant] = f"{type(e).__name__}: {e}"
+            logger.warning("[SageTriton] kernel %s failed on %s (%s); this variant is disabled until "
+                           "ComfyUI restarts, the fallback runs instead.", plan.config, plan.arch.arch,
+                           _disabled_variants[variant])
+            return None
+        self.runs.kernel()
+        return out
 
 
 def make_attention_override(state: PatchState) -> Callable:
@@ -374,6 +403,9 @@ def make_attention_override(state: PatchState) -> Callable:
         return state.dispatch(func, args, kwargs)
 
     sagetriton_attention_override.sagetriton_state = state  # lets a second patch node replace, not stack
+    from .containers import dispatch_containers  # current ComfyUI hands q, k, v over in containers
+
+    sagetriton_attention_override.container_function = lambda *args, **kwargs: dispatch_containers(state, args, kwargs)
     return sagetriton_attention_override
 
 

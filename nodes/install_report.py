@@ -27,6 +27,10 @@ class NoReport:
     def long_sequence_kernel_failed(self, arch: ArchInfo) -> bool:
         return False
 
+    def generation(self) -> int:
+        """Changes when the answers may have changed: decisions made from them are then made again."""
+        return 0
+
     def pv_choice(self, arch: ArchInfo, head_dim: int) -> Optional[tuple]:
         """(P·V precision, {precision: ms}) install.py timed fastest here, or None."""
         return None
@@ -64,6 +68,9 @@ class InstallReport(NoReport):
 
     def long_sequence_kernel_failed(self, arch):
         return bool(_safely(report.long_sequence_kernel_failed, arch))
+
+    def generation(self):
+        return report.generation()
 
     def pv_choice(self, arch, head_dim):
         return _safely(report.measured_pv_choice, arch, head_dim)

@@ -8,6 +8,9 @@ from __future__ import annotations
 from typing import Optional
 
 from ..kernels.arch import ArchInfo
+from ..kernels.log import logger
+from .alt_backends import DEFAULT_BACKEND, runner_for
+from .core_backends import describe_replaced, fallback_served_by
 from .dispatch import PatchState, make_attention_override
 from .install_report import InstallReport
 from .nonfinite_guard import WRAPPER_KEY as GUARD_KEY
@@ -45,6 +48,9 @@ def patch_model(model, settings: Optional[SageSettings] = None, node_id: Optiona
     require_attention_override_support()
     state = PatchState(settings or DEFAULT_SETTINGS, previous_override_of(model), arch=arch, node_id=node_id,
                        **{"report": InstallReport(), **state_options})
+    replaced = describe_replaced(state.previous_override)
+    state.composition = {"replaced": replaced, "fallback": fallback_served_by(state.settings.fallback, replaced),
+                         "backend": use_backend(state)}
     patched = model.clone()
     patched.model_options.setdefault("transformer_options", {})[OVERRIDE_KEY] = make_attention_override(state)
     outer = comfy.patcher_extension.WrappersMP.OUTER_SAMPLE
@@ -54,6 +60,18 @@ def patch_model(model, settings: Optional[SageSettings] = None, node_id: Optiona
     patched.remove_wrappers_with_key(apply, GUARD_KEY)
     patched.add_wrapper_with_key(apply, GUARD_KEY, make_apply_model_wrapper(state))
     return patched
+
+
+def use_backend(state: PatchState) -> str:
+    """Sage Settings' backend choice on ``state``; SageTriton (with a log line naming the fix) where the
+    chosen one cannot run here."""
+    choice = state.settings.backend
+    runner, why = runner_for(choice)
+    if why is not None:
+        logger.warning("[SageTriton] Sage Settings backend %r cannot run: %s. SageTriton runs instead.", choice, why)
+        return DEFAULT_BACKEND
+    state.kernel_runner = runner
+    return choice
 
 
 def patch_state_of(model) -> Optional[PatchState]:

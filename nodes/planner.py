@@ -53,6 +53,10 @@ class KernelPlanner:
             plan = self._plans[key] = self._resolve(arch, head_dim)
         return plan
 
+    def forget(self) -> None:
+        """Resolve plans again on their next use (install.py's report changed); notes stay, logged once."""
+        self._plans.clear()
+
     def _resolve(self, arch: ArchInfo, head_dim: int) -> KernelPlan:
         choices = self.settings.explicit_kernel_choices()
         cfg, notes = resolve_config(arch, head_dim, **choices)

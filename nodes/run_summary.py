@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Optional
 
+from ..kernels import replay
 from ..kernels.log import logger
 from .dispatch import PatchState
 from .planner import KernelPlan
@@ -40,6 +41,9 @@ def build_summary(state: PatchState, run: RunTally) -> dict:
         "settings": state.settings.as_dict(),
         "notes": list(state.planner.notes),
         "node_id": state.node_id,
+        "replaced": state.composition.get("replaced"),
+        "fallback_backend": state.composition.get("fallback"),
+        "backend": state.composition.get("backend", "SageTriton"),
     }
 
 
@@ -47,11 +51,15 @@ def format_summary(summary: dict) -> str:
     """One human line: kernel vs fallback calls, reasons by count, the resolved configuration."""
     total = summary["kernel"] + summary["fallback_total"]
     reasons = ", ".join(f"{r}: {n}" for r, n in summary["fallback"].items())
-    text = (f"attention: {summary['kernel']}/{total} calls on the SageTriton kernel, "
+    backend = summary.get("backend") or "SageTriton"
+    text = (f"attention: {summary['kernel']}/{total} calls on the {backend} kernel, "
             f"{summary['fallback_total']} fallback")
     if reasons:
         text += f" ({reasons})"
-    text += f"; {summary['config_text']}"
+    if backend == "SageTriton":  # the kernel config says nothing about another backend's calls
+        text += f"; {summary['config_text']}"
+    if summary.get("replaced"):
+        text += f"; replaced {summary['replaced']}, fallbacks on {summary['fallback_backend']}"
     if summary["notes"]:
         text += "; " + "; ".join(summary["notes"])
     return text
@@ -72,6 +80,7 @@ def send_progress_text(text: str, node_id: Optional[str]) -> bool:
 
 
 def finish_run(state: PatchState) -> Optional[dict]:
+    replay.clear()  # the kernel's reused buffers live for a sampling run, not between runs
     run = state.runs.end()
     if run is None:
         return None

@@ -9,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..kernels.arch import PV_ACCUM_DTYPES, PV_PRECISIONS, QK_QUANT_GRANS
+from .alt_backends import BACKENDS, DEFAULT_BACKEND
 
 AUTO = "auto"
 QK_QUANT_GRAN_CHOICES = (AUTO, *QK_QUANT_GRANS)
@@ -33,11 +34,12 @@ class SageSettings:
     full_precision_first_steps: int = 0
     full_precision_last_steps: int = 0
     qk_rotation: str = AUTO
+    backend: str = DEFAULT_BACKEND  # another installed attention for the kernel's calls, to compare
 
     def __post_init__(self):
         for name, allowed in (("qk_quant_gran", QK_QUANT_GRAN_CHOICES), ("pv_precision", PV_PRECISION_CHOICES),
                               ("pv_accum_dtype", PV_ACCUM_DTYPE_CHOICES), ("fallback", FALLBACK_CHOICES),
-                              ("qk_rotation", QK_ROTATION_CHOICES)):
+                              ("qk_rotation", QK_ROTATION_CHOICES), ("backend", BACKENDS)):
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"Sage Settings: {name}={value!r} is not one of {', '.join(allowed)}")

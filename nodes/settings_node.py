@@ -1,6 +1,7 @@
 """Sage Settings node: the user's kernel choices as a SAGE_SETTINGS value."""
 from __future__ import annotations
 
+from .alt_backends import BACKENDS, DEFAULT_BACKEND, available_backends
 from .settings import (
     FALLBACK_CHOICES,
     PV_ACCUM_DTYPE_CHOICES,
@@ -78,6 +79,13 @@ class SageTritonSettings:
                 "tooltip": "Rotate Q and K (a fixed Hadamard matrix, exact for attention) before INT8 rounding, "
                            "which spreads outlier channels: 1.6-2.6x closer to exact on inputs with massive "
                            "channels or outlier tokens, for 2-6% of speed. auto = on for GPUs."}),
+            "backend": (list(BACKENDS), {
+                "default": DEFAULT_BACKEND,
+                "tooltip": "Which attention runs the calls the kernel would take, to compare them in one workflow: "
+                           "SageTriton (this pack), SageAttention (the CUDA library, if installed), comfy-kitchen "
+                           "(ComfyUI's INT8 attention, if available) or SDPA (PyTorch). Installed here: "
+                           f"{', '.join(available_backends())}. A choice that is not installed runs SageTriton, "
+                           "with a log line naming the fix."}),
         }}
 
     def build(self, **choices):

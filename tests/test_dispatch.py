@@ -310,25 +310,41 @@ def test_process_totals_count_every_call():
     assert after["kernel"] == before["kernel"]
 
 
-def test_short_calls_take_the_shape_only_shortcut_with_the_same_result(seed):
-    """Once a head size is known to fall back by length, later short calls skip argument binding,
-    land in ComfyUI's own backend with the same output, and are counted under the same reason."""
-    state = run_state(SageSettings(min_seq_len=100))
-    for skip_reshape in (True, False):
-        q, k, v = random_qkv(lq=8, lk=8, d=16)
-        first = call_override(state, q, k, v, skip_reshape=skip_reshape)
-        assert state._short_calls == {16: (100, "key length < 100")}
-        calls = reference_backend.calls
-        second = call_override(state, q, k, v, skip_reshape=skip_reshape)
-        assert reference_backend.calls == calls + 1 and torch.equal(first, second)
-    assert dict(state.run.fallback) == {"key length < 100": 4}
-    # Long enough for the kernel: the shortcut does not apply.
-    call_override(state, *random_qkv(lq=8, lk=120, d=16))
-    assert state.run.kernel == 1
+def _forbid_checks(monkeypatch, binding: bool = True):
+    """From here on, argument binding (optional) and the call checks raise: a call that reaches them fails."""
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a repeated call went through the full checks")
+
+    monkeypatch.setattr(dispatch, "call_fallback_reason", forbidden)
+    if binding:
+        monkeypatch.setattr(dispatch, "bind_call", forbidden)
 
 
-def test_short_calls_keep_going_through_an_earlier_override(seed):
-    """Another pack's override that was there before ours sees every short call, the shortcut's too."""
+def test_repeated_calls_skip_binding_and_checks_with_the_same_result_and_counts(monkeypatch, seed):
+    """A call signature seen before is decided by one lookup: fallbacks are neither bound nor checked,
+    kernel calls not checked; outputs and counts are those of the full path."""
+    state = run_state(SageSettings(min_seq_len=20))
+    short = [random_qkv(lq=8, lk=8, d=16), random_qkv(lq=8, lk=8, d=16, dtype=torch.float32)]
+    long = random_qkv(lq=8, lk=24, d=16)
+    first = [call_override(state, *t, skip_reshape=r) for t in short for r in (True, False)]
+    first_kernel = call_override(state, *long)
+    before = stats.attention_stats()
+    _forbid_checks(monkeypatch, binding=False)  # the kernel path still binds (cheaply) to launch
+    again_kernel = call_override(state, *long)
+    assert torch.equal(first_kernel, again_kernel)
+    _forbid_checks(monkeypatch)
+    again = [call_override(state, *t, skip_reshape=r) for t in short for r in (True, False)]
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert reference_backend.calls == 8 and state.run.kernel == 2
+    # Each signature keeps its own reason: fp32 calls are not "too short", even at a known short length.
+    assert dict(state.run.fallback) == {"key length < 20": 4, "dtype float32": 4}
+    after = stats.attention_stats()
+    assert after["kernel"] == before["kernel"] + 1
+    assert after["fallback"]["dtype float32"] == before["fallback"]["dtype float32"] + 2
+
+
+def test_repeated_calls_keep_going_through_an_earlier_override(monkeypatch, seed):
+    """Another pack's override that was there before ours sees every fallback, the cached ones too."""
     seen = []
 
     def other_pack_override(func, *args, **kwargs):
@@ -338,10 +354,83 @@ def test_short_calls_keep_going_through_an_earlier_override(seed):
     state = run_state(SageSettings(min_seq_len=100), previous_override=other_pack_override)
     q, k, v = random_qkv(lq=8, lk=8, d=16)
     call_override(state, q, k, v)
-    assert state._short_calls  # the second call takes the shortcut
+    _forbid_checks(monkeypatch)
     call_override(state, q, k, v)
     assert len(seen) == 2 and reference_backend.calls == 2
     assert dict(state.run.fallback) == {"key length < 100": 2}
+
+
+def test_new_settings_decide_again():
+    state = run_state(SageSettings(min_seq_len=100))
+    qkv = random_qkv(lq=8, lk=8, d=16)
+    call_override(state, *qkv)
+    state.settings = SageSettings(min_seq_len=0)
+    call_override(state, *qkv)
+    assert state.run.kernel == 1 and dict(state.run.fallback) == {"key length < 100": 1}
+
+
+class ChangingReport(NoReport):
+    """A report whose measured crossover changes, as when first start finishes install.py's measurement."""
+
+    def __init__(self, crossover):
+        self.value, self.changes = crossover, 0
+
+    def crossover(self, arch, cfg, head_dim=128):
+        return self.value
+
+    def generation(self):
+        return self.changes
+
+
+def test_a_new_report_decides_again():
+    report = ChangingReport(crossover=40)
+    state = run_state(SageSettings(), report=report)
+    qkv = random_qkv(lq=36, lk=36, d=16)  # 2 x 2 heads x 36²: more work than 48 x 10²
+    call_override(state, *qkv)
+    report.value = 10
+    call_override(state, *qkv)  # the report's generation did not change: the decision stands
+    report.changes += 1
+    call_override(state, *qkv)
+    assert dict(state.run.fallback) == {"key length < 40": 2} and state.run.kernel == 1
+    assert state.last_plan.min_seq_len == 10
+
+
+def test_saving_or_dropping_the_report_changes_its_generation(rep):
+    from sagetriton.nodes.install_report import InstallReport
+
+    before = InstallReport().generation()
+    rep.invalidate_cache()
+    assert InstallReport().generation() != before
+
+
+def test_a_variant_disabled_elsewhere_stops_a_cached_kernel_decision():
+    state = run_state()
+    qkv = random_qkv(lq=16, lk=16, d=32)
+    call_override(state, *qkv)
+    dispatch._disabled_variants[next(iter(state._calls.entries.values())).variant] = "failed in another model"
+    call_override(state, *qkv)
+    assert state.run.kernel == 1 and dict(state.run.fallback) == {"kernel failed (variant disabled until restart)": 1}
+
+
+def test_full_precision_steps_are_decided_per_call_under_one_signature():
+    schedule = torch.tensor([10.0, 5.0, 1.0, 0.0])
+    state = run_state(SageSettings(min_seq_len=0, full_precision_first_steps=1))
+    qkv = random_qkv(lq=16, lk=16, d=16)
+    for sigma in (10.0, 5.0, 10.0, 1.0):
+        opts = {"sample_sigmas": schedule, "sigmas": torch.tensor([sigma, sigma])}
+        args = comfy_args(*qkv, True)
+        state.dispatch(reference_backend, (*args, 2), dict(skip_reshape=True, transformer_options=opts))
+    assert state.run.kernel == 2 and dict(state.run.fallback) == {"full-precision step": 2}
+
+
+def test_the_call_cache_is_bounded(monkeypatch):
+    from sagetriton.nodes import call_cache
+
+    monkeypatch.setattr(call_cache, "MAX_ENTRIES", 2)
+    state = run_state(SageSettings(min_seq_len=100))
+    for lk in (8, 9, 10):
+        call_override(state, *random_qkv(lq=8, lk=lk, d=16))
+    assert len(state._calls) <= 2 and dict(state.run.fallback) == {"key length < 100": 3}
 
 
 # --- install.py's self-test report -----------------------------------------------------------------
@@ -508,3 +597,19 @@ def test_sageattn_takes_a_resolved_config_or_options_not_both(pack):
     q, k, v = random_qkv(lq=8, lk=8, d=16)
     with pytest.raises(ValueError, match="not both"):
         sageattn(q, k, v, config=KernelConfig(), qk_quant_gran="per_block")
+
+
+def test_call_signatures_tell_positional_and_keyword_forms_apart():
+    from sagetriton.nodes.call_cache import call_signature
+
+    q, k, v = random_qkv(lq=8, lk=8, d=16)
+    mask = torch.zeros(8, 8)
+    forms = [((q, k, v, 2), {}), ((q, k, v, 2, None), {}), ((q, k, v, 2, mask), {}), ((q, k, v, 2), {"mask": mask}),
+             ((q, k, v), {"heads": 2}), ((q, k, v, 2), {"mask": None}), ((q, k, v, 2, mask.half()), {})]
+    keys = [call_signature(a, kw) for a, kw in forms]
+    assert len(set(keys)) == len(keys)
+    # what never changes a decision leaves the signature alone: the wrapper's marker, transformer_options,
+    # and the mask's values
+    assert call_signature((q, k, v, 2, mask), {"transformer_options": {"a": 1}, "_inside_attn_wrapper": True}) \
+        == call_signature((q, k, v, 2, torch.ones(8, 8)), {})
+    assert call_signature((torch.zeros(3), k), {}) is None and call_signature(([1], k, v), {}) is None

@@ -507,7 +507,11 @@ def test_panel_text_for_each_route_shape(driver):
         "  cpu: m.infoLines(m.PATCH_NODE, {arch: 'cpu', vendor: 'cpu', kernel_active: false,"
         "   defaults: {qk_quant_gran: 'per_warp', pv_precision: 'fp16', min_seq_len: 0}}),"
         "  loading: m.infoLines(m.PATCH_NODE, undefined), missing: m.infoLines(m.PATCH_NODE, null),"
-        "  badFlat: m.unsupportedChoices(flat)});"
+        "  badFlat: m.unsupportedChoices(flat),"
+        "  composed: m.runLines({kernel: 2, fallback: {}, backend: 'SDPA', replaced: 'comfy_kitchen_int8, set per"
+        " model (Model Attention Backend node)', fallback_backend: 'PyTorch SDPA (Sage Settings fallback=sdpa)'}),"
+        "  global: m.runLines({kernel: 1, fallback: {}, backend: 'SageTriton', replaced: 'g',"
+        "   fallback_backend: 'g'})});"
         "}, e => done({error: String(e)}));")
     assert "error" not in out, out
     assert out["keyed"] == ["SageTriton · sm86 · ampere_consumer · NVIDIA",
@@ -523,3 +527,8 @@ def test_panel_text_for_each_route_shape(driver):
     assert out["missing"] == ["SageTriton · status unavailable"]
     short = "per_block not supported on this GPU"
     assert out["badFlat"] == {"qk_quant_gran": {"per_block": {"why": "x", "short": short}}}
+    # What a patch replaced and what serves its fallbacks (nodes/core_backends.py), and the backend choice.
+    assert out["composed"] == ["last run: 2 kernel · 0 fallback", "kernel calls on SDPA (Sage Settings)",
+                               "replaced comfy_kitchen_int8, set per model (Model Attention Backend node) · "
+                               "fallbacks on PyTorch SDPA (Sage Settings fallback=sdpa)"]
+    assert out["global"] == ["last run: 1 kernel · 0 fallback", "replaced g, which runs the fallbacks"]

@@ -44,7 +44,9 @@ def test_sage_settings_sockets_and_defaults():
     assert settings == SageSettings()
     # Added later as optional, so workflows saved before it keep their widget order.
     optional = cls.INPUT_TYPES()["optional"]
-    assert list(optional) == ["qk_rotation"] and optional["qk_rotation"][0] == ["auto", "on", "off"]
+    assert list(optional) == ["qk_rotation", "backend"] and optional["qk_rotation"][0] == ["auto", "on", "off"]
+    assert optional["backend"][0] == ["SageTriton", "SageAttention", "comfy-kitchen", "SDPA"]
+    assert optional["backend"][1]["default"] == "SageTriton"
     assert cls().build(**{name: d for name, (_, d) in SETTINGS_INPUTS.items()}, qk_rotation="off")[0] \
         .explicit_kernel_choices()["qk_rotation"] is False
 

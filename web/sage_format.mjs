@@ -82,6 +82,13 @@ export function runLines(run, top = 3) {
   const fb = Object.entries(run.fallback ?? {}).sort((a, b) => b[1] - a[1]);
   const nfb = fb.reduce((s, [, n]) => s + Number(n), 0);
   const lines = [`last run: ${run.kernel ?? 0} kernel · ${nfb} fallback`];
+  if (run.backend && run.backend !== "SageTriton") lines.push(`kernel calls on ${run.backend} (Sage Settings)`);
+  // The attention this patch took over from, and what runs the fallbacks (nodes/core_backends.py).
+  if (run.replaced) {
+    const served = run.fallback_backend && run.fallback_backend !== run.replaced
+      ? ` · fallbacks on ${run.fallback_backend}` : ", which runs the fallbacks";
+    lines.push(`replaced ${run.replaced}${served}`);
+  }
   for (const [why, n] of fb.slice(0, top)) lines.push(`${n}× ${why}`);
   if (fb.length > top) lines.push(`+${fb.length - top} more fallback reasons`);
   for (const note of run.notes ?? []) lines.push(`⚠ ${shortReason("", note)}`);

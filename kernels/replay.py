@@ -1,0 +1,128 @@
+"""Launch replay: a call repeating an earlier call's shapes re-issues its recorded launches.
+
+A call's host work (checks, buffer sizes, grids, the quantized buffers, tensor descriptors, the
+arguments of each launch) depends only on the inputs' shapes, strides, dtypes and the options, so it
+is done once per such signature. The first call runs in full and its launches are recorded; a
+repeat call fills its own inputs and a fresh output into the recorded arguments and launches: the
+same kernels with the same arguments but for those tensors, so the same results.
+
+The quantized buffers are reused from call to call. That is safe on one stream: each call's first
+launch is an ordinary launch, which starts only after the previous call's kernels have ended. So
+the key holds the stream and the thread, and only calls whose buffers are small (where host time
+matters) are kept, a few signatures at most; the nodes drop them at the end of each sampling run.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+import torch
+
+# Device types whose calls are replayed (tests add "cpu": the interpreter runs launches in order too).
+DEVICE_TYPES = ("cuda",)
+MAX_BYTES = 96 << 20  # buffers one recording may keep alive (Flux, and Qwen-Image with CFG, at 1024²)
+MAX_ENTRIES = 4
+
+_recordings: dict = {}  # key -> Recording, oldest first
+_local = threading.local()  # .launches: the list the call being recorded appends to
+
+
+def _tensor_key(t: Optional[torch.Tensor]):
+    return None if t is None else (t.shape, t.stride(), t.dtype)
+
+
+def call_key(q, k, v, attn_mask, cfg, options: tuple) -> Optional[tuple]:
+    """The signature a recording is valid for, or None where calls are not replayed."""
+    device = q.device
+    if device.type not in DEVICE_TYPES:
+        return None
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    return (_tensor_key(q), _tensor_key(k), _tensor_key(v), _tensor_key(attn_mask), device, id(cfg), options,
+            stream, threading.get_ident())
+
+
+def lookup(key, cfg) -> Optional[Recording]:
+    rec = _recordings.get(key)
+    return rec if rec is not None and rec.cfg is cfg else None  # id(cfg) in the key: the same object
+
+
+def start() -> None:
+    """Record the launches of the call about to run (this thread)."""
+    _local.launches = []
+
+
+def stop() -> list:
+    launches, _local.launches = getattr(_local, "launches", None), None
+    return launches or []
+
+
+def note_launch(kernel, grid, args: tuple, kwargs: dict) -> None:
+    """Called by ``api._launch`` after each launch."""
+    launches = getattr(_local, "launches", None)
+    if launches is not None:
+        launches.append((kernel, grid, args, kwargs))
+
+
+class Recording:
+    """One call's launches, with the call's own tensors (inputs, output, mask, LSE) marked as slots."""
+
+    __slots__ = ("cfg", "launches", "zero", "lse", "nbytes")
+
+    def __init__(self, cfg, launches: list, launch_slots: list, zero: tuple, lse, nbytes: int):
+        self.cfg = cfg  # kept alive: the key holds its id
+        self.launches = list(zip(launches, launch_slots, strict=True))
+        self.zero = zero  # workspaces a launch expects zeroed
+        self.lse = lse  # the empty LSE when none was asked for
+        self.nbytes = nbytes
+
+    def replay(self, tensors: tuple) -> None:
+        """Launch again with ``tensors`` in the slots (the order ``record`` got them in)."""
+        for t in self.zero:
+            t.zero_()
+        for (kernel, grid, args, kwargs), slots in self.launches:
+            if slots:
+                args = list(args)
+                for pos, slot in slots:
+                    args[pos] = tensors[slot]
+            kernel[grid](*args, **kwargs)
+
+
+def record(key, cfg, launches: list, tensors: tuple, zero: tuple = (), lse=None) -> Optional[Recording]:
+    """Keep ``launches`` (from ``start``/``stop``) for ``key``, ``tensors`` being the call's own tensors
+    (slots); None (nothing kept) when a launch holds one of them in a way a slot cannot replace (a
+    descriptor over it, another view of it) or the buffers are too large."""
+    ids = {id(t): i for i, t in enumerate(tensors) if t is not None}
+    user = {t.untyped_storage().data_ptr() for t in tensors if t is not None and t.numel()}
+    buffers: dict = {}
+    launch_slots, kept = [], []
+    for kernel, grid, args, kwargs in launches:
+        slots = []
+        for pos, a in enumerate(args):
+            if id(a) in ids:
+                slots.append((pos, ids[id(a)]))
+                continue
+            base = a if isinstance(a, torch.Tensor) else getattr(a, "base", None)  # tensor descriptors
+            if isinstance(base, torch.Tensor):
+                ptr = base.untyped_storage().data_ptr()
+                if ptr in user and base.numel():
+                    return None
+                buffers[ptr] = base.untyped_storage().nbytes()
+        launch_slots.append(tuple(slots))
+        held = list(args)
+        for pos, _ in slots:  # the call's own tensors are not kept alive by the recording
+            held[pos] = None
+        kept.append((kernel, grid, tuple(held), kwargs))
+    nbytes = sum(buffers.values())
+    if not launches or nbytes > MAX_BYTES:
+        return None
+    rec = Recording(cfg, kept, launch_slots, zero, lse, nbytes)
+    _recordings.pop(key, None)
+    _recordings[key] = rec
+    while len(_recordings) > MAX_ENTRIES:
+        _recordings.pop(next(iter(_recordings)))
+    return rec
+
+
+def clear() -> None:
+    """Forget every recording (their buffers are freed with them)."""
+    _recordings.clear()

@@ -1,0 +1,117 @@
+"""Launch replay (``kernels/replay.py``): a call with a recent call's shapes re-issues its recorded launches.
+
+Through the Triton interpreter, with CPU calls let into the replay (on a GPU only CUDA calls are): a
+replayed call must give the bits a call worked out in full gives on the same inputs, for every path
+whose launches differ (layouts, masks, LSE, GQA, 8-bit V, the rotation).
+"""
+import pytest
+import sagetriton.kernels as kernels
+import torch
+from sagetriton.kernels import api, replay
+from sagetriton.kernels.arch import KernelConfig
+
+
+@pytest.fixture
+def replaying(monkeypatch):
+    monkeypatch.setattr(replay, "DEVICE_TYPES", ("cuda", "cpu"))
+    replay.clear()
+    yield
+    replay.clear()
+
+
+def inputs(layout="HND", B=1, H=2, H_KV=1, LQ=40, LK=50, D=32, dtype=torch.float16):
+    def t(h, L):
+        return torch.randn((B, h, L, D) if layout == "HND" else (B, L, h, D)).to(dtype)
+
+    return t(H, LQ), t(H_KV, LK), t(H_KV, LK)
+
+
+def forbid_host_work(monkeypatch):
+    def forbidden(*a, **kw):
+        raise AssertionError("a replayed call planned its launches again")
+
+    monkeypatch.setattr(api, "_plan_call", forbidden)
+
+
+CASES = {
+    "hnd": dict(),
+    "nhd, other output layout": dict(layout="NHD", kw=dict(out_layout="HND")),
+    "mask": dict(mask=True),
+    "lse": dict(kw=dict(return_lse=True)),
+    "fp8 V, smooth_v": dict(kw=dict(pv_precision="fp8", smooth_v=True)),
+    "int8 V, rotation": dict(kw=dict(pv_precision="int8", qk_rotation=True)),
+    "fp16 tiles, no smoothing": dict(kw=dict(pv_accum_dtype="fp16", smooth_k=False)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_replayed_call_gives_the_bits_of_a_full_call(seed, replaying, monkeypatch, case):
+    spec = CASES[case]
+    layout, kw = spec.get("layout", "HND"), dict(spec.get("kw", {}))
+    kw.setdefault("tensor_layout", layout)
+    first = inputs(layout)
+    second = inputs(layout)
+    masks = [torch.randn(1, 1, 40, 50).to(torch.float16) if spec.get("mask") else None for _ in range(2)]
+    kernels.sageattn(*first, attn_mask=masks[0], **kw)  # recorded
+    replay.DEVICE_TYPES = ("cuda",)
+    expected = kernels.sageattn(*second, attn_mask=masks[1], **kw)  # worked out in full, not recorded
+    replay.DEVICE_TYPES = ("cuda", "cpu")
+    assert len(replay._recordings) == 1
+    forbid_host_work(monkeypatch)
+    again = kernels.sageattn(*second, attn_mask=masks[1], **kw)
+    for a, b in zip(again if isinstance(again, tuple) else (again,), expected if isinstance(expected, tuple)
+                    else (expected,), strict=True):
+        assert a.shape == b.shape and a.stride() == b.stride() and torch.equal(a, b)
+
+
+def test_other_shapes_strides_or_options_are_not_replayed(seed, replaying):
+    q, k, v = inputs()
+    kernels.sageattn(q, k, v)
+    kernels.sageattn(q, k, v, smooth_k=False)
+    kernels.sageattn(*inputs(LQ=41))
+    kernels.sageattn(q.transpose(2, 3).contiguous().transpose(2, 3), k, v)  # same shape, other strides
+    assert len(replay._recordings) == 4
+    cfg = KernelConfig()
+    kernels.sageattn(q, k, v, config=cfg)
+    kernels.sageattn(q, k, v, config=KernelConfig())  # an equal config but another object: recorded anew
+    assert len(replay._recordings) == replay.MAX_ENTRIES  # the oldest went
+
+
+def test_large_calls_keep_no_buffers(seed, replaying, monkeypatch):
+    monkeypatch.setattr(replay, "MAX_BYTES", 1000)
+    kernels.sageattn(*inputs())
+    assert not replay._recordings
+
+
+def test_a_launch_hook_sees_every_launch(seed, replaying):
+    """The cross-compile check records launches through the hook: a recording must not hide them."""
+    from sagetriton.installer.crosscompile import record_launches
+
+    q, k, v = inputs()
+    kernels.sageattn(q, k, v)
+    with record_launches() as specs:
+        kernels.sageattn(q, k, v)
+    assert {s["name"] for s in specs} >= {"quantize_int8_kernel", "attention_kernel"}
+
+
+def test_a_recording_keeps_no_tensor_of_its_call_alive(seed, replaying):
+    import weakref
+
+    q, k, v = inputs()
+    out = kernels.sageattn(q, k, v)
+    refs = [weakref.ref(t) for t in (q, k, v, out)]
+    del q, k, v, out
+    assert len(replay._recordings) == 1 and all(r() is None for r in refs)
+
+
+def test_the_end_of_a_sampling_run_frees_the_buffers(seed, replaying):
+    """Reused buffers are held for a run only: between prompts ComfyUI gets the memory back."""
+    from sagetriton.nodes.dispatch import PatchState
+    from sagetriton.nodes.run_summary import finish_run
+
+    state = PatchState()
+    state.begin_run()
+    kernels.sageattn(*inputs())
+    assert replay._recordings
+    finish_run(state)
+    assert not replay._recordings
