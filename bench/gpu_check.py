@@ -160,7 +160,8 @@ def shared_kv_cases() -> list:
             ran.clear()
             out, _ = api.attention_forward(q, k, v, "HND", False, None, None, False, c_run, True, smooth_v)
             again, _ = api.attention_forward(q, k, v, "HND", False, None, None, False, c_run, True, smooth_v)
-            used = ran == [True, True]
+            # The second call replays the first one's launches (kernels/replay.py) where it can.
+            used = bool(ran) and all(ran)
             # Key shares are combined in a fixed order, without atomics: the same bits on every run.
             same = torch.equal(out, again)
             portable, _ = api.attention_forward(q, k, v, "HND", False, None, None, False,
