@@ -97,3 +97,12 @@ def rep(pack, tmp_path, monkeypatch):
     report.invalidate_cache()
     yield report
     report.invalidate_cache()
+
+
+@pytest.fixture
+def no_install_report(monkeypatch, tmp_path, pack):
+    """Hermetic: no self-test report from this checkout's earlier runs (an empty report folder)."""
+    monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path / "report"))
+    pack.installer.report.invalidate_cache()
+    yield
+    pack.installer.report.invalidate_cache()

@@ -21,19 +21,10 @@ from sagetriton.nodes.patching import patch_model, patch_state_of
 from sagetriton.nodes.settings import SageSettings
 from tiny_models import sample
 
-pytestmark = pytest.mark.usefixtures("comfyui_path")
+pytestmark = pytest.mark.usefixtures("comfyui_path", "no_install_report")
 
 ALWAYS_KERNEL = SageSettings(min_seq_len=0)
 STEPS = 1  # every attention call of a forward, at the interpreter's cost of one forward
-
-
-@pytest.fixture(autouse=True)
-def no_install_report(monkeypatch, tmp_path, pack):
-    """Hermetic: no self-test report from this checkout's earlier runs."""
-    monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path / "report"))
-    pack.installer.report.invalidate_cache()
-    yield
-    pack.installer.report.invalidate_cache()
 
 
 def comfyui_version() -> str:

@@ -5,15 +5,7 @@ import torch
 from sagetriton.nodes import stats
 from tiny_models import BUILDERS, sample
 
-pytestmark = pytest.mark.usefixtures("comfyui_path")
-
-
-@pytest.fixture(autouse=True)
-def no_install_report(monkeypatch, tmp_path, pack):
-    monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path / "report"))
-    pack.installer.report.invalidate_cache()
-    yield
-    pack.installer.report.invalidate_cache()
+pytestmark = pytest.mark.usefixtures("comfyui_path", "no_install_report")
 
 
 @pytest.mark.parametrize("planted", [float("nan"), float("inf")])
