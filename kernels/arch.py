@@ -331,7 +331,7 @@ def resolve_config(arch: ArchInfo, head_dim: int = 128, qk_quant_gran: Optional[
     if pv_accum_dtype is not None:
         cfg = cfg.replace(pv_accum_dtype=pv_accum_dtype)
     if arch.family == "rdna3" and cfg.pv_precision == "int8" and 64 < head_dim <= 128:
-        cfg = cfg.replace(block_m=128, num_warps=8)  # gfx1100, INT8 P·V: 64x32/4 spills a VGPR, 128x32/8 none
+        cfg = cfg.replace(block_m=128, num_warps=8)  # gfx1100, INT8 P·V: spills least (29, 64x32/4: 74)
     if qk_rotation is not None:
         if not isinstance(qk_rotation, bool):
             raise ValueError(f"qk_rotation must be True, False or None, got {qk_rotation!r}")

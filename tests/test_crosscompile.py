@@ -352,7 +352,13 @@ def test_int8_pv_variant_uses_int8_matrix_instructions_for_both_products():
         assert "attention_kernel" in kernels and (target != "sm90" or len(kernels) == 3), (target, kernels)
         for name, r in kernels.items():
             assert r["instructions"] and all(re.search(rx, i) for i in r["instructions"]), (target, name, r)
-            # The split kernel's share merge (after the loop, tail CTAs only) spills a few registers with
-            # INT8's extra per-row state (35 spill instructions on Triton 3.8, none in the loop).
-            assert r["spills"] in (0, None) or (name == "shared_kv_split_kernel" and r["spills"] <= 48), \
-                (target, name, r)
+            # The Gluon kernels spill a few registers outside their loops with INT8's extra per-row state
+            # and V's tile column sums (Triton 3.8, SASS read: none in a loop; the H200's speed is in
+            # bench/NOTES.md): the split kernel's share merge 35 spill instructions, the whole kernel 18.
+            # RDNA's portable kernel at head_dim 128 spills too since V's tile column sums joined the
+            # tile (gfx1100 29, gfx1201 36, at the least-spilling tiles): INT8 is not the default there
+            # (fp16 on RDNA3, fp8 on RDNA4), docs/AMD.md says so, and nothing is run on AMD hardware here.
+            allowed = {"shared_kv_split_kernel": 48, "shared_kv_attention_kernel": 24}.get(name, 0)
+            if target in ("gfx1100", "gfx1201"):
+                allowed = 40
+            assert r["spills"] in (0, None) or r["spills"] <= allowed, (target, name, r)
