@@ -57,13 +57,20 @@ SDXL_UNET = dict(use_checkpoint=False, image_size=32, out_channels=4, use_spatia
                  transformer_depth_middle=10, use_linear_in_transformer=True, context_dim=2048,
                  num_head_channels=64, transformer_depth_output=[0, 0, 0, 2, 2, 2, 10, 10, 10],
                  use_temporal_attention=False, use_temporal_resblock=False)
+SD15_UNET = dict(use_checkpoint=False, image_size=32, out_channels=4, use_spatial_transformer=True, legacy=False,
+                 adm_in_channels=None, in_channels=4, model_channels=320, num_res_blocks=[2, 2, 2, 2],
+                 transformer_depth=[1, 1, 1, 1, 1, 1, 0, 0], channel_mult=[1, 2, 4, 4], transformer_depth_middle=1,
+                 use_linear_in_transformer=False, context_dim=768, num_heads=8, num_head_channels=-1,
+                 transformer_depth_output=[0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1], use_temporal_attention=False,
+                 use_temporal_resblock=False)
 
 DEVICE = "cuda"
 # Smoke test of this script on a CPU (Triton interpreter): python bench_models.py --tiny
 TINY = {"wan21": dict(dim=256, ffn_dim=512, num_heads=2, num_layers=1, text_dim=64),
         "flux": dict(hidden_size=256, num_heads=2, depth=1, depth_single_blocks=1, context_in_dim=64, vec_in_dim=768),
         "sdxl": dict(model_channels=64, transformer_depth=[0, 0, 1, 1, 1, 1], transformer_depth_middle=1,
-                     transformer_depth_output=[0, 0, 0, 1, 1, 1, 1, 1, 1], context_dim=64)}
+                     transformer_depth_output=[0, 0, 0, 1, 1, 1, 1, 1, 1], context_dim=64),
+        "sd15": dict(model_channels=64, context_dim=64)}
 
 # name -> (supported_models class, unet config, latent shape, text tokens, text dim, conditioning extras)
 MODELS = {
@@ -72,6 +79,7 @@ MODELS = {
              lambda g: {"pooled_output": torch.randn(1, 768, generator=g), "guidance": 3.5}),
     "sdxl": ("SDXL", SDXL_UNET, (1, 4, 128, 128), 77, 2048,  # 1024x1024
              lambda g: {"pooled_output": torch.randn(1, 1280, generator=g), "width": 1024, "height": 1024}),
+    "sd15": ("SD15", SD15_UNET, (1, 4, 64, 64), 77, 768, lambda g: {}),  # 512x512
 }
 
 

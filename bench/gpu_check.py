@@ -183,6 +183,57 @@ def shared_kv_cases() -> list:
     return results
 
 
+def replay_cases() -> list:
+    """A call with a recorded call's shapes replays its launches straight through the compiled kernels'
+    launchers (``kernels/launcher.py``): the same bits as the call worked out in full on the same inputs,
+    for every path whose launches differ; and inputs whose alignment differs from the recorded call's
+    (a kernel specialized for aligned pointers must not see them) go through ``kernel[grid]`` instead."""
+    from sagetriton.kernels import api, replay
+    from sagetriton.kernels.arch import default_config, detect_arch
+
+    base = default_config(detect_arch(), 128)
+    gluon = base.replace(shared_kv_min_len=1) if api.uses_long_sequence_kernel(
+        base.replace(shared_kv_min_len=1), 4096, 128, False, False, False) else None
+    mask = torch.randn(1, 1, 1000, 1000, device="cuda", dtype=torch.bfloat16)
+    cases = [("portable, default", dict(), base, None, "HND"),
+             ("portable, int8 P·V, smooth_v", dict(smooth_v=True), base.with_pv_choice("int8"), None, "HND"),
+             ("portable, additive mask, lse", dict(return_lse=True), base, mask, "HND"),
+             ("portable, NHD in, HND out", dict(out_layout="HND"), base, None, "NHD")]
+    if gluon is not None:
+        cases.append(("Gluon, tail split", dict(LQ=4096 + 77), gluon, None, "HND"))
+    results = []
+    for name, kw, cfg, m, layout in cases:
+        kw = dict(kw)
+        shape = dict(B=1, H=6, LQ=kw.pop("LQ", 1000))
+        lse, smooth_v, out_layout = kw.pop("return_lse", False), kw.pop("smooth_v", False), kw.pop("out_layout", None)
+
+        def call(t, cfg=cfg, m=m, layout=layout, lse=lse, smooth_v=smooth_v, out_layout=out_layout):
+            t = [x.transpose(1, 2) for x in t] if layout == "NHD" else t
+            return api.attention_forward(*t, layout, False, None, m, lse, cfg, True, smooth_v, out_layout)
+
+        replay.clear()
+        call(qkv(**shape))  # recorded
+        rec = next(iter(replay._recordings.values()), None)
+        fresh = qkv(**shape)
+        again = call(fresh)  # replayed
+        replay.clear()
+        full = call(fresh)  # worked out in full, recorded anew
+        direct = rec is not None and rec.direct_calls == 1
+        same = all(torch.equal(a, b) for a, b in zip(again, full, strict=True))
+        # Misaligned inputs: views starting one element into their storage.
+        rec = next(iter(replay._recordings.values()), None)
+        odd = [torch.empty(x.numel() + 1, device="cuda", dtype=x.dtype)[1:].view_as(x).copy_(x) for x in fresh]
+        shifted = call(odd)
+        safe = rec is not None and rec.direct_calls == 0 and all(
+            torch.equal(a, b) for a, b in zip(shifted, full, strict=True))
+        ok = direct and same and safe
+        print(f"{'ok ' if ok else 'BAD'} {'replay: ' + name:60s} direct={direct} same bits={same} "
+              f"misaligned inputs safe={safe}", flush=True)
+        results.append(ok)
+    replay.clear()
+    return results
+
+
 def main():
     if not torch.cuda.is_available():
         sys.exit("gpu_check.py needs a GPU")
@@ -225,6 +276,7 @@ def main():
         results.append(c >= 0.999)
     results += nonfinite_cases()
     results += shared_kv_cases()
+    results += replay_cases()
     print(f"gpu_check: {sum(results)} passed, {len(results) - sum(results)} failed")
     return 0 if all(results) else 1
 

@@ -204,6 +204,12 @@ def bench_shape(label, b, h, n, d, skip_reshape, attention, null, device, dtype,
         for name in ("unpatched", "fallback", "kernel"):
             row[f"{name}_x_sdpa"] = row["sdpa_wall_ms"] / row[f"{name}_wall_ms"]
     row["kernel_calls"] = kernel_state.run.kernel
+    try:  # replays that went straight to the compiled kernels' launchers (kernels/launcher.py)
+        from sagetriton.kernels import replay
+
+        row["kernel_direct_replays"] = sum(r.direct_calls for r in replay._recordings.values())
+    except (ImportError, AttributeError):  # a tree from before direct launches
+        row["kernel_direct_replays"] = None
     with NoLaunches() if cpu else contextlib.nullcontext():
         row["kernel_launches"] = count_launches(fns["kernel"])
     with NoLaunches() if cpu else contextlib.nullcontext():

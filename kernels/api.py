@@ -61,8 +61,8 @@ def _launch(kernel, grid, args: tuple, constexprs: dict, num_warps: int, num_sta
                                                             **options})
         return
     kwargs = {**constexprs, "num_warps": num_warps, "num_stages": num_stages, **options}
-    kernel[grid](*args, **kwargs)
-    replay.note_launch(kernel, grid, args, kwargs)
+    compiled = kernel[grid](*args, **kwargs)
+    replay.note_launch(kernel, grid, args, kwargs, compiled)
 
 
 def _check_inputs(q, k, v, layout: str, attn_mask, is_causal: bool) -> None:
@@ -303,29 +303,8 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
     """Run the kernels for an already-resolved config. Returns (out in ``out_layout``, default
     ``layout``; lse or empty). A call with the shapes and options of a recent one replays its launches
     (``replay``): no host work but the output's allocation and the launches."""
-    key = None
-    if _launch_hook is None:
-        key = replay.call_key(q, k, v, attn_mask, cfg, (layout, out_layout, is_causal, sm_scale, return_lse, smooth_k,
-                                                        smooth_v))
-    if key is not None:
-        rec = replay.lookup(key, cfg)
-        if rec is not None:
-            return _replay_call(rec, q, k, v, layout, out_layout or layout, attn_mask, return_lse)
-        gluon_error = _shared_kv_error
-        replay.start()
-        try:
-            plan = _forward([q, k, v], layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
-                            out_layout, release=False)
-        finally:
-            launches = replay.stop()
-        if _shared_kv_error is gluon_error:  # not when the Gluon kernel failed and the portable one took over
-            turns = plan.shared_kv[3] if plan.shared_kv is not None else None
-            replay.record(key, cfg, launches, (plan.qh, plan.kh, plan.vh, plan.oh, plan.lse, plan.mask_view),
-                          zero=(turns,) if turns is not None else (), lse=None if return_lse else plan.lse)
-        return plan.out, plan.lse
-    plan = _forward([q, k, v], layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
-                    out_layout, release=False)
-    return plan.out, plan.lse
+    return _run([q, k, v], layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v, out_layout,
+                release=False)
 
 
 def attention_forward_taking(inputs: list, layout: str, is_causal: bool, sm_scale: Optional[float], attn_mask,
@@ -333,10 +312,40 @@ def attention_forward_taking(inputs: list, layout: str, is_causal: bool, sm_scal
     """``attention_forward`` for a caller that hands over its only references to q, k, v in ``inputs``
     (emptied here): each float input is dropped once quantized and the output is allocated after
     that, so the call's peak holds at most one quantized copy beside the floats (ComfyUI's
-    single-owner q, k, v containers). Not replayed: a recording would keep what this call frees.
-    Returns the output only."""
-    return _forward(inputs, layout, is_causal, sm_scale, attn_mask, False, cfg, smooth_k, smooth_v, out_layout,
-                    release=True).out
+    single-owner q, k, v containers). Calls small enough to replay (``replay.worth_recording``) keep
+    their inputs to the end instead, as a recording needs. Returns the output only."""
+    return _run(inputs, layout, is_causal, sm_scale, attn_mask, False, cfg, smooth_k, smooth_v, out_layout,
+                release=True)[0]
+
+
+def _run(inputs: list, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v, out_layout,
+         release: bool):
+    """Replay a recorded call, or work the call out in full (recording it where it may be replayed)."""
+    key = None
+    if _launch_hook is None and (not release or replay.worth_recording(*inputs)):
+        key = replay.call_key(*inputs, attn_mask, cfg, (layout, out_layout, is_causal, sm_scale, return_lse,
+                                                        smooth_k, smooth_v))
+    if key is None:
+        plan = _forward(inputs, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
+                        out_layout, release=release)
+        return plan.out, plan.lse
+    rec = replay.lookup(key, cfg)
+    if rec is not None:
+        q, k, v = inputs
+        inputs.clear()
+        return _replay_call(rec, q, k, v, layout, out_layout or layout, attn_mask, return_lse)
+    gluon_error = _shared_kv_error
+    replay.start()
+    try:
+        plan = _forward(inputs, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
+                        out_layout, release=False)
+    finally:
+        launches = replay.stop()
+    if _shared_kv_error is gluon_error:  # not when the Gluon kernel failed and the portable one took over
+        turns = plan.shared_kv[3] if plan.shared_kv is not None else None
+        replay.record(key, cfg, launches, (plan.qh, plan.kh, plan.vh, plan.oh, plan.lse, plan.mask_view),
+                      zero=(turns,) if turns is not None else (), lse=None if return_lse else plan.lse)
+    return plan.out, plan.lse
 
 
 def _replay_call(rec, q, k, v, layout: str, out_layout: str, attn_mask, return_lse: bool):

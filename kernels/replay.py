@@ -4,7 +4,8 @@ A call's host work (checks, buffer sizes, grids, the quantized buffers, tensor d
 arguments of each launch) depends only on the inputs' shapes, strides, dtypes and the options, so it
 is done once per such signature. The first call runs in full and its launches are recorded; a
 repeat call fills its own inputs and a fresh output into the recorded arguments and launches: the
-same kernels with the same arguments but for those tensors, so the same results.
+same kernels with the same arguments but for those tensors, so the same results. Where Triton allows,
+the launches go straight to the compiled kernels' launchers (``launcher``), skipping ``JITFunction.run``.
 
 The quantized buffers are reused from call to call. That is safe on one stream: each call's first
 launch is an ordinary launch, which starts only after the previous call's kernels have ended. So
@@ -17,6 +18,8 @@ import threading
 from typing import Optional
 
 import torch
+
+from . import launcher
 
 # Device types whose calls are replayed (tests add "cpu": the interpreter runs launches in order too).
 DEVICE_TYPES = ("cuda",)
@@ -31,14 +34,28 @@ def _tensor_key(t: Optional[torch.Tensor]):
     return None if t is None else (t.shape, t.stride(), t.dtype)
 
 
+def worth_recording(q, k, v) -> bool:
+    """Whether a call's buffers (about a byte per element of q, k and v) are small enough to be kept."""
+    return q.numel() + k.numel() + v.numel() <= MAX_BYTES
+
+
 def call_key(q, k, v, attn_mask, cfg, options: tuple) -> Optional[tuple]:
     """The signature a recording is valid for, or None where calls are not replayed."""
     device = q.device
     if device.type not in DEVICE_TYPES:
         return None
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    stream = _current_stream() if device.type == "cuda" else 0
     return (_tensor_key(q), _tensor_key(k), _tensor_key(v), _tensor_key(attn_mask), device, id(cfg), options,
             stream, threading.get_ident())
+
+
+def _current_stream() -> int:
+    """The current device's current stream, the one Triton launches on (its own lookup, not a Stream object)."""
+    try:
+        from torch._C import _cuda_getCurrentRawStream
+    except ImportError:
+        return torch.cuda.current_stream().cuda_stream
+    return _cuda_getCurrentRawStream(torch.cuda.current_device())
 
 
 def lookup(key, cfg) -> Optional[Recording]:
@@ -56,35 +73,53 @@ def stop() -> list:
     return launches or []
 
 
-def note_launch(kernel, grid, args: tuple, kwargs: dict) -> None:
-    """Called by ``api._launch`` after each launch."""
+def note_launch(kernel, grid, args: tuple, kwargs: dict, compiled=None) -> None:
+    """Called by ``api._launch`` after each launch; ``compiled``: what ``kernel[grid](...)`` returned."""
     launches = getattr(_local, "launches", None)
     if launches is not None:
-        launches.append((kernel, grid, args, kwargs))
+        direct = None
+        if compiled is not None and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "cuda":
+            direct = launcher.direct_launch(kernel, grid, args, kwargs, compiled, _current_stream())
+        launches.append((kernel, grid, args, kwargs, direct))
 
 
 class Recording:
     """One call's launches, with the call's own tensors (inputs, output, mask, LSE) marked as slots."""
 
-    __slots__ = ("cfg", "launches", "zero", "lse", "nbytes")
+    __slots__ = ("cfg", "launches", "direct", "alignment", "zero", "lse", "nbytes", "direct_calls")
 
-    def __init__(self, cfg, launches: list, launch_slots: list, zero: tuple, lse, nbytes: int):
+    def __init__(self, cfg, launches: list, launch_slots: list, direct: Optional[list], alignment: tuple,
+                 zero: tuple, lse, nbytes: int):
         self.cfg = cfg  # kept alive: the key holds its id
         self.launches = list(zip(launches, launch_slots, strict=True))
+        self.direct = direct  # a ``launcher.DirectLaunch`` per launch, or None (through ``kernel[grid]``)
+        self.alignment = alignment  # the slots' pointer alignment the compiled kernels were specialized for
         self.zero = zero  # workspaces a launch expects zeroed
         self.lse = lse  # the empty LSE when none was asked for
         self.nbytes = nbytes
+        self.direct_calls = 0  # replays that went through the launchers (tests and benchmarks read it)
 
     def replay(self, tensors: tuple) -> None:
         """Launch again with ``tensors`` in the slots (the order ``record`` got them in)."""
         for t in self.zero:
             t.zero_()
+        if self.direct is not None and _alignment(tensors) == self.alignment:
+            hooks = launcher.idle_hooks()
+            if hooks is not None:
+                for direct, (_, slots) in zip(self.direct, self.launches):
+                    direct(slots, tensors, hooks)
+                self.direct_calls += 1
+                return
         for (kernel, grid, args, kwargs), slots in self.launches:
             if slots:
                 args = list(args)
                 for pos, slot in slots:
                     args[pos] = tensors[slot]
             kernel[grid](*args, **kwargs)
+
+
+def _alignment(tensors: tuple) -> tuple:
+    return tuple(t is not None and launcher.aligned(t) for t in tensors)
 
 
 def record(key, cfg, launches: list, tensors: tuple, zero: tuple = (), lse=None) -> Optional[Recording]:
@@ -94,8 +129,8 @@ def record(key, cfg, launches: list, tensors: tuple, zero: tuple = (), lse=None)
     ids = {id(t): i for i, t in enumerate(tensors) if t is not None}
     user = {t.untyped_storage().data_ptr() for t in tensors if t is not None and t.numel()}
     buffers: dict = {}
-    launch_slots, kept = [], []
-    for kernel, grid, args, kwargs in launches:
+    launch_slots, kept, direct = [], [], []
+    for kernel, grid, args, kwargs, fast in launches:
         slots = []
         for pos, a in enumerate(args):
             if id(a) in ids:
@@ -111,11 +146,15 @@ def record(key, cfg, launches: list, tensors: tuple, zero: tuple = (), lse=None)
         held = list(args)
         for pos, _ in slots:  # the call's own tensors are not kept alive by the recording
             held[pos] = None
+            if fast is not None:
+                fast.values[pos] = None
         kept.append((kernel, grid, tuple(held), kwargs))
+        direct.append(fast)
     nbytes = sum(buffers.values())
     if not launches or nbytes > MAX_BYTES:
         return None
-    rec = Recording(cfg, kept, launch_slots, zero, lse, nbytes)
+    rec = Recording(cfg, kept, launch_slots, direct if all(d is not None for d in direct) else None,
+                    _alignment(tensors), zero, lse, nbytes)
     _recordings.pop(key, None)
     _recordings[key] = rec
     while len(_recordings) > MAX_ENTRIES:

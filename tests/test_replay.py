@@ -115,3 +115,45 @@ def test_the_end_of_a_sampling_run_frees_the_buffers(seed, replaying):
     assert replay._recordings
     finish_run(state)
     assert not replay._recordings
+
+
+def _taking_call(inputs: list):
+    from sagetriton.kernels.arch import arch_for_device
+
+    cfg = api._resolved_config(arch_for_device(inputs[0].device), inputs[0].shape[-1], None, None, None)
+    out = api.attention_forward_taking(inputs, "HND", False, None, None, cfg, True, False)
+    assert inputs == []  # handed over
+    return out
+
+
+def test_small_container_calls_are_replayed(seed, replaying, monkeypatch):
+    """Current ComfyUI hands q, k, v over in containers (``attention_forward_taking``): where a call is
+    small enough to keep its buffers, host time matters more than freeing the floats early, so it is
+    recorded and replayed like any other call."""
+    _taking_call(list(inputs()))  # recorded
+    second = inputs()
+    replay.DEVICE_TYPES = ("cuda",)
+    expected = _taking_call([t.clone() for t in second])  # worked out in full
+    replay.DEVICE_TYPES = ("cuda", "cpu")
+    forbid_host_work(monkeypatch)
+    assert torch.equal(_taking_call(list(second)), expected)
+
+
+def test_large_container_calls_release_their_inputs_instead(seed, replaying, monkeypatch):
+    import weakref
+
+    monkeypatch.setattr(replay, "MAX_BYTES", 1000)
+    seen = []
+    real = api._launch_attention
+
+    def spy(plan, *args, **kwargs):
+        seen.append([r() is None for r in refs])
+        return real(plan, *args, **kwargs)
+
+    monkeypatch.setattr(api, "_launch_attention", spy)
+    tensors = list(inputs())
+    refs = [weakref.ref(t) for t in tensors]
+    expected = kernels.sageattn(*tensors)
+    out = _taking_call(tensors)
+    assert not replay._recordings and torch.equal(out, expected)
+    assert seen[-1][:2] == [True, True]  # q and k were freed before the attention launch (V is read in place here)
