@@ -106,7 +106,7 @@ class Recording:
         if self.direct is not None and _alignment(tensors) == self.alignment:
             hooks = launcher.idle_hooks()
             if hooks is not None:
-                for direct, (_, slots) in zip(self.direct, self.launches):
+                for direct, (_, slots) in zip(self.direct, self.launches, strict=True):
                     direct(slots, tensors, hooks)
                 self.direct_calls += 1
                 return
