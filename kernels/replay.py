@@ -78,7 +78,7 @@ def note_launch(kernel, grid, args: tuple, kwargs: dict, compiled=None) -> None:
     launches = getattr(_local, "launches", None)
     if launches is not None:
         direct = None
-        first = next((a for a in args if isinstance(a, torch.Tensor)), None)  # the Gluon kernel's start with descriptors
+        first = next((a for a in args if isinstance(a, torch.Tensor)), None)  # Gluon kernels start with descriptors
         if compiled is not None and first is not None and first.device.type == "cuda":
             direct = launcher.direct_launch(kernel, grid, args, kwargs, compiled, _current_stream())
         launches.append((kernel, grid, args, kwargs, direct))
