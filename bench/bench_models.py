@@ -180,7 +180,9 @@ def time_variants(variants: dict, x, sigma, kwargs, runs: int, warmup: int = 2) 
                 sync()
                 result[label]["times"].append(time.perf_counter() - t0)
     for r in result.values():
-        r["seconds"] = statistics.median(r.pop("times"))
+        times = r.pop("times")
+        r["seconds"] = statistics.median(times)
+        r["quartiles"] = statistics.quantiles(times, n=4)[::2] if len(times) > 1 else times * 2  # the spread
     return result
 
 
@@ -232,7 +234,9 @@ def control_variants(base) -> dict:
             "control: pass-through override": with_override(base, lambda func, *args, **kwargs: func(*args, **kwargs))}
 
 
-def bench_model(name: str, runs: int, profile_host: bool = False, controls: bool = False) -> list:
+def bench_model(name: str, runs: int, profile_host: bool = False, controls: bool = False,
+                only: tuple = ()) -> list:
+    """``only``: starts of the variant labels to time (the unpatched model always is)."""
     base = build(name)
     variants = {"unpatched": base, "patched (defaults)": patch_model(base, SageSettings()),
                 "patched (kernel on every call)": patch_model(base, SageSettings(min_seq_len=0)),
@@ -247,6 +251,8 @@ def bench_model(name: str, runs: int, profile_host: bool = False, controls: bool
     for backend in available_backends():  # Sage Settings' backend choice: the same routing, another attention
         if backend != "SageTriton":
             variants[f"backend {backend}"] = patch_model(base, SageSettings(backend=backend))
+    if only:
+        variants = {k: p for k, p in variants.items() if k == "unpatched" or k.startswith(only)}
     x, sigma, kwargs = forward_inputs(base, name)
     if profile_host:
         for label in ("unpatched", "patched (defaults)"):
@@ -260,6 +266,7 @@ def bench_model(name: str, runs: int, profile_host: bool = False, controls: bool
         t = timed[label]
         sampled = ref_sample if patcher is base else sample4(patcher, name)
         rows.append(dict(model=name, variant=label, seconds=t["seconds"], speedup=ref["seconds"] / t["seconds"],
+                         quartiles=t["quartiles"], runs=runs,
                          peak_gib=t["peak_gib"], calls=t["calls"], cosine_forward=cosine(t["out"], ref["out"]),
                          cosine_4_steps=cosine(sampled, ref_sample), finite=bool(torch.isfinite(t["out"]).all())))
         print(rows[-1], flush=True)
@@ -287,6 +294,8 @@ def main(argv=None):
     ap.add_argument("--profile-host", action="store_true", help="cProfile one forward, unpatched and patched")
     ap.add_argument("--controls", action="store_true",
                     help="also time the unpatched model twice and a pass-through override (noise and hook cost)")
+    ap.add_argument("--variants", default="",
+                    help="comma-separated starts of variant labels to time, e.g. 'patched (defaults),control'")
     ap.add_argument("--tiny", action="store_true", help="tiny configs on the CPU: checks this script, times nothing")
     args = ap.parse_args(argv)
     if args.tiny:
@@ -296,7 +305,8 @@ def main(argv=None):
     payload = {"env": environment(), "rows": []}
     print(payload["env"], flush=True)  # the log states its run, like the JSON
     for name in args.models.split(","):
-        payload["rows"] += bench_model(name, args.runs, args.profile_host, args.controls)
+        payload["rows"] += bench_model(name, args.runs, args.profile_host, args.controls,
+                                       tuple(v for v in args.variants.split(",") if v))
     print(f"{'model':>6} {'variant':>32} {'s/forward':>10} {'speedup':>8} {'peak GiB':>9} {'cos fwd':>8} "
           f"{'cos 4 steps':>11}  calls")
     for r in payload["rows"]:
