@@ -179,10 +179,14 @@ def time_variants(variants: dict, x, sigma, kwargs, runs: int, warmup: int = 2) 
                 call(patcher)
                 sync()
                 result[label]["times"].append(time.perf_counter() - t0)
+    ref_times = result[labels[0]]["times"]
     for r in result.values():
         times = r.pop("times")
         r["seconds"] = statistics.median(times)
         r["quartiles"] = statistics.quantiles(times, n=4)[::2] if len(times) > 1 else times * 2  # the spread
+        # Each round's own ratio to the first variant timed in that round, then their median: on a noisy
+        # host (host-bound forwards, SDXL) slow stretches hit both sides of a ratio and cancel.
+        r["paired_speedup"] = statistics.median(a / b for a, b in zip(ref_times, times, strict=True))
     return result
 
 
@@ -266,7 +270,7 @@ def bench_model(name: str, runs: int, profile_host: bool = False, controls: bool
         t = timed[label]
         sampled = ref_sample if patcher is base else sample4(patcher, name)
         rows.append(dict(model=name, variant=label, seconds=t["seconds"], speedup=ref["seconds"] / t["seconds"],
-                         quartiles=t["quartiles"], runs=runs,
+                         paired_speedup=t["paired_speedup"], quartiles=t["quartiles"], runs=runs,
                          peak_gib=t["peak_gib"], calls=t["calls"], cosine_forward=cosine(t["out"], ref["out"]),
                          cosine_4_steps=cosine(sampled, ref_sample), finite=bool(torch.isfinite(t["out"]).all())))
         print(rows[-1], flush=True)
@@ -307,10 +311,11 @@ def main(argv=None):
     for name in args.models.split(","):
         payload["rows"] += bench_model(name, args.runs, args.profile_host, args.controls,
                                        tuple(v for v in args.variants.split(",") if v))
-    print(f"{'model':>6} {'variant':>32} {'s/forward':>10} {'speedup':>8} {'peak GiB':>9} {'cos fwd':>8} "
+    print(f"{'model':>6} {'variant':>32} {'s/forward':>10} {'speedup':>8} {'paired':>7} {'peak GiB':>9} {'cos fwd':>8} "
           f"{'cos 4 steps':>11}  calls")
     for r in payload["rows"]:
-        print(f"{r['model']:>6} {r['variant']:>32} {r['seconds']:10.4f} {r['speedup']:8.3f} {r['peak_gib']:9.2f} "
+        print(f"{r['model']:>6} {r['variant']:>32} {r['seconds']:10.4f} {r['speedup']:8.3f} {r['paired_speedup']:7.3f} "
+              f"{r['peak_gib']:9.2f} "
               f"{r['cosine_forward']:8.5f} {r['cosine_4_steps']:11.5f}  {r['calls']}")
     from pathlib import Path
 
