@@ -54,8 +54,9 @@ def main(argv=None):
     for shape in SHAPES:
         q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         cfg = default_config(arch, shape[3])
-        ours = lambda: attention_forward(q, k, v, "HND", False, None, None, False, cfg, True, False)  # noqa: E731
-        sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)  # noqa: E731
+        ours = lambda q=q, k=k, v=v, cfg=cfg: attention_forward(  # noqa: E731
+            q, k, v, "HND", False, None, None, False, cfg, True, False)
+        sdpa = lambda q=q, k=k, v=v: torch.nn.functional.scaled_dot_product_attention(q, k, v)  # noqa: E731
         kernels = kernel_times(ours)
         total = sum(kernels.values())
         call_us = time_call(ours, q.device, iters=20) * 1e3
