@@ -102,7 +102,8 @@ def kernel_inputs(call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor, torc
 
 def _split_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
     """(B, L, H*D) -> (B, L, H, D) as a view; 4-D tensors are already split."""
-    return t if t.ndim == 4 else t.unflatten(-1, (heads, t.shape[-1] // heads))
+    # view(), not unflatten(): the same view without unflatten's Python wrapper, on every kernel call
+    return t if t.ndim == 4 else t.view(t.shape[0], t.shape[1], heads, t.shape[2] // heads)
 
 
 def hnd_inputs(call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
