@@ -22,8 +22,9 @@ MAX_REL_L1 = 0.1
 BUILD_HEAD_DIMS = (64, 128)  # others (40, 80, 96, 160, 256, ...) are compiled on first use
 GPU_ACCURACY_SHAPES = ((1, 8, 1024, 1024, 128), (2, 4, 333, 77, 64))  # (B, H, Lq, Lk, D); odd sizes on purpose
 CPU_ACCURACY_SHAPES = ((1, 2, 64, 64, 64), (1, 2, 100, 77, 40))
-# 4608 = Flux at 1024² (4096 image + 512 text tokens); 6144 splits the 4K-8K gap.
-CROSSOVER_LENGTHS = (256, 512, 1024, 2048, 4096, 4608, 6144, 8192, 16384)
+# 4608 = Flux at 1024² (4096 image + 512 text tokens); 3072 and 6144 split the 2K-4K and 4K-8K gaps
+# (a GPU whose kernel wins from 3K would otherwise be read as 4K).
+CROSSOVER_LENGTHS = (256, 512, 1024, 2048, 3072, 4096, 4608, 6144, 8192, 16384)
 CROSSOVER_HEAD_DIMS = (128, 64)  # the first is the report's headline; the others go to "by_head_dim"
 
 
