@@ -140,7 +140,8 @@ def _kv_stats(k, v, k_sum: bool, v_stats: int, d_pad: int, pdl: bool = False):
     parts = torch.empty((4, B * H, n_parts, d_pad), dtype=torch.float32, device=k.device)
     _launch(quant.kv_stats_kernel, (n_parts, B * H), (
         k, *k.stride(), v, *v.stride(), *parts.unbind(0), H, L, D, per_part, k_stride,
-    ), dict(BLOCK=block, D_PAD=d_pad, K_SUM=k_sum, V_STATS=v_stats, PDL=pdl), num_warps=8)
+    ), dict(BLOCK=block, D_PAD=d_pad, K_SUM=k_sum, V_STATS=v_stats, PDL=pdl,
+            INTERPRETER=interpreter_enabled()), num_warps=8)
     return parts, n_parts, k_tokens
 
 
@@ -183,7 +184,8 @@ def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, 
         H, kv_div, L, l_kv, k_tokens, D, n_parts, scale_mult, bias_mult,
     ), dict(BLOCK=block, GROUP=group, D_PAD=d_pad, MEAN_MODE=mean_mode, SCALE_PER_BLOCK=per_block,
             FINALIZE=finalize is not None, K_SUM=k_sum, V_STATS=v_stats, V_RANGE=v_range, V_POW2=v_pow2,
-            PARTS_PAD=quant.STATS_PARTS, PDL=pdl, ROTATE=rotate), num_warps=8 if rotate else 4,
+            PARTS_PAD=quant.STATS_PARTS, PDL=pdl, ROTATE=rotate, INTERPRETER=interpreter_enabled()),
+            num_warps=8 if rotate else 4,
             **_pdl_launch(pdl and after))
     return out, scale
 

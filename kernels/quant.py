@@ -183,12 +183,37 @@ def _min_nan(a, b):
 
 
 @triton.jit
+def _reduce_max_nan(x, axis: tl.constexpr, INTERPRETER: tl.constexpr):
+    """Max of ``x`` along ``axis``, NaN where any element is NaN (as torch.amax). The interpreter
+    calls a custom combine function once per element in Python (minutes per test), so there the
+    NaNs are counted apart and the max is numpy's; compiled code keeps the one-pass reduction."""
+    if INTERPRETER:
+        nan = x != x
+        res = tl.where(tl.max(nan.to(tl.int32), axis) > 0, float("nan"), tl.max(tl.where(nan, float("-inf"), x), axis))
+    else:
+        res = tl.reduce(x, axis, _max_nan)
+    return res
+
+
+@triton.jit
+def _reduce_min_nan(x, axis: tl.constexpr, INTERPRETER: tl.constexpr):
+    """Min of ``x`` along ``axis``, NaN where any element is NaN; see ``_reduce_max_nan``."""
+    if INTERPRETER:
+        nan = x != x
+        res = tl.where(tl.max(nan.to(tl.int32), axis) > 0, float("nan"), tl.min(tl.where(nan, float("inf"), x), axis))
+    else:
+        res = tl.reduce(x, axis, _min_nan)
+    return res
+
+
+@triton.jit
 def kv_stats_kernel(
     K, stride_kb, stride_kh, stride_kl, stride_kd,
     V, stride_vb, stride_vh, stride_vl, stride_vd,
     KSum, VLo, VHi, VSum,  # fp32 (B*H, n_parts, D_PAD) out: partials per chunk of tiles_per_part tiles
     H, L, D, tiles_per_part, k_stride,
     BLOCK: tl.constexpr, D_PAD: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr, PDL: tl.constexpr,
+    INTERPRETER: tl.constexpr = False,
 ):
     """Per-channel partials of K's sum over every ``k_stride``-th token block (``k_mean_sample``) and
     of V's max |v| (V_ABSMAX) or min, max and sum (V_MINMAXSUM) over every token, reading each block
@@ -221,14 +246,15 @@ def kv_stats_kernel(
     if K_SUM:
         tl.store(KSum + dst, tl.sum(ksum, axis=0))
     if V_STATS != 0:
-        tl.store(VHi + dst, tl.reduce(vhi, 0, _max_nan))
+        tl.store(VHi + dst, _reduce_max_nan(vhi, 0, INTERPRETER))
     if V_STATS == 2:
-        tl.store(VLo + dst, tl.reduce(vlo, 0, _min_nan))
+        tl.store(VLo + dst, _reduce_min_nan(vlo, 0, INTERPRETER))
         tl.store(VSum + dst, tl.sum(vsum, axis=0))
 
 
 @triton.jit
-def _reduce_parts(P, bh, n_parts, OP: tl.constexpr, PARTS_PAD: tl.constexpr, D_PAD: tl.constexpr):
+def _reduce_parts(P, bh, n_parts, OP: tl.constexpr, PARTS_PAD: tl.constexpr, D_PAD: tl.constexpr,
+                  INTERPRETER: tl.constexpr):
     """One head's partials (n_parts rows of D_PAD) reduced over the rows, in a fixed order."""
     r = tl.arange(0, PARTS_PAD)
     ptrs = P + (bh.to(tl.int64) * n_parts + r[:, None]) * D_PAD + tl.arange(0, D_PAD)[None, :]
@@ -236,9 +262,9 @@ def _reduce_parts(P, bh, n_parts, OP: tl.constexpr, PARTS_PAD: tl.constexpr, D_P
     if OP == REDUCE_SUM:
         res = tl.sum(tl.load(ptrs, mask=ok, other=0.0), axis=0)
     elif OP == REDUCE_MAX:
-        res = tl.reduce(tl.load(ptrs, mask=ok, other=float("-inf")), 0, _max_nan)
+        res = _reduce_max_nan(tl.load(ptrs, mask=ok, other=float("-inf")), 0, INTERPRETER)
     else:
-        res = tl.reduce(tl.load(ptrs, mask=ok, other=float("inf")), 0, _min_nan)
+        res = _reduce_min_nan(tl.load(ptrs, mask=ok, other=float("inf")), 0, INTERPRETER)
     return res
 
 
@@ -246,13 +272,13 @@ def _reduce_parts(P, bh, n_parts, OP: tl.constexpr, PARTS_PAD: tl.constexpr, D_P
 def _k_mean(Parts, kvh, n_parts, k_tokens, PARTS_PAD: tl.constexpr, D_PAD: tl.constexpr):
     """K's mean for key/value head ``kvh`` from the statistics pass's sums over its ``k_tokens``
     sampled keys. The one formula for Final's K mean and the LSE bias, so both are the same bits."""
-    return _reduce_parts(Parts, kvh, n_parts, REDUCE_SUM, PARTS_PAD, D_PAD) / k_tokens
+    return _reduce_parts(Parts, kvh, n_parts, REDUCE_SUM, PARTS_PAD, D_PAD, False) / k_tokens
 
 
 @triton.jit
 def _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L, k_tokens, D, K_SUM: tl.constexpr,
                        V_STATS: tl.constexpr, V_RANGE: tl.constexpr, V_POW2: tl.constexpr,
-                       PARTS_PAD: tl.constexpr, D_PAD: tl.constexpr):
+                       PARTS_PAD: tl.constexpr, D_PAD: tl.constexpr, INTERPRETER: tl.constexpr):
     """Reduce key/value head ``kvh``'s partials into Final (3, B*H_KV, D): K mean (over the
     ``k_tokens`` keys the statistics pass summed), V scale (what the attention epilogue multiplies
     by: V's range mapped onto [-V_RANGE, V_RANGE]) and V mean."""
@@ -262,13 +288,13 @@ def _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L, k_t
     if K_SUM:
         tl.store(dst, _k_mean(Parts, kvh, n_parts, k_tokens, PARTS_PAD, D_PAD), mask=d_ok)
     if V_STATS == 2:  # V_MINMAXSUM: the range around the mean
-        vmin = _reduce_parts(Parts + part_slot, kvh, n_parts, REDUCE_MIN, PARTS_PAD, D_PAD)
-        vmax = _reduce_parts(Parts + 2 * part_slot, kvh, n_parts, REDUCE_MAX, PARTS_PAD, D_PAD)
-        mean = _reduce_parts(Parts + 3 * part_slot, kvh, n_parts, REDUCE_SUM, PARTS_PAD, D_PAD) / L
+        vmin = _reduce_parts(Parts + part_slot, kvh, n_parts, REDUCE_MIN, PARTS_PAD, D_PAD, INTERPRETER)
+        vmax = _reduce_parts(Parts + 2 * part_slot, kvh, n_parts, REDUCE_MAX, PARTS_PAD, D_PAD, INTERPRETER)
+        mean = _reduce_parts(Parts + 3 * part_slot, kvh, n_parts, REDUCE_SUM, PARTS_PAD, D_PAD, INTERPRETER) / L
         tl.store(dst + 2 * final_slot, mean, mask=d_ok)
         amax = tl.maximum(vmax - mean, mean - vmin)
     else:  # V_ABSMAX: max |v|, NaN if any v is
-        amax = _reduce_parts(Parts + 2 * part_slot, kvh, n_parts, REDUCE_MAX, PARTS_PAD, D_PAD)
+        amax = _reduce_parts(Parts + 2 * part_slot, kvh, n_parts, REDUCE_MAX, PARTS_PAD, D_PAD, INTERPRETER)
     if V_STATS != 0:
         if V_POW2:  # powers of two keep the scaling exact in fp16
             scale = tl.exp2(tl.ceil(tl.log2(tl.maximum(amax / V_RANGE, 1.0))))
@@ -288,7 +314,7 @@ def quantize_int8_kernel(
     BLOCK: tl.constexpr, GROUP: tl.constexpr, D_PAD: tl.constexpr, MEAN_MODE: tl.constexpr,
     SCALE_PER_BLOCK: tl.constexpr, FINALIZE: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr,
     V_RANGE: tl.constexpr, V_POW2: tl.constexpr, PARTS_PAD: tl.constexpr, PDL: tl.constexpr,
-    ROTATE: tl.constexpr = 0,
+    ROTATE: tl.constexpr = 0, INTERPRETER: tl.constexpr = False,
 ):
     """Quantize one tile of Q or K. With FINALIZE (the Q launch, which runs right after the
     statistics), the first program of each key/value head also reduces the K/V partials into Final,
@@ -302,7 +328,7 @@ def quantize_int8_kernel(
     if FINALIZE:
         if (tl.program_id(0) == 0) & (bh % H_KV_DIV == 0):
             _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L_KV, K_TOKENS, D, K_SUM, V_STATS,
-                               V_RANGE, V_POW2, PARTS_PAD, D_PAD)
+                               V_RANGE, V_POW2, PARTS_PAD, D_PAD, INTERPRETER)
 
     if MEAN_MODE == 1:
         mean = tl.load(Final + bh * D + offs_d, mask=offs_d < D, other=0.0)
@@ -324,7 +350,7 @@ def quantize_int8_kernel(
         # max, broadcast back to rows) spilled at 128 rows and took twice as long on an H200
         # (bench/NOTES.md). A NaN/Inf key poisons its whole block: that changes nothing,
         # since SDPA turns every query row that sees such a key into NaN anyway.
-        amax = tl.reduce(tl.reduce(tl.abs(x), 1, _max_nan), 0, _max_nan)
+        amax = _reduce_max_nan(_reduce_max_nan(tl.abs(x), 1, INTERPRETER), 0, INTERPRETER)
         ok = amax < float("inf")  # False for NaN and Inf
         scale = tl.where(ok & (amax > 0), amax / 127.0, 1.0)
         tl.store(out_ptrs, round_to_int8(x * (1.0 / scale)), mask=row_ok[:, None])
@@ -334,7 +360,7 @@ def quantize_int8_kernel(
         # Rows holding NaN/Inf are found by their NaN-propagating max and get a NaN scale (their
         # int8 values then do not matter); the group's shared scale skips them, so the other tokens
         # of the group stay exact.
-        row_max = tl.reduce(tl.abs(x), 1, _max_nan)
+        row_max = _reduce_max_nan(tl.abs(x), 1, INTERPRETER)
         row_bad = ~(row_max < float("inf"))
         amax = _group_max(tl.where(row_bad, 0.0, row_max), BLOCK, GROUP)
         scale = tl.where(amax > 0, amax / 127.0, 1.0)
