@@ -71,15 +71,12 @@ class CallCache:
 
     def __init__(self) -> None:
         self.entries: dict[tuple, Decision] = {}
-        self._settings = self._previous = self._generation = None
+        self.settings = self.previous = self.generation = None  # what the entries were decided under
 
-    def valid_for(self, settings, previous, generation) -> bool:
-        """False (and the cache emptied) when any of them changed since the decisions were made."""
-        if settings is self._settings and previous is self._previous and generation == self._generation:
-            return True
+    def reset(self, settings, previous, generation) -> None:
+        """Forget every decision: the settings, the earlier override or the report changed."""
         self.entries.clear()
-        self._settings, self._previous, self._generation = settings, previous, generation
-        return False
+        self.settings, self.previous, self.generation = settings, previous, generation
 
     def get(self, key) -> Optional[Decision]:
         try:

@@ -69,8 +69,7 @@ class InstallReport(NoReport):
     def long_sequence_kernel_failed(self, arch):
         return bool(_safely(report.long_sequence_kernel_failed, arch))
 
-    def generation(self):
-        return report.generation()
+    generation = staticmethod(report.generation)  # read on every attention call: no extra frame
 
     def pv_choice(self, arch, head_dim):
         return _safely(report.measured_pv_choice, arch, head_dim)
