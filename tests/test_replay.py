@@ -157,3 +157,58 @@ def test_large_container_calls_release_their_inputs_instead(seed, replaying, mon
     out = _taking_call(tensors)
     assert not replay._recordings and torch.equal(out, expected)
     assert seen[-1][:2] == [True, True]  # q and k were freed before the attention launch (V is read in place here)
+
+
+def test_a_launch_hook_sends_replays_back_through_triton():
+    """A profiler's launch hook (Triton's ``knobs``) needs launch metadata that direct launches do not
+    build: while one is set, replays go through ``kernel[grid]``."""
+    from sagetriton.kernels import launcher
+    from triton import knobs
+
+    assert launcher.idle_hooks() is not None
+    chain = knobs.runtime.launch_enter_hook
+
+    def hook(*_):
+        return None
+
+    if hasattr(chain, "add"):  # Triton 3.6+: a chain of hooks
+        chain.add(hook)
+    else:
+        knobs.runtime.launch_enter_hook = hook
+    try:
+        assert launcher.idle_hooks() is None
+    finally:
+        if hasattr(chain, "remove"):
+            chain.remove(hook)
+        else:
+            knobs.runtime.launch_enter_hook = chain
+    assert launcher.idle_hooks() is not None
+
+
+def test_a_direct_launch_fills_its_slots_and_keeps_no_tensor():
+    """``DirectLaunch`` hands the compiled kernel's launcher the recorded arguments with the call's
+    tensors in their slots, and lets go of those tensors afterwards (here the launcher is a function
+    that records what it got: the real one needs a GPU, where bench/gpu_check.py runs it)."""
+    import weakref
+
+    from sagetriton.kernels import launcher
+
+    got = []
+    buffer = torch.zeros(4)
+    direct = launcher.DirectLaunch(lambda *a: got.append(a), (3, 2, 1), "function", "metadata", 7,
+                                   [None, buffer, 5, None])
+    q, out = torch.ones(2), torch.empty(2)
+    direct(((0, 0), (3, 1)), (q, out), ("enter", "exit"))
+    assert got[0][:9] == (3, 2, 1, 7, "function", "metadata", None, "enter", "exit")
+    assert got[0][9] is q and got[0][10] is buffer and got[0][11] == 5 and got[0][12] is out
+    refs = [weakref.ref(q), weakref.ref(out)]
+    del q, out, got
+    assert all(r() is None for r in refs) and direct.values[0] is None and direct.values[3] is None
+
+
+def test_direct_launches_need_a_compiled_kernel():
+    """The interpreter returns no compiled kernel: its replays stay on ``kernel[grid]``."""
+    from sagetriton.kernels import launcher, quant
+
+    assert launcher.direct_launch(quant.quantize_int8_kernel, (1, 1), (torch.zeros(1),), {}, None, 0) is None
+    assert launcher.aligned(torch.zeros(8)) and not launcher.aligned(torch.zeros(8)[1:])
