@@ -202,7 +202,8 @@ def test_a_direct_launch_fills_its_slots_and_keeps_no_tensor():
     assert got[0][:9] == (3, 2, 1, 7, "function", "metadata", None, "enter", "exit")
     assert got[0][9] is q and got[0][10] is buffer and got[0][11] == 5 and got[0][12] is out
     refs = [weakref.ref(q), weakref.ref(out)]
-    del q, out, got
+    got.clear()
+    del q, out
     assert all(r() is None for r in refs) and direct.values[0] is None and direct.values[3] is None
 
 
