@@ -228,3 +228,16 @@ def test_install_report_sets_crossover_and_avoids_failed_variants(tiny, no_insta
     assert run["kernel"] > 0 and run["fallback"] == {"key length < 9": run["kernel"]}
     assert run["config"]["qk_quant_gran"] != "per_warp"
     assert any("failed the install self-test" in note for note in run["notes"])
+
+
+def test_a_run_too_short_for_the_kernel_says_to_leave_the_model_unpatched(tiny):
+    """Every call shorter than the crossover (SDXL at 1024² on an H200): the patch only costs host time,
+    and the run's summary says so; a run where some calls took the kernel does not."""
+    from sagetriton.nodes.run_summary import UNPATCH_HINT
+
+    t = tiny("sd15")
+    sample(t, patch_model(t.patcher, SageSettings(min_seq_len=1 << 20)), steps=1)
+    run = stats.last_run()
+    assert run["kernel"] == 0 and run["fallback_total"] > 0 and UNPATCH_HINT in run["text"]
+    sample(t, patch_model(t.patcher, SageSettings(min_seq_len=0)), steps=1)
+    assert stats.last_run()["kernel"] > 0 and UNPATCH_HINT not in stats.last_run()["text"]
