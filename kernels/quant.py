@@ -183,24 +183,20 @@ def _min_nan(a, b):
 
 
 @triton.jit
-def _reduce_max_nan(x, axis: tl.constexpr, INTERPRETER: tl.constexpr):
-    """Max of ``x`` along ``axis``, NaN where any element is NaN (as torch.amax). The interpreter
-    calls a custom combine function once per element in Python (minutes per test), so there the
-    NaNs are counted apart and the max is numpy's; compiled code keeps the one-pass reduction."""
+def _reduce_nan(x, axis: tl.constexpr, IS_MAX: tl.constexpr, INTERPRETER: tl.constexpr):
+    """Max (``IS_MAX``) or min of ``x`` along ``axis``, NaN where any element is NaN (as torch.amax).
+    The interpreter calls a custom combine function once per element in Python (minutes per test),
+    so there the NaNs are counted apart and the max or min is numpy's; compiled code keeps the
+    one-pass reduction."""
     if INTERPRETER:
         nan = x != x
-        res = tl.where(tl.max(nan.to(tl.int32), axis) > 0, float("nan"), tl.max(tl.where(nan, float("-inf"), x), axis))
-    else:
+        if IS_MAX:
+            res = tl.max(tl.where(nan, float("-inf"), x), axis)
+        else:
+            res = tl.min(tl.where(nan, float("inf"), x), axis)
+        res = tl.where(tl.max(nan.to(tl.int32), axis) > 0, float("nan"), res)
+    elif IS_MAX:
         res = tl.reduce(x, axis, _max_nan)
-    return res
-
-
-@triton.jit
-def _reduce_min_nan(x, axis: tl.constexpr, INTERPRETER: tl.constexpr):
-    """Min of ``x`` along ``axis``, NaN where any element is NaN; see ``_reduce_max_nan``."""
-    if INTERPRETER:
-        nan = x != x
-        res = tl.where(tl.max(nan.to(tl.int32), axis) > 0, float("nan"), tl.min(tl.where(nan, float("inf"), x), axis))
     else:
         res = tl.reduce(x, axis, _min_nan)
     return res
@@ -246,9 +242,9 @@ def kv_stats_kernel(
     if K_SUM:
         tl.store(KSum + dst, tl.sum(ksum, axis=0))
     if V_STATS != 0:
-        tl.store(VHi + dst, _reduce_max_nan(vhi, 0, INTERPRETER))
+        tl.store(VHi + dst, _reduce_nan(vhi, 0, True, INTERPRETER))
     if V_STATS == 2:
-        tl.store(VLo + dst, _reduce_min_nan(vlo, 0, INTERPRETER))
+        tl.store(VLo + dst, _reduce_nan(vlo, 0, False, INTERPRETER))
         tl.store(VSum + dst, tl.sum(vsum, axis=0))
 
 
@@ -262,9 +258,9 @@ def _reduce_parts(P, bh, n_parts, OP: tl.constexpr, PARTS_PAD: tl.constexpr, D_P
     if OP == REDUCE_SUM:
         res = tl.sum(tl.load(ptrs, mask=ok, other=0.0), axis=0)
     elif OP == REDUCE_MAX:
-        res = _reduce_max_nan(tl.load(ptrs, mask=ok, other=float("-inf")), 0, INTERPRETER)
+        res = _reduce_nan(tl.load(ptrs, mask=ok, other=float("-inf")), 0, True, INTERPRETER)
     else:
-        res = _reduce_min_nan(tl.load(ptrs, mask=ok, other=float("inf")), 0, INTERPRETER)
+        res = _reduce_nan(tl.load(ptrs, mask=ok, other=float("inf")), 0, False, INTERPRETER)
     return res
 
 
@@ -350,7 +346,7 @@ def quantize_int8_kernel(
         # max, broadcast back to rows) spilled at 128 rows and took twice as long on an H200
         # (bench/NOTES.md). A NaN/Inf key poisons its whole block: that changes nothing,
         # since SDPA turns every query row that sees such a key into NaN anyway.
-        amax = _reduce_max_nan(_reduce_max_nan(tl.abs(x), 1, INTERPRETER), 0, INTERPRETER)
+        amax = _reduce_nan(_reduce_nan(tl.abs(x), 1, True, INTERPRETER), 0, True, INTERPRETER)
         ok = amax < float("inf")  # False for NaN and Inf
         scale = tl.where(ok & (amax > 0), amax / 127.0, 1.0)
         tl.store(out_ptrs, round_to_int8(x * (1.0 / scale)), mask=row_ok[:, None])
@@ -360,7 +356,7 @@ def quantize_int8_kernel(
         # Rows holding NaN/Inf are found by their NaN-propagating max and get a NaN scale (their
         # int8 values then do not matter); the group's shared scale skips them, so the other tokens
         # of the group stay exact.
-        row_max = _reduce_max_nan(tl.abs(x), 1, INTERPRETER)
+        row_max = _reduce_nan(tl.abs(x), 1, True, INTERPRETER)
         row_bad = ~(row_max < float("inf"))
         amax = _group_max(tl.where(row_bad, 0.0, row_max), BLOCK, GROUP)
         scale = tl.where(amax > 0, amax / 127.0, 1.0)
