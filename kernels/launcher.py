@@ -6,8 +6,8 @@ call's host time. A replayed launch has the arguments of a launch ``JITFunction.
 but for the call's own tensors, so it can hand them to that compiled kernel's launcher as
 ``JITFunction.run`` did (its argument list from Triton's own binder) and skip the rest.
 
-This uses Triton internals whose shape has held from 3.3 to 3.8 (the binder in ``device_caches``,
-``CompiledKernel.run``'s argument order, ``knobs``); anything that does not look as expected makes
+This uses Triton internals (the binder in ``device_caches``, ``CompiledKernel.run``'s argument order,
+``knobs``), run on a GPU with Triton 3.6 and read in 3.8; anything that does not look as expected makes
 ``direct_launch`` return None, and the launch goes through ``kernel[grid]`` as before. The new
 tensors must keep the 16-byte alignment the kernel was specialized for (``aligned``); replay checks it.
 """
