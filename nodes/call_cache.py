@@ -44,7 +44,7 @@ def _meta(value):
 def call_signature(args: tuple, kwargs: dict, tensor=torch.Tensor, passive=PASSIVE_KWARGS) -> Optional[tuple]:
     """Everything of ``override(func, *args, **kwargs)``'s arguments a decision reads; None when the call
     is not ComfyUI's usual (q, k, v, heads, ...) with tensors. May hold an unhashable value:
-    ``CallCache.get`` then answers None. Written for speed: it runs on every attention call."""
+    the lookup (``PatchState.dispatch``) then finds nothing. Written for speed: it runs on every attention call."""
     q = args[0] if args else None
     if not isinstance(q, tensor):
         return None
@@ -77,12 +77,6 @@ class CallCache:
         """Forget every decision: the settings, the earlier override or the report changed."""
         self.entries.clear()
         self.settings, self.previous, self.generation = settings, previous, generation
-
-    def get(self, key) -> Optional[Decision]:
-        try:
-            return self.entries.get(key)
-        except TypeError:  # an unhashable argument: decided in full every time
-            return None
 
     def put(self, key, decision: Decision) -> None:
         try:

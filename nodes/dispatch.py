@@ -23,7 +23,7 @@ from .install_report import NoReport
 from .planner import KernelPlan, KernelPlanner
 from .schedule import is_full_precision_step
 from .settings import DEFAULT_SETTINGS, SageSettings
-from .stats import RunLog, RunTally, record_fallback
+from .stats import RunLog, RunTally
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
@@ -333,8 +333,8 @@ class PatchState:
             s, calls = self.settings, self._calls
             if s.full_precision_first_steps > 0 or s.full_precision_last_steps > 0:
                 key = (key, self._full_precision_step(kwargs.get("transformer_options") or {}))
-            # Inlined (no method calls): most calls of a UNet end here, and each Python frame is host
-            # time of a host-bound forward (SDXL: 140 calls).
+            # The cache's stamp and lookup inlined: most calls of a UNet end here, and each Python frame
+            # is host time of a host-bound forward (SDXL: 140 calls).
             previous, generation = self.previous_override, self.report.generation()
             if calls.settings is not s or calls.previous is not previous or calls.generation != generation:
                 calls.reset(s, previous, generation)
@@ -349,11 +349,7 @@ class PatchState:
                 if decision.plan is not None:
                     self.last_plan = decision.plan
                 if route == COMFY:
-                    run = self.runs.current
-                    if run is not None and decision.reason in run.fallback:  # logged already: count only
-                        record_fallback(decision.reason, run)
-                    else:
-                        self.runs.fallback(decision.reason)
+                    self.runs.fallback(decision.reason)
                     return func(*args, **kwargs) if previous is None else previous(func, *args, **kwargs)
                 if route == COMFY_MATH:
                     self.runs.fallback(decision.reason)

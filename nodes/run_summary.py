@@ -13,7 +13,7 @@ from ..kernels import replay
 from ..kernels.log import logger
 from .dispatch import PatchState
 from .planner import KernelPlan
-from .stats import RunTally, set_last_run
+from .stats import LENGTH_REASONS, RunTally, set_last_run
 
 WRAPPER_KEY = "sagetriton_run_summary"
 
@@ -47,8 +47,6 @@ def build_summary(state: PatchState, run: RunTally) -> dict:
     }
 
 
-# Reasons that mean "too short for the kernel here": a run with only these never gains from the patch.
-_LENGTH_REASONS = ("key length <", "work per call <")
 UNPATCH_HINT = ("no call was long enough for the kernel: this model gains nothing from the patch, whose "
                 "per-call check costs host-bound models a few % (SDXL 3 % on an H200); leave it unpatched")
 
@@ -58,7 +56,7 @@ def unpatch_hint(summary: dict) -> Optional[str]:
     reasons = summary["fallback"]
     if summary["kernel"] or not reasons or summary.get("backend", "SageTriton") != "SageTriton":
         return None
-    return UNPATCH_HINT if all(r.startswith(_LENGTH_REASONS) for r in reasons) else None
+    return UNPATCH_HINT if all(r.startswith(LENGTH_REASONS) for r in reasons) else None
 
 
 def format_summary(summary: dict) -> str:

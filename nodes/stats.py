@@ -12,7 +12,9 @@ from typing import Optional
 from ..kernels.log import logger
 
 # Fallback reasons that are routing policy, not problems: logged at INFO, the others at WARNING.
-POLICY_REASONS = ("key length <", "work per call <", "full-precision step", "accuracy-critical call")
+# The first two mean "too short for the kernel here" (``run_summary``'s hint to leave a model unpatched).
+LENGTH_REASONS = ("key length <", "work per call <")
+POLICY_REASONS = LENGTH_REASONS + ("full-precision step", "accuracy-critical call")
 
 _lock = threading.Lock()
 _total_kernel = 0
