@@ -52,8 +52,37 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker("unit")
 
 
+NO_COMFYUI_FIX = ("ComfyUI NOT FOUND: the ComfyUI, server and browser tests will be skipped. Fix: "
+                  "COMFYUI_PATH=/path/to/ComfyUI python -m pytest (also found: this clone in "
+                  "ComfyUI/custom_nodes/, or ~/ComfyUI)")
+
+
 def pytest_report_header(config):
-    return f"SageTriton: ComfyUI at {COMFYUI or 'NOT FOUND (ComfyUI tests skipped)'}"
+    return f"SageTriton: ComfyUI at {COMFYUI}" if COMFYUI else f"SageTriton: {NO_COMFYUI_FIX}"
+
+
+def pytest_sessionstart(session):
+    # Before any test runs, also under -q (which hides the header): not 20 minutes later in the skips.
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if COMFYUI is None and reporter is not None and session.config.get_verbosity() < 0:
+        reporter.write_line(f"SageTriton: {NO_COMFYUI_FIX}", yellow=True, bold=True)
+
+
+def venv_seeing_this_python(path: Path) -> Path:
+    """A throwaway venv that sees this interpreter's packages read-only; its Python's path.
+
+    Not ``--system-site-packages``: when this interpreter is itself a venv (the test venv), that would
+    show the machine's base Python instead (no torch, an old setuptools, no wheel)."""
+    import site
+    import subprocess
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    python = path / "bin" / "python"
+    own = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    line = "import site; " + "; ".join(f"site.addsitedir({p!r})" for p in site.getsitepackages())
+    (Path(own) / "_this_python.pth").write_text(line + "\n")
+    return python
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import needs_comfyui
+from conftest import needs_comfyui, venv_seeing_this_python
 from sagetriton_import import PACK_DIR
 
 
@@ -68,13 +68,24 @@ def test_a_test_session_removes_its_report_folder(tmp_path):
 @pytest.mark.slow  # a virtual environment and a pip install
 def test_pip_install_editable_makes_the_library_importable_as_sagetriton(tmp_path):
     """The README's library snippet, from a clone after ``pip install -e .`` (in a throwaway venv that
-    sees this Python's torch; no download: no build isolation, no dependencies)."""
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
-    python = str(venv / "bin" / "python")
+    sees this Python's torch and setuptools, never the machine's base Python; no download: no build
+    isolation, no dependencies)."""
+    python = str(venv_seeing_this_python(tmp_path / "venv"))
     pip = subprocess.run([python, "-m", "pip", "install", "-q", "-e", str(PACK_DIR), "--no-build-isolation",
                           "--no-deps"], capture_output=True, text=True, timeout=300)
     assert pip.returncode == 0, pip.stderr[-2000:]
     code = "from sagetriton.kernels import sageattn; import sagetriton; print(sagetriton.__file__)"
     out = subprocess.run([python, "-c", code], cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and Path(out.stdout.strip()) == PACK_DIR / "__init__.py", out.stderr[-2000:]
+
+
+def test_a_run_without_comfyui_says_so_before_the_first_test(tmp_path):
+    """README's test command, -q included: no ComfyUI found means a line at the start naming the fix."""
+    if (PACK_DIR.parent.parent / "comfy" / "model_patcher.py").is_file():
+        pytest.skip("this clone lives in ComfyUI/custom_nodes: ComfyUI is always found")
+    env = dict(os.environ, COMFYUI_PATH="", HOME=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "tests/test_node_definitions.py::test_registry_ids_and_display_names"],
+                          cwd=str(PACK_DIR), env=env, capture_output=True, text=True, timeout=300)
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("SageTriton: ComfyUI NOT FOUND") and "Fix: COMFYUI_PATH=" in first, proc.stdout[-2000:]
