@@ -454,6 +454,11 @@ def setup_status() -> dict:
     return _state.snapshot()
 
 
+# The run summary agrees (nodes/run_summary.py): "0 kernel, N fallback; fallbacks run on ComfyUI's ...".
+NO_GPU_LOG = ("[SageTriton] no GPU (or ComfyUI runs with --cpu): the kernel is off; a patched model sends "
+              "every attention call to ComfyUI's own attention")
+
+
 def _background_job(delay: float, device_fn: Optional[Callable]) -> None:
     try:
         time.sleep(delay)  # let ComfyUI finish starting: the worker competes for CPU while it compiles
@@ -462,9 +467,8 @@ def _background_job(delay: float, device_fn: Optional[Callable]) -> None:
 
         arch = detect_arch(device_fn() if device_fn else None)
         if arch.vendor == "cpu":
-            logger.info("[SageTriton] no GPU (or ComfyUI runs with --cpu): the nodes load, but ComfyUI's own "
-                        "attention runs; nothing is patched")  # said once: this job runs once per start
-            _state.set("skipped", "no GPU: SageTriton leaves ComfyUI's attention in place")
+            logger.info(NO_GPU_LOG)  # said once: this job runs once per start
+            _state.set("skipped", "no GPU: every attention call runs on ComfyUI's own attention")
             return
         found = current_report(arch)
         if found is not None and found.get("complete"):

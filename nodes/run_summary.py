@@ -59,6 +59,14 @@ def unpatch_hint(summary: dict) -> Optional[str]:
     return UNPATCH_HINT if all(r.startswith(LENGTH_REASONS) for r in reasons) else None
 
 
+def fallback_text(replaced: str, fallback_backend: Optional[str]) -> str:
+    """What runs the calls the kernel does not take (and what the patch took over from, if another).
+    Never "replaced": with no GPU every call runs on ComfyUI's own attention, as the start log says."""
+    if fallback_backend and fallback_backend != replaced:
+        return f"took over from {replaced}, fallbacks on {fallback_backend}"
+    return f"fallbacks run on {replaced}"
+
+
 def format_summary(summary: dict) -> str:
     """One human line: kernel vs fallback calls, reasons by count, the resolved configuration."""
     total = summary["kernel"] + summary["fallback_total"]
@@ -71,7 +79,7 @@ def format_summary(summary: dict) -> str:
     if backend == "SageTriton":  # the kernel config says nothing about another backend's calls
         text += f"; {summary['config_text']}"
     if summary.get("replaced"):
-        text += f"; replaced {summary['replaced']}, fallbacks on {summary['fallback_backend']}"
+        text += "; " + fallback_text(summary["replaced"], summary.get("fallback_backend"))
     if summary["notes"]:
         text += "; " + "; ".join(summary["notes"])
     hint = unpatch_hint(summary)

@@ -100,7 +100,7 @@ def test_patch_node_replaces_a_per_model_backend_and_falls_back_on_it(comfy, see
     assert pytorch.calls == 1
     torch.testing.assert_close(out, exact_attention(q, k, v).to(q.dtype), rtol=2e-3, atol=2e-3)
     summary = run_summary.finish_run(patch_state_of(spied))
-    assert "replaced spy, set per model (Model Attention Backend node), fallbacks on spy, set per model" \
+    assert "fallbacks run on spy, set per model (Model Attention Backend node)" \
         in summary["text"]
 
 

@@ -529,6 +529,6 @@ def test_panel_text_for_each_route_shape(driver):
     assert out["badFlat"] == {"qk_quant_gran": {"per_block": {"why": "x", "short": short}}}
     # What a patch replaced and what serves its fallbacks (nodes/core_backends.py), and the backend choice.
     assert out["composed"] == ["last run: 2 kernel · 0 fallback", "kernel calls on SDPA (Sage Settings)",
-                               "replaced comfy_kitchen_int8, set per model (Model Attention Backend node) · "
+                               "took over from comfy_kitchen_int8, set per model (Model Attention Backend node) · "
                                "fallbacks on PyTorch SDPA (Sage Settings fallback=sdpa)"]
-    assert out["global"] == ["last run: 1 kernel · 0 fallback", "replaced g, which runs the fallbacks"]
+    assert out["global"] == ["last run: 1 kernel · 0 fallback", "fallbacks run on g"]

@@ -75,6 +75,11 @@ export function defaultsLine(status) {
   return `defaults: ${parts.join(" · ")}`;
 }
 
+export function fallbackLine(replaced, fallbackBackend) {
+  return fallbackBackend && fallbackBackend !== replaced
+    ? `took over from ${replaced} · fallbacks on ${fallbackBackend}` : `fallbacks run on ${replaced}`;
+}
+
 // ["last run: 120 kernel · 8 fallback", "6× key length < 4096", "2× mask kind", ...]: the top
 // `top` fallback reasons one a line (they are sentences), then any downgrade notes.
 export function runLines(run, top = 3) {
@@ -83,12 +88,9 @@ export function runLines(run, top = 3) {
   const nfb = fb.reduce((s, [, n]) => s + Number(n), 0);
   const lines = [`last run: ${run.kernel ?? 0} kernel · ${nfb} fallback`];
   if (run.backend && run.backend !== "SageTriton") lines.push(`kernel calls on ${run.backend} (Sage Settings)`);
-  // The attention this patch took over from, and what runs the fallbacks (nodes/core_backends.py).
-  if (run.replaced) {
-    const served = run.fallback_backend && run.fallback_backend !== run.replaced
-      ? ` · fallbacks on ${run.fallback_backend}` : ", which runs the fallbacks";
-    lines.push(`replaced ${run.replaced}${served}`);
-  }
+  // What runs the fallbacks, and the attention this patch took over from when that is another one
+  // (nodes/core_backends.py); the same words as the run summary (nodes/run_summary.py).
+  if (run.replaced) lines.push(fallbackLine(run.replaced, run.fallback_backend));
   for (const [why, n] of fb.slice(0, top)) lines.push(`${n}× ${why}`);
   if (fb.length > top) lines.push(`+${fb.length - top} more fallback reasons`);
   for (const note of run.notes ?? []) lines.push(`⚠ ${shortReason("", note)}`);
