@@ -1,7 +1,7 @@
 """Per-run summary: reset the tally when sampling starts, report it when sampling ends.
 
 The report is one log line, ``stats.last_run()`` (read by the /sage/status route and the UI) and a
-progress text on the patch node when a ComfyUI server is running.
+RUN_EVENT to the browser, whose panel on the patch node then shows it.
 """
 from __future__ import annotations
 
@@ -88,16 +88,22 @@ def format_summary(summary: dict) -> str:
     return text
 
 
-def send_progress_text(text: str, node_id: Optional[str]) -> bool:
-    """Show ``text`` on node ``node_id`` in the browser, if a ComfyUI server runs in this process."""
+# Tells the browser tab that queued the prompt which Patch node ran; the node's panel then shows that
+# run (web/sagetriton.js). Not ComfyUI's progress text: the frontend would show it a second time,
+# raw and cut off, in a text box under the panel.
+RUN_EVENT = "sagetriton.run"
+
+
+def notify_browser(node_id: Optional[str]) -> bool:
+    """Send RUN_EVENT for node ``node_id``, if a ComfyUI server runs in this process."""
     server = sys.modules.get("server")  # never import it ourselves: no server means nothing to tell
     instance = getattr(getattr(server, "PromptServer", None), "instance", None)
-    if instance is None or node_id is None or not hasattr(instance, "send_progress_text"):
+    if instance is None or node_id is None or not hasattr(instance, "send_sync"):
         return False
     try:
-        instance.send_progress_text(text, node_id)
+        instance.send_sync(RUN_EVENT, {"node": str(node_id)}, getattr(instance, "client_id", None))
     except Exception as e:  # a UI message must never fail a run
-        logger.debug("[SageTriton] progress text not sent: %s", e)
+        logger.debug("[SageTriton] run event not sent: %s", e)
         return False
     return True
 
@@ -112,7 +118,7 @@ def finish_run(state: PatchState) -> Optional[dict]:
     summary["text"] = text
     set_last_run(summary)
     logger.info("[SageTriton] %s", text)
-    send_progress_text(text, state.node_id)
+    notify_browser(state.node_id)
     return summary
 
 

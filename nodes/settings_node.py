@@ -10,6 +10,7 @@ from .settings import (
     QK_ROTATION_CHOICES,
     SageSettings,
 )
+from .user_figures import PV_ERROR, QK_ROTATION_COST, QK_ROTATION_GAIN
 
 SETTINGS_TYPE = "SAGE_SETTINGS"
 
@@ -32,15 +33,10 @@ class SageTritonSettings:
                            "auto = this GPU's default."}),
             "pv_precision": (list(PV_PRECISION_CHOICES), {
                 "default": "auto",
-                "tooltip": "Precision of the P·V product. int8 is about twice as accurate as fp8 (relative error "
-                           "0.017 vs 0.039, ComfyUI's own INT8 attention 0.016) and the default where it is also "
-                           "faster (RTX 30/40/50, A100); on Hopper it runs at 1.06-1.20x SDPA against fp8's "
-                           "1.48-1.61x (H200, 8K-32K tokens), so fp8 is the default there. fp8 needs fp8 matrix units "
-                           "(Ada, Hopper, Blackwell, MI300, RDNA4; elsewhere it falls back to fp16). fp8+residual "
-                           "adds a second fp8 product with V's rounding error (0.028) but is about 25% slower (H200: "
-                           "1.13-1.17x SDPA vs 1.48-1.55x at 8K-16K tokens). fp16 is the most accurate (0.013) and "
-                           "the slowest. auto = whichever of this GPU's P·V paths install.py timed faster here "
-                           "(without its report: this GPU's default)."}),
+                "tooltip": "Precision of the P·V product. Relative error on random inputs: "
+                           + ", ".join(f"{k} {v}" for k, v in PV_ERROR.items())
+                           + " (lower is more accurate and slower). auto = the faster of fp8 and int8 on this GPU, "
+                           "as timed by install.py."}),
             "pv_accum_dtype": (list(PV_ACCUM_DTYPE_CHOICES), {
                 "default": "auto",
                 "tooltip": "Accumulator of P·V. fp32 is safest; fp16+fp32 accumulates each tile in fp16 and sums "
@@ -56,9 +52,8 @@ class SageTritonSettings:
                            "Try it if outputs go black or noisy with fp16 accumulation."}),
             "min_seq_len": ("INT", {
                 "default": -1, "min": -1, "max": 1 << 20, "step": 1,
-                "tooltip": "Use the kernel only when the key length is at least this. -1 = the crossover measured "
-                           "for this GPU (below it PyTorch attention is faster; calls with less work than that "
-                           "measurement, e.g. few heads, stay on PyTorch too), 0 = always use the kernel."}),
+                "tooltip": "Use the kernel from this key length on. -1 = the crossover measured on this GPU "
+                           "(shorter calls run faster on PyTorch attention), 0 = always use the kernel."}),
             "fallback": (list(FALLBACK_CHOICES), {
                 "default": "auto",
                 "tooltip": "Attention for calls the kernel does not take. auto = ComfyUI's own attention (math-only "
@@ -76,16 +71,15 @@ class SageTritonSettings:
             # Optional, so workflows saved before it existed keep their widget values.
             "qk_rotation": (list(QK_ROTATION_CHOICES), {
                 "default": "auto",
-                "tooltip": "Rotate Q and K (a fixed Hadamard matrix, exact for attention) before INT8 rounding, "
-                           "which spreads outlier channels: 1.6-2.6x closer to exact on inputs with massive "
-                           "channels or outlier tokens, for 2-6% of speed. auto = on for GPUs."}),
+                "tooltip": "Rotate Q and K before INT8 rounding (exact for attention): "
+                           f"{QK_ROTATION_GAIN} closer to exact on inputs with outlier channels, "
+                           f"{QK_ROTATION_COST} slower. auto = on for GPUs."}),
             "backend": (list(BACKENDS), {
                 "default": DEFAULT_BACKEND,
                 "tooltip": "Which attention runs the calls the kernel would take, to compare them in one workflow: "
-                           "SageTriton (this pack), SageAttention (the CUDA library, if installed), comfy-kitchen "
-                           "(ComfyUI's INT8 attention, if available) or SDPA (PyTorch). Installed here: "
-                           f"{', '.join(available_backends())}. A choice that is not installed runs SageTriton, "
-                           "with a log line naming the fix."}),
+                           "SageTriton, SageAttention (CUDA library), comfy-kitchen (ComfyUI's INT8) or SDPA. "
+                           f"Installed here: {', '.join(available_backends())}. One not installed runs SageTriton "
+                           "(a log line says so)."}),
         }}
 
     def build(self, **choices):

@@ -33,4 +33,4 @@ def test_planted_non_finite_kernel_result_is_redone(pack, monkeypatch, planted):
     run = stats.last_run()
     assert run["fallback"].get(REASON, 0) >= run["kernel"] > 0, run["fallback"]
     assert status_payload("cpu")["last_run"]["fallback"][REASON] == run["fallback"][REASON]
-    assert REASON in run["text"]  # the node's progress text
+    assert REASON in run["text"]  # the run summary (log and panel)

@@ -14,7 +14,7 @@ from sagetriton.kernels.arch import arch_from_properties
 from sagetriton.kernels.reference import cosine, rel_l1
 from sagetriton.nodes import stats
 from sagetriton.nodes.patching import OVERRIDE_KEY, patch_model, patch_state_of
-from sagetriton.nodes.run_summary import WRAPPER_KEY, send_progress_text
+from sagetriton.nodes.run_summary import WRAPPER_KEY, notify_browser
 from sagetriton.nodes.settings import SageSettings
 from tiny_models import BUILDERS, sample
 
@@ -102,7 +102,7 @@ def test_nodes_through_ksampler(tiny, pack, caplog):
     assert "calls on the SageTriton kernel" in run["text"]
     ours = [r.getMessage() for r in caplog.records if r.name == "SageTriton"]
     assert ours == [f"[SageTriton] {run['text']}"]  # one line per run
-    assert not send_progress_text(run["text"], "42")  # no ComfyUI server in this process: nothing to tell
+    assert not notify_browser("42")  # no ComfyUI server in this process: nothing to tell
     assert cosine(out["samples"], reference["samples"]) >= 0.999
 
 

@@ -1,6 +1,12 @@
 """What a user reads: messages that agree with each other, short tooltips, one figure per claim, one address."""
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+
 
 def test_no_gpu_start_log_and_run_summary_tell_the_same_story(pack):
     """On a CPU install every call runs on ComfyUI's own attention: the start log, the run summary (log and
@@ -17,3 +23,96 @@ def test_no_gpu_start_log_and_run_summary_tell_the_same_story(pack):
         assert "ComfyUI's" in said and "attention" in said, said
     assert text.endswith(f"fallbacks run on {own}"), text
     assert "every attention call to ComfyUI's own attention" in NO_GPU_LOG
+
+
+def _tooltips():
+    from sagetriton.nodes.patch_node import SageTritonPatchModelAttention
+    from sagetriton.nodes.settings_node import SageTritonSettings
+
+    for cls in (SageTritonSettings, SageTritonPatchModelAttention):
+        for group in cls.INPUT_TYPES().values():
+            for name, spec in group.items():
+                if isinstance(spec, tuple) and len(spec) > 1 and isinstance(spec[1], dict) and "tooltip" in spec[1]:
+                    yield name, spec[1]["tooltip"]
+        for tip in cls.OUTPUT_TOOLTIPS:
+            yield f"{cls.__name__} output", tip
+
+
+def test_every_tooltip_fits_on_screen(pack):
+    long = {name: len(tip) for name, tip in _tooltips() if len(tip) > 300}
+    assert not long, f"tooltips over 300 characters (one claim each; figures go to docs/RESULTS.md): {long}"
+
+
+FIGURE = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?(?:\s?%|x)?(?![\w.])")
+
+
+def _figures(text: str) -> set[str]:
+    return {f.replace(" ", "") for f in FIGURE.findall(text)}
+
+
+def test_readme_settings_table_quotes_the_tooltips_figures(pack):
+    """Each Sage Settings row of the README names the same figures as that input's tooltip (both come from
+    nodes/user_figures.py): no "1-5 %" in one place and "2-6 %" in the other."""
+    tips = dict(_tooltips())
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \|(.*)$", README.read_text(), re.M)}
+    assert {"pv_precision", "qk_rotation"} <= set(rows), sorted(rows)
+    for name, row in rows.items():
+        if name in tips:
+            assert _figures(row) <= _figures(tips[name]), (name, _figures(row), _figures(tips[name]))
+    from sagetriton.nodes.user_figures import PV_ERROR, QK_ROTATION_COST, QK_ROTATION_GAIN
+
+    quoted = _figures(rows["pv_precision"] + rows["qk_rotation"])
+    for figure in (*PV_ERROR.values(), QK_ROTATION_GAIN, QK_ROTATION_COST):
+        assert figure.replace(" ", "") in quoted, figure
+
+
+def _repository() -> str:
+    found = re.findall(r'^Repository = "([^"]+)"$', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_one_repository_address_everywhere():
+    """pyproject.toml, the About-page badge and the README's install commands name the same repository."""
+    repo = _repository()
+    assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", repo), repo
+    web = re.findall(r'const REPO = "([^"]+)"', (ROOT / "web" / "sagetriton.js").read_text())
+    assert web == [repo], web
+    readme = README.read_text()
+    clones = re.findall(r"git clone (\S+)", readme)
+    assert len(clones) >= 3 and set(clones) == {repo}, clones
+    everywhere = set(re.findall(r"https://github\.com/[\w.-]+/ComfyUI-SageTriton\b", readme))
+    assert everywhere == {repo}, everywhere
+
+
+def test_readme_puts_the_user_first_and_stays_short():
+    readme = README.read_text()
+    assert len(readme.encode()) <= 10 * 1024, len(readme.encode())
+    sections = re.findall(r"^## (.+)$", readme, re.M)
+    assert sections[0] == "Install into ComfyUI" and sections.index("Run the tests (contributors)") > 3, sections
+    install = readme.split("## Install into ComfyUI")[1].split("\n## ")[0]
+    for python in (r"..\..\..\python_embeded\python.exe install.py", r"..\..\.venv\Scripts\python.exe install.py",
+                   "../../venv/bin/python install.py"):
+        assert python in install, python  # which Python runs install.py, on each kind of ComfyUI
+    assert ".ci/run" not in install  # the contributor's 5.6 GB test setup is not part of installing
+    tests = readme.split("## Run the tests (contributors)")[1].split("\n## ")[0]
+    for cost in ("5.6 GB", "15-20 minutes", "apt-get install", "COMFYUI_PATH", "ComfyUI/custom_nodes/"):
+        assert cost in tests, cost
+
+
+def test_readme_says_what_install_py_costs_and_how_it_exits():
+    """The exit codes are tested in test_install.py (1 for a Python without torch, 0 otherwise); the README
+    must not promise "never fails"."""
+    readme = README.read_text()
+    assert "never fails" not in readme
+    assert "it exits 1 only under a Python without torch" in readme
+    for cost in ("127 s on a CPU", "140 s on an H200", "37 MB", "~/.triton/cache"):
+        assert cost in readme, cost
+
+
+def test_user_facing_text_has_no_lab_words(pack):
+    readme = README.read_text()
+    tips = " ".join(tip for _, tip in _tooltips())
+    for phrase in ("video forwards", "four floors", "An Inf in K", "2-6%", "Vue-nodes mode does not show"):
+        assert phrase not in readme and phrase not in tips, phrase
+

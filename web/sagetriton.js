@@ -154,7 +154,7 @@ function refreshAll() {
 
 let refreshTimer = null;
 function refreshSoon() {
-  // Several events arrive per prompt (progress text, success): one status fetch for all of them.
+  // Several events arrive per prompt (run events, success): one status fetch for all of them.
   clearTimeout(refreshTimer);
   refreshTimer = setTimeout(afterRun, 150);
 }
@@ -162,7 +162,7 @@ function refreshSoon() {
 async function afterRun() {
   await fetchStatus();
   // A node shows its own run: the one the server recorded under its id, once its summary came to
-  // this tab (progress text goes only to the tab that queued the prompt).
+  // this tab (the run event goes only to the tab that queued the prompt).
   for (const node of ranPatchNodes) node.sageRun = status?.runs_by_node?.[String(node.id)] ?? node.sageRun;
   ranPatchNodes.clear();
   refreshAll();
@@ -206,9 +206,9 @@ app.registerExtension({
     // The first-start self-test's progress (nodes/status_route.py SETUP_EVENT); unlistened, the
     // frontend logs every such message as "Unhandled message".
     api.addEventListener("sagetriton.setup", refreshSoon);
-    // The patch node's run summary also arrives as progress text on that node.
-    api.addEventListener("progress_text", ({ detail }) => {
-      const node = app.graph?.getNodeById?.(detail?.nodeId);
+    // A Patch node ran (nodes/run_summary.py RUN_EVENT, sent to the tab that queued the prompt).
+    api.addEventListener("sagetriton.run", ({ detail }) => {
+      const node = app.graph?.getNodeById?.(detail?.node);
       if ((node?.comfyClass ?? node?.type) !== PATCH_NODE) return;
       ranPatchNodes.add(node);
       refreshSoon();
