@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -90,7 +91,7 @@ class E2EServer:
 
 
 @contextlib.contextmanager
-def e2e_server(comfyui_path):
+def e2e_server(comfyui_path, env: dict | None = None, extra_args=()):
     with tempfile.TemporaryDirectory(prefix="sagetriton-e2e-") as tmp:
         extra = Path(tmp)
         (extra / "custom_nodes").mkdir()
@@ -100,8 +101,8 @@ def e2e_server(comfyui_path):
         paths = extra / "extra_model_paths.yaml"  # JSON is YAML
         paths.write_text(json.dumps({"sagetriton_e2e": {
             "base_path": str(extra), "custom_nodes": "custom_nodes", "diffusion_models": "diffusion_models"}}))
-        args = ["--extra-model-paths-config", str(paths), "--disable-api-nodes"]
-        with comfy_server(comfyui_path, extra_args=args) as srv:
+        args = ["--extra-model-paths-config", str(paths), "--disable-api-nodes", *extra_args]
+        with comfy_server(comfyui_path, extra_args=args, env=env) as srv:
             (srv.user / "default").mkdir(parents=True, exist_ok=True)
             (srv.user / "default" / "comfy.settings.json").write_text(json.dumps(UI_SETTINGS))
             yield E2EServer(srv)
@@ -135,3 +136,41 @@ def sage_server(comfyui_path, request):
     if not _SERVER.alive():
         pytest.fail(f"the e2e ComfyUI server died:\n{_SERVER.log_tail()}")
     return _SERVER
+
+
+# The newest frontend from PyPI (comfyui-frontend-package), installed apart from the pinned one that
+# ComfyUI's requirements bring (.ci/run: pip install --target <venv>/frontend-newest); ComfyUI serves it
+# with --front-end-root. SAGETRITON_NEWEST_FRONTEND names another such folder.
+NEWEST_FRONTEND_INSTALL = "pip install --target <venv>/frontend-newest 'comfyui-frontend-package==1.58.*'"
+
+
+def newest_frontend_root() -> Path | None:
+    import sys
+
+    folder = Path(os.environ.get("SAGETRITON_NEWEST_FRONTEND") or Path(sys.prefix) / "frontend-newest")
+    static = folder / "comfyui_frontend_package" / "static"
+    return static if (static / "index.html").is_file() else None
+
+
+# Servers started once per session, by key: "pinned" (the frontend ComfyUI's requirements install),
+# "newest" (newest_frontend_root), each as a real CPU install (no Triton interpreter: the pictures show
+# what a user without a GPU sees).
+_CPU_SERVERS: dict = {}
+
+
+def cpu_install_server(comfyui_path, request, frontend: str) -> E2EServer:
+    if frontend not in _CPU_SERVERS:
+        args = []
+        if frontend == "newest":
+            root = newest_frontend_root()
+            if root is None:
+                pytest.skip(f"the newest ComfyUI frontend is not installed ({NEWEST_FRONTEND_INSTALL})")
+            args = ["--front-end-root", str(root)]
+        stack = contextlib.ExitStack()
+        _CPU_SERVERS[frontend] = stack.enter_context(
+            e2e_server(comfyui_path, env={"TRITON_INTERPRET": "0"}, extra_args=args))
+        request.session.config.add_cleanup(stack.close)
+    server = _CPU_SERVERS[frontend]
+    if not server.alive():
+        pytest.fail(f"the e2e ComfyUI server ({frontend} frontend) died:\n{server.log_tail()}")
+    return server
