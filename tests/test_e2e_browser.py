@@ -486,11 +486,16 @@ def test_template_browser_shows_titles_and_thumbnails(cpu_driver):
     driver = cpu_driver
     if driver.sage_frontend != "pinned":
         pytest.skip("the template browser's picture (docs/img/template_browser.png) is the pinned frontend's")
-    driver.execute_script("app.extensionManager.command.execute('Comfy.BrowseTemplates')")
+    driver.execute_script("performance.clearResourceTimings();"
+                          "app.extensionManager.command.execute('Comfy.BrowseTemplates')")
+    started = time.monotonic()
     _wait(driver, "const e = [...document.querySelectorAll('.p-dialog li, .p-dialog button, .p-dialog span, "
                   ".p-dialog div')].find(e => e.textContent.trim() === arguments[0] && !e.children.length);"
                   "if (e) e.click(); return !!e;".replace("arguments[0]", json.dumps(PACK_LINK)), 30,
           "the pack's entry in the template browser")
+    fetched = driver.execute_script("return performance.getEntriesByType('resource').map(e => [e.name.split('/')"
+                                    ".slice(3).join('/'), Math.round(e.startTime), Math.round(e.duration)])")
+    print(f"template browser entry after {time.monotonic() - started:.1f} s; fetched: {fetched[:40]}")
     # The frontend fetches each thumbnail and shows it as a blob: three decoded pictures, no placeholders.
     _wait(driver, "const imgs = [...document.querySelectorAll('.p-dialog img')];"
                   "return imgs.length === 3 && imgs.every(i => i.complete && i.naturalWidth > 100)", 30,
