@@ -235,6 +235,7 @@ class PatchState:
         return self.runs.current
 
     def begin_run(self) -> None:
+        self.report.refresh()  # a report replaced since the last run is planned from (generation changes)
         self.runs.begin()
         self._step_cache = None
 

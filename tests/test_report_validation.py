@@ -41,6 +41,19 @@ BROKEN = {
     "null": lambda k: "null",
     "string": lambda k: '"report"',
     "truncated": lambda k: json.dumps(_body(k))[:40],
+    # Issue 40: keys int() refuses, nesting that overflows a reader's recursion, lengths no call can have.
+    "by_head_dim_superscript": lambda k: json.dumps(_body(k, crossover={"seq_len": 1, "by_head_dim": {
+        "\u00b2": {"seq_len": 2}}})),
+    "by_head_dim_4400_digits": lambda k: json.dumps(_body(k, crossover={"seq_len": 1, "by_head_dim": {
+        "9" * 4400: {"seq_len": 2}}})),
+    "pv_choice_superscript": lambda k: json.dumps(_body(k, pv_choice={"by_head_dim": {"\u00b2": {"choice": "fp8"}}})),
+    "nested_5000": lambda k: json.dumps(_body(k))[:-1] + ', "extra": ' + "[" * 5000 + "]" * 5000 + "}",
+    "build_nested_900": lambda k: json.dumps(_body(k, variants={"per_warp/fp16/fp32": {"build": {"log": "@"}}})
+                                             ).replace('"@"', "[" * 900 + "]" * 900),
+    "seq_len_1e30": lambda k: json.dumps(_body(k, crossover={"seq_len": 10**30})),
+    "seq_len_4400_digits": lambda k: json.dumps(_body(k, crossover={"seq_len": 1})).replace(
+        '"seq_len": 1', '"seq_len": ' + "9" * 4400),
+    "head_dim_1e30": lambda k: json.dumps(_body(k, crossover={"seq_len": 1024, "head_dim": 10**30})),
 }
 
 
@@ -149,7 +162,10 @@ def test_next_first_start_rewrites_a_broken_report(rep, fake_worker, monkeypatch
     assert _strict(path.read_text())["complete"] is True
 
 
-def test_install_py_rewrites_a_broken_report(rep, fake_worker, monkeypatch, capsys):
+@pytest.mark.parametrize("case, argv", [("null", []), ("by_head_dim_superscript", ["--force"]),
+                                        ("by_head_dim_4400_digits", []), ("nested_5000", ["--force"]),
+                                        ("build_nested_900", ["--force"])])
+def test_install_py_rewrites_a_broken_report(rep, fake_worker, monkeypatch, capsys, case, argv):
     from sagetriton.installer import cli, doctor
     from sagetriton.kernels.arch import ArchInfo
 
@@ -159,8 +175,8 @@ def test_install_py_rewrites_a_broken_report(rep, fake_worker, monkeypatch, caps
     env = doctor.probe_environment()
     arch = env.arch(0)
     assert isinstance(arch, ArchInfo) and arch.arch == "sm89"
-    path = _plant(rep, arch, "null")
-    assert cli.main([]) == 0
+    path = _plant(rep, arch, BROKEN[case](rep.report_key(arch)))
+    assert cli.main(argv) == 0
     out = capsys.readouterr()
     assert "Traceback" not in out.out + out.err and "Build + self-test" in out.out
     assert rep.load_report(rep.report_key(arch))["crossover"]["seq_len"] == 3072 and path.exists()
