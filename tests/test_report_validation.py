@@ -1,6 +1,7 @@
 """Issue 31: a tampered or broken self-test report is "no report" to every reader. Sampling goes on with the
 table defaults, /sage/status answers (strict JSON) and says why, the first start and install.py rewrite it."""
 import json
+import os
 import sys
 
 import pytest
@@ -124,8 +125,21 @@ def test_status_route_answers_about_a_broken_report(comfyui_path, tmp_path, pack
         assert status == 200, body[:500]
         p = _strict(body)
         assert p["report"]["key"] == key and "NaN" in p["report"]["invalid"]
-        (tmp_path / rep.report_path(key).name).write_text("[]")  # read once per process: still the first verdict
-        assert srv.get("/api/sage/status")[0] == 200
+        (tmp_path / rep.report_path(key).name).write_text("[]")  # replaced: the next request reads it again
+        status, body = srv.get("/api/sage/status")
+        assert status == 200 and "list, not an object" in _strict(body)["report"]["invalid"], body[:500]
+        if hasattr(os, "mkfifo"):  # issue 40: a FIFO must not block the server's event loop
+            (tmp_path / rep.report_path(key).name).unlink()
+            os.mkfifo(tmp_path / rep.report_path(key).name)
+            try:
+                status, body = srv.get("/sage/status", timeout=20)
+                assert status == 200 and "not a regular file" in _strict(body)["report"]["invalid"], body[:500]
+                assert srv.get("/system_stats", timeout=20)[0] == 200
+            finally:
+                try:  # a reader blocked in open() (the bug) gets a writer and ends
+                    os.close(os.open(tmp_path / rep.report_path(key).name, os.O_WRONLY | os.O_NONBLOCK))
+                except OSError:
+                    pass
 
 
 GOOD_WORKER = r"""
