@@ -142,11 +142,6 @@ def report_path(key: dict) -> Path:
     return report_dir() / _report_name(key)
 
 
-def report_location(key: dict) -> Optional[Path]:
-    """Where the report for ``key`` is read from: the first folder of ``report_dirs`` that has it."""
-    return next((d / _report_name(key) for d in report_dirs() if (d / _report_name(key)).is_file()), None)
-
-
 def display_path(path: Path) -> str:
     """``path`` as a user finds it, without the absolute install path (which holds the user's name): relative
     to $SAGETRITON_REPORT_DIR, the pack folder or the home folder."""
