@@ -26,7 +26,7 @@ from ..kernels.arch import CPU_ARCH, ArchInfo
 from ..kernels.log import logger
 from .childproc import ChildResult
 from .progress import progress_bar
-from .report import load_report, new_report, report_dir, report_key, save_report
+from .report import ENV_DIR, load_report, new_report, report_key, save_report, writable_report_dir
 
 PACK_DIR = Path(__file__).resolve().parent.parent
 MAX_RESTARTS = 3
@@ -265,12 +265,19 @@ def run_worker_stage(mode: str, out_path: Path, echo: bool = True, sdpa_default_
     _write_json(out_path, state)
     crashes = []
     for _restart in range(MAX_RESTARTS + 1):
-        proc = subprocess.Popen(cmd_for(out_path, mode, echo), env=env, stdout=None if echo else subprocess.DEVNULL,
-                                stderr=None if echo else subprocess.PIPE, text=True, errors="replace",
-                                # its own process group: a Ctrl-C or a signal to ComfyUI's group reaches the
-                                # supervisor, which ends it (below); no console window on Windows
-                                start_new_session=os.name != "nt",
-                                creationflags=0 if echo else getattr(subprocess, "CREATE_NO_WINDOW", 0))
+        try:
+            proc = subprocess.Popen(cmd_for(out_path, mode, echo), env=env,
+                                    stdout=None if echo else subprocess.DEVNULL,
+                                    stderr=None if echo else subprocess.PIPE, text=True, errors="replace",
+                                    # its own process group: a Ctrl-C or a signal to ComfyUI's group reaches the
+                                    # supervisor, which ends it (below); no console window on Windows
+                                    start_new_session=os.name != "nt",
+                                    creationflags=0 if echo else getattr(subprocess, "CREATE_NO_WINDOW", 0))
+        except OSError as e:  # no interpreter at sys.executable, out of processes: a restart would not help
+            state = _read_json(out_path)
+            state["error"] = f"the self-test worker could not be started ({type(e).__name__}: {e})"
+            logger.warning("[SageTriton] %s", state["error"])
+            break
         stderr, timed_out, t0 = "", False, time.monotonic()
         step, step_t0 = None, t0
         try:
@@ -360,8 +367,12 @@ def run_setup(arch: ArchInfo, mode: str, echo: bool = True, on_progress=None, do
         report["sdpa_probe"] = probe
         safe = probe["safe"]
         report["sdpa_default_safe"] = safe
-    d = report_dir()
-    d.mkdir(parents=True, exist_ok=True)
+    d, why = writable_report_dir()
+    if d is None:  # nothing to save the result to, nor to lock and hand progress over in: say so, don't run
+        report["error"] = (f"no self-test report could be written, {why}; set {ENV_DIR} to a writable folder "
+                           "and run install.py again (until then the table defaults are used)")
+        logger.warning("[SageTriton] %s", report["error"])
+        return report
     lock = d / f".lock-{report['key_id']}"
     waited = False
     while not try_lock(lock):  # another process is testing this key: wait for its report, not redo it
@@ -392,8 +403,15 @@ def _run_setup_locked(report, key, d, mode, echo, safe, on_progress, quick) -> d
             except OSError:
                 pass
     partial = d / f".worker-{report['key_id']}-{os.getpid()}.json"  # per process: never shared
-    state = run_worker_stage(mode, partial, echo=echo, sdpa_default_safe=safe, on_progress=on_progress,
-                             quick=quick)
+    try:
+        state = run_worker_stage(mode, partial, echo=echo, sdpa_default_safe=safe, on_progress=on_progress,
+                                 quick=quick)
+    finally:
+        for f in (partial, *d.glob(partial.name.replace(".json", ".*.tmp"))):
+            try:
+                f.unlink()
+            except OSError:
+                pass
     report["quick"] = quick
     report["variants"] = state.get("variants", {})
     report["disabled_variants"] = disabled_from(report["variants"])
@@ -407,11 +425,11 @@ def _run_setup_locked(report, key, d, mode, echo, safe, on_progress, quick) -> d
     report["complete"] = bool(state.get("complete"))
     # A worker that never started (broken torch) must not be cached as "done": the next start retries.
     if report["variants"] or report["complete"]:
-        report["path"] = str(save_report(report))
-    try:
-        partial.unlink()
-    except OSError:
-        pass
+        try:
+            report["path"] = str(save_report(report))
+        except OSError as e:  # the folder turned read-only (or full) while the worker ran
+            report["error"] = f"the self-test report could not be written to {d} ({e.strerror or e}); none was saved"
+            logger.warning("[SageTriton] %s", report["error"])
     return report
 
 

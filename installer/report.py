@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import stat
 import tempfile
 import threading
 import time
@@ -27,6 +28,12 @@ SCHEMA = 1
 CROSSOVER_BATCH = 2
 CROSSOVER_HEADS = 24
 ENV_DIR = "SAGETRITON_REPORT_DIR"
+# What a report may hold (validated in ``report_problem``, the one place): real reports are a few KB and
+# about 6 levels deep; anything bigger or deeper is tampered and must not reach a reader's recursion.
+MAX_REPORT_BYTES = 4 << 20
+MAX_DEPTH = 32
+MAX_SEQ_LEN = 1 << 24  # a crossover key length; x16 (fp8+residual) x2 (never faster) still fits an int32
+MAX_HEAD_DIM = 256
 PACK_DIR = Path(__file__).resolve().parent.parent
 _KERNELS_DIR = PACK_DIR / "kernels"
 
@@ -75,14 +82,15 @@ def key_id(key: dict) -> str:
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _writable(d: Path) -> bool:
+def _write_problem(d: Path) -> Optional[str]:
+    """Why no file can be created in ``d`` (None: one can)."""
     try:
         d.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=d, prefix=".probe-"):
             pass
-        return True
-    except OSError:
-        return False
+        return None
+    except OSError as e:
+        return e.strerror or type(e).__name__
 
 
 def _user_cache_dir() -> Path:
@@ -98,7 +106,20 @@ def report_dir() -> Path:
     if os.environ.get(ENV_DIR):
         return Path(os.environ[ENV_DIR])
     local = PACK_DIR / ".sagetriton"
-    return local if _writable(local) else _user_cache_dir()
+    return local if _write_problem(local) is None else _user_cache_dir()
+
+
+def writable_report_dir() -> tuple[Optional[Path], str]:
+    """``(folder, "")`` for the folder reports are written to, or ``(None, why)`` naming each folder tried
+    when none is writable ($SAGETRITON_REPORT_DIR alone when set: a report elsewhere would not be read)."""
+    tried = [Path(os.environ[ENV_DIR])] if os.environ.get(ENV_DIR) else [PACK_DIR / ".sagetriton", _user_cache_dir()]
+    problems = []
+    for d in tried:
+        why = _write_problem(d)
+        if why is None:
+            return d, ""
+        problems.append(f"{d} ({why})")
+    return None, "not writable: " + "; ".join(problems)
 
 
 def report_dirs() -> list:
@@ -121,9 +142,39 @@ def report_path(key: dict) -> Path:
     return report_dir() / _report_name(key)
 
 
-def report_location(key: dict) -> Optional[Path]:
-    """Where the report for ``key`` is read from: the first folder of ``report_dirs`` that has it."""
-    return next((d / _report_name(key) for d in report_dirs() if (d / _report_name(key)).is_file()), None)
+def display_path(path: Path) -> str:
+    """``path`` as a user finds it, without the absolute install path (which holds the user's name): relative
+    to $SAGETRITON_REPORT_DIR, the pack folder or the home folder."""
+    bases = [(os.environ.get(ENV_DIR), f"${ENV_DIR}"), (str(PACK_DIR), PACK_DIR.name), (os.path.expanduser("~"), "~")]
+    for base, shown in bases:
+        if base:
+            try:
+                return f"{shown}/{Path(path).relative_to(base).as_posix()}"
+            except ValueError:
+                continue
+    return Path(path).name
+
+
+def read_small_file(path: Path, limit: int = MAX_REPORT_BYTES) -> str:
+    """The text of ``path``; OSError unless it is a regular file of at most ``limit`` bytes. Opened without
+    blocking, so a FIFO or a device planted at the path (``/dev/zero``) is refused, not waited on or read."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{Path(path).name} is not a regular file")
+        data = f.read(limit + 1)
+    if st.st_size > limit or len(data) > limit:
+        raise OSError(f"{Path(path).name} is larger than {limit} bytes")
+    return data.decode("utf-8")
+
+
+def parse_json_file(path: Path):
+    """The JSON in ``path`` (``read_small_file``); ValueError for anything that is not strict JSON."""
+    try:
+        return json.loads(read_small_file(path), parse_constant=_no_constants)
+    except RecursionError:
+        raise ValueError("nested too deep") from None
 
 
 SHARED_KEY = ("arch", "torch", "triton", "pack")  # installs differing in these keep their reports side by side
@@ -163,7 +214,7 @@ def save_report(report: dict) -> Path:
     key = report["key"]
     for old in path.parent.glob(f"report-{_safe(key['arch'])}-*.json"):
         try:
-            other = json.loads(old.read_text(encoding="utf-8")).get("key") or {}
+            other = parse_json_file(old).get("key") or {}
             if old != path and all(other.get(f) == key.get(f) for f in SHARED_KEY):
                 old.unlink()
         except (OSError, ValueError, AttributeError):
@@ -172,8 +223,25 @@ def save_report(report: dict) -> Path:
     return path
 
 
-def _is_int(v, lo: int = 0) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= lo
+def _is_int(v, lo: int = 0, hi: int = MAX_SEQ_LEN) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def _is_head_size_key(d) -> bool:
+    """A JSON key naming a head size: ASCII digits ("²" is a digit to str.isdigit, not to int()), 1..256."""
+    return isinstance(d, str) and d.isascii() and d.isdigit() and len(d) <= 3 and 1 <= int(d) <= MAX_HEAD_DIM
+
+
+def _too_deep(obj, limit: int = MAX_DEPTH) -> bool:
+    """Whether ``obj`` nests deeper than ``limit`` (iterative: the check itself must not recurse)."""
+    stack = [(obj, 1)]
+    while stack:
+        o, depth = stack.pop()
+        if isinstance(o, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((v, depth + 1) for v in (o.values() if isinstance(o, dict) else o))
+    return False
 
 
 def _crossover_problem(c, where: str = "crossover") -> Optional[str]:
@@ -182,20 +250,20 @@ def _crossover_problem(c, where: str = "crossover") -> Optional[str]:
     if not isinstance(c, dict):
         return f"{where} is {type(c).__name__}, not an object"
     if c.get("seq_len") is not None and not _is_int(c["seq_len"]):
-        return f"{where}.seq_len is {c['seq_len']!r}, not a whole number >= 0"
-    if c.get("head_dim") is not None and not _is_int(c["head_dim"], 1):
-        return f"{where}.head_dim is {c['head_dim']!r}, not a whole number >= 1"
+        return f"{where}.seq_len is {_short(c['seq_len'])}, not a whole number from 0 to {MAX_SEQ_LEN}"
+    if c.get("head_dim") is not None and not _is_int(c["head_dim"], 1, MAX_HEAD_DIM):
+        return f"{where}.head_dim is {_short(c['head_dim'])}, not a whole number from 1 to {MAX_HEAD_DIM}"
     if not isinstance(c.get("timings", []), list) or any(
             not isinstance(t, dict) or ("seq_len" in t and not _is_int(t["seq_len"])) for t in c.get("timings", [])):
-        return f"{where}.timings is not a list of timings with whole-number seq_len"
+        return f"{where}.timings is not a list of timings with seq_len from 0 to {MAX_SEQ_LEN}"
     by_dim = c.get("by_head_dim")
     if by_dim is None:
         return None
     if not isinstance(by_dim, dict):
         return f"{where}.by_head_dim is {type(by_dim).__name__}, not an object"
     for d, sub in by_dim.items():
-        if not (isinstance(d, str) and d.isdigit() and int(d) > 0):
-            return f"{where}.by_head_dim has key {d!r}, not a head size"
+        if not _is_head_size_key(d):
+            return f"{where}.by_head_dim has key {_short(d)}, not a head size 1-{MAX_HEAD_DIM}"
         problem = _crossover_problem(sub, f"{where}.by_head_dim[{d}]")
         if problem or (sub or {}).get("by_head_dim") is not None:
             return problem or f"{where}.by_head_dim[{d}] nests another by_head_dim"
@@ -206,8 +274,10 @@ def report_problem(data, key: Optional[dict] = None) -> Optional[str]:
     """Why ``data`` is not a usable report (types and ranges of what the runtime reads), or None when it is."""
     if not isinstance(data, dict):
         return f"the report is {type(data).__name__}, not an object"
+    if _too_deep(data):
+        return f"nested deeper than {MAX_DEPTH} levels"
     if data.get("schema") != SCHEMA:
-        return f"schema {data.get('schema')!r}, expected {SCHEMA}"
+        return f"schema {_short(data.get('schema'))}, expected {SCHEMA}"
     if key is not None and data.get("key") != key:
         return "made for another pack, kernel, torch, triton or GPU"
     variants = data.get("variants", {})
@@ -220,9 +290,9 @@ def report_problem(data, key: Optional[dict] = None) -> Optional[str]:
         return "disabled_variants is not a list of names"
     for field in ("sdpa_default_safe", "complete", "quick"):
         if data.get(field) is not None and not isinstance(data[field], bool):
-            return f"{field} is {data[field]!r}, not true/false"
+            return f"{field} is {_short(data[field])}, not true/false"
     if data.get("attempts") is not None and not _is_int(data["attempts"], 1):
-        return f"attempts is {data['attempts']!r}, not a whole number >= 1"
+        return f"attempts is {_short(data['attempts'])}, not a whole number >= 1"
     if data.get("long_sequence_kernel") is not None and not isinstance(data["long_sequence_kernel"], dict):
         return "long_sequence_kernel is not an object"
     problem = _pv_choice_problem(data.get("pv_choice"))
@@ -236,15 +306,22 @@ def _pv_choice_problem(c) -> Optional[str]:
     if not isinstance(by, dict):
         return "pv_choice is not an object with by_head_dim"
     for d, e in by.items():
-        if not str(d).isdigit() or not isinstance(e, dict):
-            return f"pv_choice.by_head_dim[{d!r}] is not a head size's entry"
+        if not _is_head_size_key(d) or not isinstance(e, dict):
+            return f"pv_choice.by_head_dim[{_short(d)}] is not a head size's entry"
         if e.get("choice") is not None and e["choice"] not in PV_PRECISIONS:
-            return f"pv_choice.by_head_dim[{d}].choice is {e['choice']!r}, not one of {', '.join(PV_PRECISIONS)}"
+            return f"pv_choice.by_head_dim[{d}].choice is {_short(e['choice'])}, not one of {', '.join(PV_PRECISIONS)}"
         ms = e.get("ms", {})
         if not isinstance(ms, dict) or any(not isinstance(t, (int, float)) or isinstance(t, bool) or not t > 0
                                            for t in ms.values()):
             return f"pv_choice.by_head_dim[{d}].ms is not an object of positive times"
     return None
+
+
+def _short(value, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters: a tampered value can be megabytes long."""
+    big = isinstance(value, int) and value.bit_length() >= 200  # repr() refuses ints over 4,300 digits
+    text = f"a {value.bit_length()}-bit number" if big else repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _no_constants(name: str):
@@ -255,11 +332,16 @@ def read_report(key: dict) -> tuple[Optional[dict], Optional[str]]:
     """``(report, None)`` for a valid report of exactly this key; ``(None, why)`` for an invalid one
     (sampling then uses the table defaults and the next start or install.py rewrites it); ``(None, None)``
     when there is none for this key."""
+    return _read(key)[:2]
+
+
+def _read(key: dict) -> tuple[Optional[dict], Optional[str], Optional[Path]]:
+    """``read_report`` and the file the report was read from."""
     problems = []
     for d in report_dirs():  # the first valid one wins
         path = d / _report_name(key)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constants)
+            data = parse_json_file(path)
         except FileNotFoundError:
             continue
         except (OSError, ValueError) as e:
@@ -269,13 +351,13 @@ def read_report(key: dict) -> tuple[Optional[dict], Optional[str]]:
             continue  # another install's report under a colliding name: not ours, not broken
         problem = report_problem(data, key)
         if problem is None:
-            return data, None
+            return data, None, path
         problems.append((path, problem))
     if not problems:
-        return None, None
+        return None, None, None
     path, problem = problems[0]
-    logger.warning("[SageTriton] ignoring invalid report %s: %s; it will be redone", path, problem)
-    return None, problem
+    logger.warning("[SageTriton] ignoring invalid report %s: %s; it will be redone", display_path(path), problem)
+    return None, problem, None
 
 
 def load_report(key: dict) -> Optional[dict]:
@@ -284,11 +366,20 @@ def load_report(key: dict) -> Optional[dict]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Runtime read API: cheap after the first call (cached per process; save_report refreshes it).
+# Runtime read API: one stat per folder per call, the file read again only when its stat changed (replaced,
+# edited or deleted after the start); ``generation`` changes then, so the dispatcher plans again.
 
 _cache_lock = threading.Lock()
-_cached: dict = {}  # arch -> (report, problem)
+_cached: dict = {}  # arch name -> _Entry
 _generation = 0  # bumped whenever the cache is dropped: lets callers keep decisions made from a report
+
+
+class _Entry:
+    __slots__ = ("key", "stamp", "report", "problem", "path")
+
+    def __init__(self, key, stamp, found) -> None:
+        self.key, self.stamp = key, stamp
+        self.report, self.problem, self.path = found
 
 
 def invalidate_cache() -> None:
@@ -303,28 +394,60 @@ def generation() -> int:
     return _generation
 
 
-def _current(arch: Optional[ArchInfo]) -> tuple[Optional[dict], Optional[str]]:
+def _stamp(key: dict) -> tuple:
+    """What identifies the files a read of ``key`` would see: (mtime_ns, size, inode) per folder."""
+    out = []
+    for d in report_dirs():
+        try:
+            st = os.stat(d / _report_name(key))
+            out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+def check_for_changes() -> bool:
+    """Drop the cached reports whose files changed since they were read; True when one did."""
+    with _cache_lock:
+        entries = list(_cached.values())
+    if any(_stamp(e.key) != e.stamp for e in entries):
+        invalidate_cache()
+        return True
+    return False
+
+
+def _current(arch: Optional[ArchInfo]) -> _Entry:
     if arch is None:
         from ..kernels.arch import detect_arch
 
         arch = detect_arch()
     with _cache_lock:
-        if arch.arch in _cached:
-            return _cached[arch.arch]
-    found = read_report(report_key(arch))
+        entry = _cached.get(arch.arch)
+    if entry is not None:
+        if _stamp(entry.key) == entry.stamp:
+            return entry
+        invalidate_cache()  # replaced or deleted since it was read
+    key = report_key(arch)
+    stamp = _stamp(key)  # before the read: a write during it is seen on the next call
+    entry = _Entry(key, stamp, _read(key))
     with _cache_lock:
-        _cached[arch.arch] = found
-    return found
+        _cached[arch.arch] = entry
+    return entry
 
 
 def current_report(arch: Optional[ArchInfo] = None) -> Optional[dict]:
     """The valid report for the running GPU (``detect_arch()`` when not given), or None."""
-    return _current(arch)[0]
+    return _current(arch).report
 
 
 def current_report_problem(arch: Optional[ArchInfo] = None) -> Optional[str]:
     """Why the running GPU's report was ignored as invalid (None: valid or absent)."""
-    return _current(arch)[1]
+    return _current(arch).problem
+
+
+def current_report_path(arch: Optional[ArchInfo] = None) -> Optional[Path]:
+    """The file the running GPU's valid report was read from (None: no valid report)."""
+    return _current(arch).path
 
 
 def variant_name(qk_quant_gran: str, pv_precision: str, pv_accum_dtype: str) -> str:

@@ -15,9 +15,8 @@ from typing import Optional
 
 import torch
 
-from ..kernels.log import logger
 from . import dispatch
-from .dispatch import PatchState, bind_call, comfy_output, kernel_inputs, normalize_mask
+from .dispatch import NEEDS_GRAD, PatchState, bind_call, comfy_output, kernel_inputs, needs_grad, normalize_mask
 
 # Variants that have run once in this process with the floats kept (so a compile error could still fall
 # back): only those drop the floats early, when nothing could be recomputed after a failure.
@@ -54,7 +53,7 @@ def run_fallback(state: PatchState, args: tuple, kwargs: dict, call, backend: Op
     previous = state.previous_override
     target = previous if previous is not None else (backend or comfy_backend())
     container_fn = getattr(target, "container_function", None)
-    if container_fn is not None and state.settings.fallback == "auto" and state.redo_reason is None:
+    if container_fn is not None and state.settings.fallback == "auto" and state.redo.reason is None:
         return container_fn(*args, **kwargs)
     taken = _take(args)
     func = backend or comfy_backend()
@@ -80,8 +79,11 @@ def dispatch_containers(state: PatchState, args: tuple, kwargs: dict, backend: O
     """``PatchState.dispatch`` for a call whose q, k, v are containers (no ``func``)."""
     if len(args) < 3 or not all(is_container(c) for c in args[:3]):
         raise TypeError("SageTriton's container function needs q, k and v as attention tensor containers")
-    if state.redo_reason is not None:
-        state.runs.fallback(state.redo_reason)
+    if state.redo.reason is not None:
+        state.runs.fallback(state.redo.reason)
+        return run_fallback(state, args, kwargs, None, backend)
+    if torch.is_grad_enabled() and needs_grad(args):  # the kernel has no backward
+        state.runs.fallback(NEEDS_GRAD)
         return run_fallback(state, args, kwargs, None, backend)
     try:
         call = bind_call((args[0].peek(), args[1].peek(), args[2].peek(), *args[3:]), kwargs)
@@ -93,7 +95,7 @@ def dispatch_containers(state: PatchState, args: tuple, kwargs: dict, backend: O
         mask = normalize_mask(call)[0]
         key = dispatch._variant_key(plan, state.settings, call, mask)
         if key in dispatch._disabled_variants:
-            reason = "kernel failed (variant disabled until restart)"
+            reason = dispatch.VARIANT_DISABLED
         elif state.kernel_runner is None and _taking_allowed(call, key):
             out = _run_kernel_taking(state, call, plan, mask, args)  # an error here has nothing left to fall back on
             state.runs.kernel()
@@ -104,16 +106,15 @@ def dispatch_containers(state: PatchState, args: tuple, kwargs: dict, backend: O
             except torch.OutOfMemoryError:
                 raise
             except Exception as e:  # compile or launch failure: never fail the run
-                dispatch._disabled_variants[key] = f"{type(e).__name__}: {e}"
-                logger.warning("[SageTriton] kernel %s failed on %s (%s); this variant is disabled until ComfyUI "
-                               "restarts, the fallback runs instead.", plan.config, plan.arch.arch,
-                               dispatch._disabled_variants[key])
-                reason = "kernel failed (variant disabled until restart)"
-            else:
-                _proven_variants.add(key)
-                for c in args[:3]:
-                    c.take()  # consumed, as the container protocol expects
-                state.runs.kernel()
+                # A call the fallback refuses too was the caller's fault: its error goes up, the variant stays on.
+                out = run_fallback(state, args, kwargs, call, backend)
+                dispatch.disable_variant(key, plan, e)
+                state.runs.fallback(dispatch.VARIANT_DISABLED)
                 return out
+            _proven_variants.add(key)
+            for c in args[:3]:
+                c.take()  # consumed, as the container protocol expects
+            state.runs.kernel()
+            return out
     state.runs.fallback(reason)
     return run_fallback(state, args, kwargs, call, backend)

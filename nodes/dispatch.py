@@ -8,6 +8,7 @@ backend the model wanted and ``args/kwargs`` follow
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -35,6 +36,8 @@ HANDLED_KWARGS = frozenset({"scale", "enable_gqa", "low_precision_attention"})
 # Kernel variants that failed to compile or run: disabled until ComfyUI restarts. key -> cause.
 _disabled_variants: dict[tuple, str] = {}
 VARIANT_DISABLED = "kernel failed (variant disabled until restart)"
+# Autograd through the kernel: it has no backward, ComfyUI's attention has (LoRA training, gradient guidance).
+NEEDS_GRAD = "needs gradients (training)"
 
 
 def _bind_backend_arguments(q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False,
@@ -78,6 +81,8 @@ def bind_call(args: tuple, kwargs: dict) -> AttentionCall:
         _bind_backend_arguments(*args, **kwargs)
     call = AttentionCall(q, k, v, int(heads), mask, attn_precision, bool(skip_reshape), bool(skip_output_reshape),
                          extra)
+    if call.heads < 1:
+        raise ValueError(f"heads is {call.heads}, not >= 1")
     q, k, v = call.q, call.k, call.v
     if call.skip_reshape:  # (B, H, L, D)
         call.batch, _, call.q_len, call.head_dim = q.shape
@@ -175,11 +180,37 @@ def call_fallback_reason(call: AttentionCall) -> Optional[str]:
         return "fp32 attn_precision requested"
     if not (1 <= call.head_dim <= MAX_HEAD_DIM) or call.q_len == 0 or call.k_len == 0:
         return f"head_dim {call.head_dim} outside 1..{MAX_HEAD_DIM}"
+    problem = _shape_problem(call)
+    if problem is not None:
+        return problem
     if call.kv_heads < 1 or call.heads % call.kv_heads:
         return "query heads not a multiple of key heads"
     if call.v_head_dim != call.head_dim:
         return "v head size differs from q/k"
     return normalize_mask(call)[1]
+
+
+def _shape_problem(call: AttentionCall) -> Optional[str]:
+    """A caller's malformed shapes (the kernel would fail on them, which is not a kernel fault), or None."""
+    q, k, v = call.q, call.k, call.v
+    if call.skip_reshape:
+        if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+            return "q, k, v not (B, H, L, D)"
+        k_len_v = v.shape[2]
+    else:
+        if q.shape[-1] != call.heads * call.head_dim:
+            return "q width not a multiple of heads"
+        if (k.ndim == 3 and k.shape[-1] != call.kv_heads * call.head_dim) or (
+                v.ndim == 3 and v.shape[-1] != call.kv_heads * call.v_head_dim):
+            return "k or v width not a multiple of heads"
+        if k.ndim not in (3, 4) or v.ndim not in (3, 4):
+            return "k or v neither (B, L, H*D) nor (B, L, H, D)"
+        k_len_v = v.shape[1]
+    if k.shape[0] != call.batch or v.shape[0] != call.batch:
+        return "q, k, v batch sizes differ"
+    if k_len_v != call.k_len:
+        return "k and v lengths differ"
+    return None
 
 
 def fallback_reason(call: AttentionCall, plan: KernelPlan) -> Optional[str]:
@@ -204,6 +235,12 @@ def _variant_key(plan: KernelPlan, settings: SageSettings, call: AttentionCall, 
             shape_class)
 
 
+class _PerThread(threading.local):
+    """A patched model's state that belongs to one forward, so to the thread running it."""
+
+    reason: Optional[str] = None  # set by the non-finite guard: every call of the forward it redoes
+
+
 class PatchState:
     """One patched MODEL's override: decides per call, runs the kernel or a fallback, counts.
 
@@ -222,7 +259,7 @@ class PatchState:
         self.report = report or NoReport()  # install.py's self-test: crossover, failed variants
         self.planner = KernelPlanner(settings, self.report)
         self.runs = RunLog()
-        self.redo_reason: Optional[str] = None  # set by the non-finite guard: every call of a redone forward
+        self.redo = _PerThread()  # .reason: set by the non-finite guard for the forward it redoes on this thread
         self.last_plan: Optional[KernelPlan] = None  # of the last call that reached the plan (run summary)
         self._step_cache: Optional[tuple[tuple, bool]] = None
         self._calls = CallCache()  # decisions by call signature: a repeated call skips binding and checks
@@ -235,6 +272,7 @@ class PatchState:
         return self.runs.current
 
     def begin_run(self) -> None:
+        self.report.refresh()  # a report replaced since the last run is planned from (generation changes)
         self.runs.begin()
         self._step_cache = None
 
@@ -324,9 +362,17 @@ class PatchState:
         previous = self.previous_override
         return func(*args, **kwargs) if previous is None else previous(func, *args, **kwargs)
 
+    @property
+    def redo_reason(self) -> Optional[str]:
+        """Why this thread's forward runs on ComfyUI's attention (the non-finite guard), or None."""
+        return self.redo.reason
+
     def dispatch(self, func: Callable, args: tuple, kwargs: dict) -> torch.Tensor:
-        if self.redo_reason is not None:  # the non-finite guard redoes this forward on ComfyUI's attention
-            self.runs.fallback(self.redo_reason)
+        if self.redo.reason is not None:  # the non-finite guard redoes this forward on ComfyUI's attention
+            self.runs.fallback(self.redo.reason)
+            return self.run_fallback(func, args, kwargs, None)
+        if torch.is_grad_enabled() and needs_grad(args):  # False while ComfyUI samples (inference mode)
+            self.runs.fallback(NEEDS_GRAD)
             return self.run_fallback(func, args, kwargs, None)
         key = call_signature(args, kwargs)
         if key is not None:
@@ -356,11 +402,8 @@ class PatchState:
                     return self._call_comfy_side(func, args, kwargs, math_only=True)
                 if route == KERNEL and decision.variant not in _disabled_variants:
                     call = bind_call(args, kwargs)
-                    out = self._try_kernel(call, decision.plan, normalize_mask(call)[0], decision.variant)
-                    if out is not None:
-                        return out
-                    self.runs.fallback(VARIANT_DISABLED)
-                    return self.run_fallback(func, args, kwargs, call)
+                    return self._kernel_or_fallback(func, args, kwargs, call, decision.plan,
+                                                    normalize_mask(call)[0], decision.variant)
         return self._dispatch_checked(func, args, kwargs, key)
 
     def _dispatch_checked(self, func: Callable, args: tuple, kwargs: dict, key: Optional[tuple]) -> torch.Tensor:
@@ -378,42 +421,46 @@ class PatchState:
             if key is not None:
                 self._calls.put(key, Decision(None, KERNEL, reached, variant))
             if variant not in _disabled_variants:
-                out = self._try_kernel(call, plan, mask, variant)
-                if out is not None:
-                    return out
+                return self._kernel_or_fallback(func, args, kwargs, call, plan, mask, variant)
             reason = VARIANT_DISABLED
         elif key is not None:
             self._calls.put(key, Decision(reason, self._fallback_route(self.arch_for(call.q.device)), reached, None))
         self.runs.fallback(reason)
         return self.run_fallback(func, args, kwargs, call)
 
-    def _try_kernel(self, call: AttentionCall, plan: KernelPlan, mask, variant: tuple) -> Optional[torch.Tensor]:
-        """The kernel's output (counted), or None after a failure, which disables ``variant``."""
+    def _kernel_or_fallback(self, func: Callable, args: tuple, kwargs: dict, call: AttentionCall,
+                            plan: KernelPlan, mask, variant: tuple) -> torch.Tensor:
+        """The kernel's output (counted); after a kernel failure the fallback's, and ``variant`` is turned off."""
         try:
             out = self.run_kernel(call, plan, mask)
         except torch.OutOfMemoryError:
             raise  # the fallback would need the memory too; let ComfyUI report it
         except Exception as e:  # compile or launch failure: never fail the run
-            _disabled_variants[variant] = f"{type(e).__name__}: {e}"
-            logger.warning("[SageTriton] kernel %s failed on %s (%s); this variant is disabled until "
-                           "ComfyUI restarts, the fallback runs instead.", plan.config, plan.arch.arch,
-                           _disabled_variants[variant])
-            return None
+            # A call ComfyUI's attention refuses too was the caller's fault: its error goes up, the variant stays on.
+            out = self.run_fallback(func, args, kwargs, call)
+            disable_variant(variant, plan, e)
+            self.runs.fallback(VARIANT_DISABLED)
+            return out
         self.runs.kernel()
         return out
 
 
-def make_attention_override(state: PatchState) -> Callable:
-    """The function ComfyUI calls as ``optimized_attention_override(func, *args, **kwargs)``."""
+def needs_grad(args: tuple) -> bool:
+    """Whether q, k or v (tensors or containers) takes part in autograd: the kernel has no backward."""
+    for t in args[:3]:
+        if not isinstance(t, torch.Tensor):
+            peek = getattr(t, "peek", None)
+            t = peek() if callable(peek) else None
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            return True
+    return False
 
-    def sagetriton_attention_override(func, *args, **kwargs):
-        return state.dispatch(func, args, kwargs)
 
-    sagetriton_attention_override.sagetriton_state = state  # lets a second patch node replace, not stack
-    from .containers import dispatch_containers  # current ComfyUI hands q, k, v over in containers
-
-    sagetriton_attention_override.container_function = lambda *args, **kwargs: dispatch_containers(state, args, kwargs)
-    return sagetriton_attention_override
+def disable_variant(variant: tuple, plan: KernelPlan, error: Exception) -> None:
+    """Turn ``variant`` off until ComfyUI restarts, after a kernel failure on a well-formed call."""
+    _disabled_variants[variant] = f"{type(error).__name__}: {error}"
+    logger.warning("[SageTriton] kernel %s failed on %s (%s); this variant is disabled until ComfyUI restarts, "
+                   "the fallback runs instead.", plan.config, plan.arch.arch, _disabled_variants[variant])
 
 
 def disabled_variants() -> dict[tuple, str]:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import torch
 
 from ..kernels.log import logger
+from . import stats
 from .dispatch import PatchState
 
 WRAPPER_KEY = "sagetriton_nonfinite_guard"
@@ -23,15 +24,18 @@ def _finite(values) -> bool:
 
 def make_apply_model_wrapper(state: PatchState) -> Callable:
     def sagetriton_nonfinite_guard(executor, *args, **kwargs):
+        counted = stats.thread_calls()
         out = executor(*args, **kwargs)
         if not isinstance(out, torch.Tensor) or _finite([out]) or not _finite([*args, *kwargs.values()]):
             return out  # finite, or non-finite going in: not ours to fix
         logger.warning("[SageTriton] a patched forward returned NaN/Inf from finite inputs; redoing it on "
                        "ComfyUI's attention (which layer produced it first is not tracked)")
-        state.redo_reason = REASON
+        stats.take_back(counted, state.run)  # the discarded forward's calls: only the redo's are counted
+        # Per thread: another thread's forward through the same model is not redone.
+        state.redo.reason = REASON
         try:
             return executor(*args, **kwargs)
         finally:
-            state.redo_reason = None
+            state.redo.reason = None
 
     return sagetriton_nonfinite_guard

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .patching import patch_model
-from .settings_node import SETTINGS_TYPE
+from .settings_node import SETTINGS_TYPE, settings_input_problem
 
 
 class SageTritonPatchModelAttention:
@@ -27,7 +27,15 @@ class SageTritonPatchModelAttention:
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
 
+    @classmethod
+    def VALIDATE_INPUTS(cls, settings=None):
+        # ComfyUI checks no literal value of a custom type: a string typed into the prompt would reach patch()
+        return settings_input_problem(settings)
+
     def patch(self, model, settings=None, unique_id=None):
+        problem = settings_input_problem(settings)
+        if problem is not True:  # a caller that skipped validation (an API script calling the class)
+            raise ValueError(problem)
         return (patch_model(model, settings, node_id=unique_id or executing_node_id()),)
 
 

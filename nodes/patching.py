@@ -11,10 +11,11 @@ from ..kernels.arch import ArchInfo
 from ..kernels.log import logger
 from .alt_backends import DEFAULT_BACKEND, runner_for
 from .core_backends import describe_replaced, fallback_served_by
-from .dispatch import PatchState, make_attention_override
+from .dispatch import PatchState
 from .install_report import InstallReport
 from .nonfinite_guard import WRAPPER_KEY as GUARD_KEY
 from .nonfinite_guard import make_apply_model_wrapper
+from .override import make_attention_override
 from .run_summary import WRAPPER_KEY, make_outer_sample_wrapper
 from .settings import DEFAULT_SETTINGS, SageSettings
 

@@ -15,6 +15,18 @@ from .user_figures import PV_ERROR, QK_ROTATION_COST, QK_ROTATION_GAIN
 SETTINGS_TYPE = "SAGE_SETTINGS"
 
 
+def settings_input_problem(value):
+    """True, or why ``value`` typed into a prompt is not a settings input (only a Sage Settings node makes one).
+
+    At validation ComfyUI passes None for a linked input, so None is "linked or left empty": both fine.
+    """
+    if value is None or isinstance(value, SageSettings):
+        return True
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+    return (f"settings: {shown} ({type(value).__name__}) is not Sage Settings; connect a Sage Settings node's "
+            "output, or leave the input unconnected for this GPU's defaults")
+
+
 class SageTritonSettings:
     DESCRIPTION = ("Quantized-attention options for Patch Model Attention. 'auto' uses the defaults for this GPU; "
                    "choices the GPU cannot run are downgraded to the nearest supported one, with a log line.")

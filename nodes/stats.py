@@ -14,7 +14,7 @@ from ..kernels.log import logger
 # Fallback reasons that are routing policy, not problems: logged at INFO, the others at WARNING.
 # The first two mean "too short for the kernel here" (``run_summary``'s hint to leave a model unpatched).
 LENGTH_REASONS = ("key length <", "work per call <")
-POLICY_REASONS = LENGTH_REASONS + ("full-precision step", "accuracy-critical call")
+POLICY_REASONS = LENGTH_REASONS + ("full-precision step", "accuracy-critical call", "needs gradients")
 
 _lock = threading.Lock()
 _total_kernel = 0
@@ -25,10 +25,21 @@ _runs_by_node: dict[str, dict] = {}
 _MAX_NODES = 256
 
 
+class _ThreadCalls(threading.local):
+    """The calls this thread counted: lets the non-finite guard take back a forward it discards."""
+
+    kernel = 0
+    fallback: Counter | None = None
+
+
+_this_thread = _ThreadCalls()
+
+
 def record_kernel(run: RunTally | None = None) -> None:
     global _total_kernel
     with _lock:
         _total_kernel += 1
+    _this_thread.kernel += 1
     if run is not None:
         run.kernel += 1
 
@@ -37,11 +48,43 @@ def record_fallback(reason: str, run: RunTally | None = None) -> bool:
     """Count a fallback. Returns True the first time ``reason`` is seen in this run (warn once)."""
     with _lock:
         _total_fallback[reason] += 1
+    mine = _this_thread.fallback
+    if mine is None:
+        mine = _this_thread.fallback = Counter()
+    mine[reason] += 1
     if run is None:
         return False
     first = reason not in run.fallback
     run.fallback[reason] += 1
     return first
+
+
+def thread_calls() -> tuple[int, Counter]:
+    """(kernel calls, fallbacks by reason) counted on this thread so far; see ``take_back``."""
+    return _this_thread.kernel, Counter(_this_thread.fallback or ())
+
+
+def take_back(since: tuple[int, Counter], run: RunTally | None = None) -> None:
+    """Uncount this thread's calls after ``since`` (``thread_calls()``): a forward whose result was discarded."""
+    global _total_kernel
+    kernel = _this_thread.kernel - since[0]
+    fallback = Counter(_this_thread.fallback or ())
+    fallback.subtract(since[1])
+    fallback = +fallback
+    with _lock:
+        _total_kernel -= kernel
+        _total_fallback.subtract(fallback)
+        for reason in fallback:
+            if _total_fallback[reason] <= 0:
+                del _total_fallback[reason]
+    _this_thread.kernel = since[0]
+    _this_thread.fallback = Counter(since[1])
+    if run is not None:
+        run.kernel -= kernel
+        run.fallback.subtract(fallback)
+        for reason in fallback:
+            if run.fallback[reason] <= 0:
+                del run.fallback[reason]
 
 
 def attention_stats() -> dict:

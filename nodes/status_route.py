@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from ..kernels.log import logger
 
+_planner = None  # one for every request: a downgrade (every variant off) is logged once, not per GET
+_planner_generation = None
+
 
 def comfy_device():
     """The device ComfyUI computes on (``--cpu`` makes it the CPU even when a GPU exists)."""
@@ -53,7 +56,14 @@ def status_payload(device=None) -> dict:
     r = rep.current_report(arch)
     kernel_active = arch.vendor != "cpu" or interpreter_enabled()
     # What an unconfigured Patch node runs at head_dim 128: the same planner the dispatcher uses.
-    plan = KernelPlanner(report=InstallReport()).plan(arch, 128)
+    global _planner, _planner_generation
+    if _planner is None:
+        _planner = KernelPlanner(report=InstallReport())
+    if _planner_generation != rep.generation():
+        _planner_generation = rep.generation()
+        _planner.forget()
+    plan = _planner.plan(arch, 128)
+    where = rep.current_report_path(arch)
     return {
         "device": str(device) if device is not None else ("cuda" if arch.vendor != "cpu" else "cpu"),
         "gpu": arch.name,
@@ -74,9 +84,9 @@ def status_payload(device=None) -> dict:
         "pv_source": plan.pv_source,
         "min_seq_len_resolved": plan.min_seq_len,
         "sdpa_default_safe": (r or {}).get("sdpa_default_safe"),
-        # The file does not hold its own path: the folder it is read from (pack folder, then user cache).
+        # The file it was read from (pack folder, then user cache), without the absolute install path.
         "report": {"found": r is not None, "created": (r or {}).get("created"),
-                   "path": r and str(rep.report_location(r["key"]) or rep.report_path(r["key"])),
+                   "path": None if where is None else rep.display_path(where),
                    "mode": (r or {}).get("mode"), "key": rep.report_key(arch),
                    # an invalid report is ignored (table defaults) and rewritten by the next start or install.py
                    "invalid": rep.current_report_problem(arch),
@@ -120,8 +130,12 @@ def register_routes() -> bool:
 
     @instance.routes.get("/sage/status")
     async def sage_status(request):
+        import asyncio
+
         try:
-            return web.json_response(status_payload(), dumps=_dumps)
+            # Off the event loop: reading the report is file I/O, which must never stall the server.
+            payload = await asyncio.get_running_loop().run_in_executor(None, status_payload)
+            return web.json_response(payload, dumps=_dumps)
         except Exception as e:  # noqa: BLE001 - a status page must answer, even about its own failure
             logger.warning("[SageTriton] /sage/status failed: %s: %s", type(e).__name__, e)
             return web.json_response({"error": f"{type(e).__name__}: {e}"}, status=500)

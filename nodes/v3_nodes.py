@@ -7,6 +7,7 @@ Imports ComfyUI's API only when asked for.
 """
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Optional
 
@@ -89,12 +90,13 @@ def _widget_ranges(input_types: dict) -> dict:
     return ranges
 
 
-def check_widget_values(ranges: dict, values: dict):
-    """True, or a message naming the first input whose value is not allowed."""
+def check_widget_values(ranges: dict, values: dict, linked=()):
+    """True, or a message naming the first input whose value is not allowed. ``linked``: the inputs fed by a
+    link (their value, None at validation, is checked where it is produced)."""
     for name, allowed in ranges.items():
-        value = values.get(name)
-        if value is None:  # not given or from a link: checked where it is produced
+        if name not in values or name in linked:  # not given (optional), or from a link
             continue
+        value = values[name]
         if isinstance(allowed, list):
             if value not in allowed:
                 return f"{name}: {value!r} is not one of {', '.join(map(str, allowed))}"
@@ -102,6 +104,19 @@ def check_widget_values(ranges: dict, values: dict):
             low, high = allowed
             if not isinstance(value, int) or (low is not None and value < low) or (high is not None and value > high):
                 return f"{name}: {value!r} is outside {low}..{high}"
+    return True
+
+
+def check_link_types(node_cls, linked: dict):
+    """True, or a message naming the first link of the wrong type. ComfyUI leaves this check to a node whose
+    validate_inputs takes ``input_types`` (which it must, to tell a link from a typed-in null)."""
+    from comfy_execution.graph import get_input_info
+    from comfy_execution.validation import validate_node_input
+
+    for name, received in linked.items():
+        expected = get_input_info(node_cls, name)[0]
+        if expected is not None and not validate_node_input(received, expected):
+            return f"{name}: a {received} output cannot connect to this {expected} input"
     return True
 
 
@@ -117,13 +132,22 @@ def make_v3_node(classic: type, node_id: str, display_name: str):
                for kind, name, tip in zip(classic.RETURN_TYPES, names, classic.OUTPUT_TOOLTIPS, strict=True)]
 
     ranges = _widget_ranges(types)
+    literal_check = getattr(classic, "VALIDATE_INPUTS", None)  # the classic node's own checks (Patch: settings)
+    literal_names = inspect.signature(literal_check).parameters if literal_check is not None else ()
 
     class Node(io.ComfyNode):
         @classmethod
-        def validate_inputs(cls, **values):
+        def validate_inputs(cls, input_types=None, **values):
             # The early V3 API (0.3.64) checks no combo choices or INT ranges of V3 nodes; a wrong value
             # must still stop the prompt at validation, naming the input, as it does for classic nodes.
-            return check_widget_values(ranges, values)
+            # input_types names the linked inputs: a None that is not one was typed in (null), and is refused.
+            linked = input_types or {}
+            verdict = check_link_types(cls, linked) if linked else True
+            if verdict is True:
+                verdict = check_widget_values(ranges, values, linked)
+            if verdict is True and literal_check is not None:
+                verdict = literal_check(**{n: values.get(n) for n in literal_names if n not in linked})
+            return verdict
 
         @classmethod
         def define_schema(cls):

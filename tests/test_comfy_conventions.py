@@ -20,7 +20,8 @@ from current_comfy import Holder, current_wrap_attn
 from sagetriton.kernels import api
 from sagetriton.kernels.reference import cosine
 from sagetriton.nodes import containers, dispatch
-from sagetriton.nodes.dispatch import PatchState, make_attention_override
+from sagetriton.nodes.dispatch import PatchState
+from sagetriton.nodes.override import make_attention_override
 from sagetriton.nodes.settings import SageSettings
 
 ALWAYS_KERNEL = SageSettings(min_seq_len=0)

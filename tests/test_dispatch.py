@@ -613,3 +613,49 @@ def test_call_signatures_tell_positional_and_keyword_forms_apart():
     assert call_signature((q, k, v, 2, mask), {"transformer_options": {"a": 1}, "_inside_attn_wrapper": True}) \
         == call_signature((q, k, v, 2, torch.ones(8, 8)), {})
     assert call_signature((torch.zeros(3), k), {}) is None and call_signature(([1], k, v), {}) is None
+
+
+# --- a caller's malformed call is not a kernel failure (issue 40 item 4) -----------------------------------
+def test_width_not_divisible_by_heads_goes_to_comfyui_and_keeps_the_kernel_on():
+    state = run_state()
+    q, k, v = random_qkv(b=1, h=2, lq=16, lk=16, d=16)
+    good = comfy_args(q, k, v, skip_reshape=False)  # (1, 16, 32): 2 heads of 16
+    bad = [torch.cat([t, t[..., :1]], -1) for t in good]  # width 33: no whole number of heads
+    with pytest.raises(RuntimeError):  # what ComfyUI's attention raises for it (a view that does not fit)
+        state.dispatch(reference_backend, (*bad, 2), {})
+    assert dispatch.disabled_variants() == {}
+    out = state.dispatch(reference_backend, (*good, 2), {})
+    assert state.run.kernel == 1 and out.shape == (1, 16, 32)  # the same variant and size class: still on
+
+
+def test_zero_heads_reach_comfyuis_attention():
+    state = run_state()
+    reached = []
+
+    def comfy_backend(q, k, v, heads, *args, **kwargs):  # ComfyUI's attention divides the width by heads
+        reached.append(heads)
+        return q.shape[-1] // heads
+
+    q, k, v = comfy_args(*random_qkv(b=1, h=2, lq=16, lk=16, d=16), skip_reshape=False)
+    with pytest.raises(ZeroDivisionError):
+        state.dispatch(comfy_backend, (q, k, v, 0), {})
+    assert reached == [0] and dispatch.disabled_variants() == {}
+    assert "unrecognised call signature" in state.run.fallback
+
+
+@pytest.mark.parametrize("change", ["k_batch", "v_length", "k_width"])
+def test_mismatched_qkv_shapes_do_not_turn_the_kernel_off(change):
+    state = run_state()
+    q, k, v = comfy_args(*random_qkv(b=2, h=2, lq=16, lk=16, d=16), skip_reshape=False)
+    k, v = k.contiguous(), v.contiguous()
+    if change == "k_batch":
+        k = k[:1]
+    elif change == "v_length":
+        v = v[:, :8]
+    else:
+        k = torch.cat([k, k[..., :1]], -1)
+    try:
+        state.dispatch(reference_backend, (q, k, v, 2), {})
+    except RuntimeError:
+        pass  # ComfyUI's attention refuses it too: the caller's error
+    assert dispatch.disabled_variants() == {}

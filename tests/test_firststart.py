@@ -182,3 +182,55 @@ def test_run_setup_without_results_is_not_cached(fs, monkeypatch, tmp_path):
     r = fs.run_setup(ada, "gpu", echo=False)
     assert r["error"] == "worker died at start-up" and "path" not in r
     assert report.load_report(report.report_key(ada)) is None  # the next start tries again
+
+
+# Issue 40 item 7: install.py where no report can be written. The tests run as root on CI, where a read-only
+# mode does not stop writes: a folder below a regular file cannot be created by anyone.
+def _install_on_simulated_gpu(monkeypatch):
+    from sagetriton.installer import cli, doctor
+    from sagetriton.installer import firststart as fs
+
+    gpu = doctor.GpuInfo("NVIDIA GeForce RTX 4090", 8, 9, "", 24 << 30, 23 << 30)
+    monkeypatch.setattr(doctor, "probe_environment", lambda: doctor.Environment(
+        torch_version="2.9.0", torch_cuda="12.8", triton_version="3.5.0", gpus=[gpu]))
+    worker = "import sys; sys.exit(3)"  # never reached: nothing to save its result in
+    monkeypatch.setattr(fs, "_worker_cmd", lambda out, mode, echo: [sys.executable, "-c", worker, str(out)])
+    return cli
+
+
+@pytest.mark.parametrize("where", ["report_dir_env", "home_and_pack"])
+def test_install_py_says_which_folder_is_not_writable(pack, tmp_path, monkeypatch, capsys, where):
+    from sagetriton.installer import report as rep
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    rep.invalidate_cache()
+    if where == "report_dir_env":
+        monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(blocker / "reports"))
+        named = [str(blocker / "reports")]
+    else:  # the pack folder read-only and no home to cache in
+        monkeypatch.delenv("SAGETRITON_REPORT_DIR")
+        monkeypatch.setattr(rep, "PACK_DIR", blocker / "pack")
+        monkeypatch.setenv("XDG_CACHE_HOME", str(blocker / "cache"))
+        named = [str(blocker / "pack" / ".sagetriton"), str(blocker / "cache" / "sagetriton")]
+    cli = _install_on_simulated_gpu(monkeypatch)
+    try:
+        assert cli.main(["--force"]) == 0
+    finally:
+        rep.invalidate_cache()
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "Traceback" not in text and "unexpected error" not in text, text[-3000:]
+    assert "no self-test report could be written" in text and all(f"{d} (" in text for d in named), text[-3000:]
+
+
+def test_a_worker_that_cannot_start_leaves_no_files(fs, tmp_path, monkeypatch):
+    from sagetriton.installer import report as rep
+    from sagetriton.kernels.arch import ArchInfo
+
+    monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path))
+    monkeypatch.setattr(fs, "_worker_cmd", lambda out, mode, echo: [str(tmp_path / "no-such-python"), str(out)])
+    rep.invalidate_cache()
+    r = fs.run_setup(ArchInfo("nvidia", "sm89", "ada", "RTX 4090", 32, "e4m3fn"), "gpu", echo=False)
+    assert not r.get("complete") and "could not be started" in r["error"], r
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "progress, lock or report files left behind"

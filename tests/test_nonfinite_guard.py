@@ -31,6 +31,47 @@ def test_planted_non_finite_kernel_result_is_redone(pack, monkeypatch, planted):
     assert calls and torch.isfinite(out).all()
     assert torch.allclose(out, reference, atol=1e-3), (out - reference).abs().max()  # as ComfyUI's attention
     run = stats.last_run()
-    assert run["fallback"].get(REASON, 0) >= run["kernel"] > 0, run["fallback"]
+    # Issue 40: a discarded forward's kernel calls are not counted; the redo's calls are, as fallbacks.
+    assert run["kernel"] == 0 and run["fallback"].get(REASON, 0) > 0, run
     assert status_payload("cpu")["last_run"]["fallback"][REASON] == run["fallback"][REASON]
     assert REASON in run["text"]  # the run summary (log and panel)
+
+
+def test_a_redo_on_one_thread_leaves_other_threads_on_the_kernel(pack):
+    """Issue 40 item 5: the guard's redo belongs to the forward (its thread), not to the model."""
+    import threading
+
+    from attention_cases import random_qkv, reference_backend
+    from sagetriton.nodes.dispatch import PatchState
+    from sagetriton.nodes.nonfinite_guard import REASON, make_apply_model_wrapper
+    from sagetriton.nodes.settings import SageSettings
+
+    state = PatchState(SageSettings(min_seq_len=0))
+    state.begin_run()
+    guard = make_apply_model_wrapper(state)
+    q, k, v = random_qkv(b=1, h=2, lq=16, lk=16, d=16)
+    in_redo, other_done = threading.Event(), threading.Event()
+    forwards = []
+
+    def forward(x):  # one attention call per forward; the first forward's result is non-finite
+        forwards.append(1)
+        state.dispatch(reference_backend, (q, k, v, 2), {"skip_reshape": True})
+        if len(forwards) == 1:
+            return torch.full_like(x, float("nan"))
+        in_redo.set()  # the other thread runs while this one is inside its redo
+        assert other_done.wait(60)
+        return x
+
+    def other_thread():
+        assert in_redo.wait(60)
+        for _ in range(5):
+            state.dispatch(reference_backend, (q, k, v, 2), {"skip_reshape": True})
+        other_done.set()
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    assert torch.isfinite(guard(forward, torch.zeros(2))).all()
+    t.join(60)
+    # The other thread's 5 calls on the kernel; the redo's one call on ComfyUI's; the discarded first forward's
+    # kernel call not counted at all.
+    assert state.run.kernel == 5 and dict(state.run.fallback) == {REASON: 1}, (state.run.kernel, state.run.fallback)

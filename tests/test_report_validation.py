@@ -1,6 +1,7 @@
 """Issue 31: a tampered or broken self-test report is "no report" to every reader. Sampling goes on with the
 table defaults, /sage/status answers (strict JSON) and says why, the first start and install.py rewrite it."""
 import json
+import os
 import sys
 
 import pytest
@@ -41,6 +42,19 @@ BROKEN = {
     "null": lambda k: "null",
     "string": lambda k: '"report"',
     "truncated": lambda k: json.dumps(_body(k))[:40],
+    # Issue 40: keys int() refuses, nesting that overflows a reader's recursion, lengths no call can have.
+    "by_head_dim_superscript": lambda k: json.dumps(_body(k, crossover={"seq_len": 1, "by_head_dim": {
+        "\u00b2": {"seq_len": 2}}})),
+    "by_head_dim_4400_digits": lambda k: json.dumps(_body(k, crossover={"seq_len": 1, "by_head_dim": {
+        "9" * 4400: {"seq_len": 2}}})),
+    "pv_choice_superscript": lambda k: json.dumps(_body(k, pv_choice={"by_head_dim": {"\u00b2": {"choice": "fp8"}}})),
+    "nested_5000": lambda k: json.dumps(_body(k))[:-1] + ', "extra": ' + "[" * 5000 + "]" * 5000 + "}",
+    "build_nested_900": lambda k: json.dumps(_body(k, variants={"per_warp/fp16/fp32": {"build": {"log": "@"}}})
+                                             ).replace('"@"', "[" * 900 + "]" * 900),
+    "seq_len_1e30": lambda k: json.dumps(_body(k, crossover={"seq_len": 10**30})),
+    "seq_len_4400_digits": lambda k: json.dumps(_body(k, crossover={"seq_len": 1})).replace(
+        '"seq_len": 1', '"seq_len": ' + "9" * 4400),
+    "head_dim_1e30": lambda k: json.dumps(_body(k, crossover={"seq_len": 1024, "head_dim": 10**30})),
 }
 
 
@@ -111,8 +125,21 @@ def test_status_route_answers_about_a_broken_report(comfyui_path, tmp_path, pack
         assert status == 200, body[:500]
         p = _strict(body)
         assert p["report"]["key"] == key and "NaN" in p["report"]["invalid"]
-        (tmp_path / rep.report_path(key).name).write_text("[]")  # read once per process: still the first verdict
-        assert srv.get("/api/sage/status")[0] == 200
+        (tmp_path / rep.report_path(key).name).write_text("[]")  # replaced: the next request reads it again
+        status, body = srv.get("/api/sage/status")
+        assert status == 200 and "list, not an object" in _strict(body)["report"]["invalid"], body[:500]
+        if hasattr(os, "mkfifo"):  # issue 40: a FIFO must not block the server's event loop
+            (tmp_path / rep.report_path(key).name).unlink()
+            os.mkfifo(tmp_path / rep.report_path(key).name)
+            try:
+                status, body = srv.get("/sage/status", timeout=20)
+                assert status == 200 and "not a regular file" in _strict(body)["report"]["invalid"], body[:500]
+                assert srv.get("/system_stats", timeout=20)[0] == 200
+            finally:
+                try:  # a reader blocked in open() (the bug) gets a writer and ends
+                    os.close(os.open(tmp_path / rep.report_path(key).name, os.O_WRONLY | os.O_NONBLOCK))
+                except OSError:
+                    pass
 
 
 GOOD_WORKER = r"""
@@ -149,7 +176,10 @@ def test_next_first_start_rewrites_a_broken_report(rep, fake_worker, monkeypatch
     assert _strict(path.read_text())["complete"] is True
 
 
-def test_install_py_rewrites_a_broken_report(rep, fake_worker, monkeypatch, capsys):
+@pytest.mark.parametrize("case, argv", [("null", []), ("by_head_dim_superscript", ["--force"]),
+                                        ("by_head_dim_4400_digits", []), ("nested_5000", ["--force"]),
+                                        ("build_nested_900", ["--force"])])
+def test_install_py_rewrites_a_broken_report(rep, fake_worker, monkeypatch, capsys, case, argv):
     from sagetriton.installer import cli, doctor
     from sagetriton.kernels.arch import ArchInfo
 
@@ -159,8 +189,8 @@ def test_install_py_rewrites_a_broken_report(rep, fake_worker, monkeypatch, caps
     env = doctor.probe_environment()
     arch = env.arch(0)
     assert isinstance(arch, ArchInfo) and arch.arch == "sm89"
-    path = _plant(rep, arch, "null")
-    assert cli.main([]) == 0
+    path = _plant(rep, arch, BROKEN[case](rep.report_key(arch)))
+    assert cli.main(argv) == 0
     out = capsys.readouterr()
     assert "Traceback" not in out.out + out.err and "Build + self-test" in out.out
     assert rep.load_report(rep.report_key(arch))["crossover"]["seq_len"] == 3072 and path.exists()

@@ -175,19 +175,51 @@ CHAOS_WORKER = FAKE_WORKER.replace("import json, os, sys, time\n", (
     "from sagetriton.installer import firststart as fs\nfs._end_with_supervisor(poll=0.1)\n"))
 CHAOS_START = SUPERVISOR.replace("r = fs.run_setup(", "from sagetriton.installer import report as rep\n"
                                  "arch = ArchInfo('nvidia', 'sm89', 'ada', 'RTX 4090', 32, 'e4m3fn')\n"
+                                 "rep.report_key(arch)\n"
+                                 # 1 GiB past the imports: a start reading /dev/zero to its end fails, not the machine
+                                 "import os, resource\n"
+                                 "vm = int(open('/proc/self/statm').read().split()[0]) * os.sysconf('SC_PAGE_SIZE')\n"
+                                 "resource.setrlimit(resource.RLIMIT_AS, (vm + (1 << 30), resource.RLIM_INFINITY))\n"
                                  "r = rep.load_report(rep.report_key(arch))\n"
                                  "r = r if r and r.get('complete') else fs.run_setup(")
 
 
+def _plant_hostile(path: Path, kind: str, key: dict) -> None:
+    """What a tampering user or a broken disk leaves at the report path (issue 40 items 2-3)."""
+    from sagetriton.installer.report import SCHEMA
+
+    if path.exists() or path.is_symlink():
+        path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev_zero":
+        os.symlink("/dev/zero", path)
+    elif kind == "superscript_key":
+        path.write_text(json.dumps({"schema": SCHEMA, "key": key, "crossover": {"by_head_dim": {"\u00b2": {}}}}))
+    elif kind == "nested":
+        text = json.dumps({"schema": SCHEMA, "key": key, "variants": {"a": {"build": "@"}}})
+        path.write_text(text.replace('"@"', "[" * 5000 + "]" * 5000))
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_chaos_starts_killed_at_random_end_with_one_complete_report(tmp_path, seed):
+def test_chaos_starts_killed_at_random_end_with_one_complete_report(pack, tmp_path, seed):
     import random
 
     rng = random.Random(seed)
     counter = tmp_path / "started.txt"
     report_dir = tmp_path / "reports"
     finished = []
+    from sagetriton.installer import report as rep
+    from sagetriton.kernels.arch import ArchInfo
+
+    report_dir.mkdir()
+    key = rep.report_key(ArchInfo("nvidia", "sm89", "ada", "RTX 4090", 32, "e4m3fn"))
+    name = rep.report_path(key).name
+    hostile = rng.sample(["fifo", "dev_zero", "superscript_key", "nested"], 4)
     for _round in range(4):
+        print(f"round {_round}: {hostile[_round]} at the report path")
+        # before the starts: each must take it for no report and rewrite it, never hang or crash
+        _plant_hostile(report_dir / name, hostile[_round], key)
         procs = [subprocess.Popen([sys.executable, "-c", CHAOS_START, CHAOS_WORKER, "ok", str(counter)],
                                   cwd=str(PACK_DIR), env=_env(report_dir), stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True) for _ in range(3)]

@@ -1,0 +1,22 @@
+"""The function ComfyUI calls for a patched model's attention, with the container entry current ComfyUI uses.
+
+Its own module so that ``dispatch`` (tensors) and ``containers`` (q, k, v holders) need not import each other.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .containers import dispatch_containers
+from .dispatch import PatchState
+
+
+def make_attention_override(state: PatchState) -> Callable:
+    """The function ComfyUI calls as ``optimized_attention_override(func, *args, **kwargs)``."""
+
+    def sagetriton_attention_override(func, *args, **kwargs):
+        return state.dispatch(func, args, kwargs)
+
+    sagetriton_attention_override.sagetriton_state = state  # lets a second patch node replace, not stack
+    # current ComfyUI hands q, k, v over in containers, to this attribute
+    sagetriton_attention_override.container_function = lambda *args, **kwargs: dispatch_containers(state, args, kwargs)
+    return sagetriton_attention_override
