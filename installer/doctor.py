@@ -441,8 +441,8 @@ def check_python_dev_files(env: Environment) -> list:
 _PYTHON_DEV_ERRORS = re.compile(
     r"include file '(Python|pyconfig)\.h' not found|Cannot open include file: '(Python|pyconfig)\.h'|"
     r"Failed to find Python libs|library 'python3\d*' not found|cannot find -lpython3", re.I)
-_TINYCC_ERRORS = re.compile(r"tcc(\.exe)?\b.*(error|returned non-zero)|tcc: error|undefined symbol '", re.I)
-_TINYCC_LINKS_PYTHON = re.compile(r"tcc(\.exe)?\b.*-lpython3\d*", re.I)
+_TINYCC_ERRORS = re.compile(r"\btcc(\.exe)?\b.*(error|returned non-zero)|tcc: error|undefined symbol '", re.I)
+_TINYCC_LINKS_PYTHON = re.compile(r"\btcc(\.exe)?\b.*-lpython3\d*", re.I)
 
 
 def classify_build_error(text: str, env: Optional[Environment] = None) -> Optional[Check]:
