@@ -51,11 +51,13 @@ def patch_model(model, settings: Optional[SageSettings] = None, node_id: Optiona
                        **{"report": InstallReport(), **state_options})
     replaced = describe_replaced(state.previous_override)
     state.composition = {"replaced": replaced, "fallback": fallback_served_by(state.settings.fallback, replaced),
-                         "backend": use_backend(state), "preferred": preferred_layers(getattr(model, "model", None))}
-    if state.composition["preferred"]:
+                         "backend": use_backend(state)}
+    preferred = preferred_layers(getattr(model, "model", None))
+    if preferred:  # only then: the composition of an ordinary model stays as it was
+        state.composition["preferred"] = preferred
         logger.warning("[SageTriton] %s of this model name their own attention in the checkpoint; the Patch node "
                        "overrides them (ComfyUI gives a model's override precedence). Bypass the Patch node to keep "
-                       "theirs.", describe(state.composition["preferred"]))
+                       "theirs.", describe(preferred))
     patched = model.clone()
     patched.model_options.setdefault("transformer_options", {})[OVERRIDE_KEY] = make_attention_override(state)
     outer = comfy.patcher_extension.WrappersMP.OUTER_SAMPLE
