@@ -72,9 +72,20 @@ def section(title: str) -> None:
     print(f"\n== {title} " + "=" * max(0, 70 - len(title)), flush=True)
 
 
-def print_report(report: dict) -> None:
+def build_error_texts(report: dict) -> list:
+    """Every build error a report holds: variants, the worker, the cross-compile."""
+    texts = [r.get("build", {}).get("error") for r in (report.get("variants") or {}).values()]
+    texts += [report.get("error")]
+    texts += [c.get("error") for c in (report.get("cross_compile") or {}).values()]
+    return [t for t in texts if t]
+
+
+def print_report(report: dict, env=None) -> None:
     if report.get("variants"):
         print(selftest.format_variant_table(report["variants"]))
+    known = doctor.explain_build_errors(build_error_texts(report), env)
+    if known:  # a known (Windows) failure class: say what it is and the one fix, under the table
+        print(doctor.format_checks(known))
     off = report.get("disabled_variants", [])
     if off:
         print(f"{len(off)} variant(s) turned off (the runtime will not pick them): {', '.join(off)}")
@@ -123,12 +134,12 @@ def install_main(args) -> int:
             section(f"Kernels for {arch.name} ({arch.arch})")
             print("Already built and self-tested for this GPU, torch, triton and pack version "
                   "(use --force to redo):")
-            print_report(existing)
+            print_report(existing, env)
             return 1 if args.strict and (failed or existing.get("disabled_variants")) else 0
         section(f"Build + self-test on {arch.name} ({arch.arch}, {arch.family})")
         print("Each kernel variant the Sage Settings node can pick is built and compared with torch SDPA.")
         report = firststart.run_setup(arch, "gpu", echo=True, doctor=doctor_dicts, quick=args.quick)
-        print_report(report)
+        print_report(report, env)
         bad = failed or report.get("disabled_variants") or not report.get("complete")
         return 1 if args.strict and bad else 0
 
@@ -140,7 +151,7 @@ def install_main(args) -> int:
         if existing.get("cross_compile"):
             from . import crosscompile as cc
             print(cc.format_table(existing["cross_compile"]))
-        print_report(existing)
+        print_report(existing, env)
         return 1 if args.strict and (failed or existing.get("disabled_variants")) else 0
     section("No GPU found")
     print("torch sees no CUDA or ROCm GPU on this machine. SageTriton still proves its kernels here:\n"
@@ -158,7 +169,7 @@ def install_main(args) -> int:
     section("Self-test through the Triton interpreter")
     report = firststart.run_setup(CPU_ARCH, "interpreter", echo=True, doctor=doctor_dicts,
                                   cross_compile=cross, quick=args.quick)
-    print_report(report)
+    print_report(report, env)
     section("What this means")
     print("On this machine the pack leaves ComfyUI's attention in place: the nodes load, and a model\n"
           "patched by \"Patch Model Attention\" keeps running ComfyUI's own attention. On a machine with an\n"

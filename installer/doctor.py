@@ -10,6 +10,7 @@ import dataclasses
 import os
 import platform
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -24,6 +25,7 @@ ROCM_ENV_VARS = ("PYTORCH_ROCM_ARCH", "HIP_PATH", "ROCM_HOME", "ROCM_PATH", "HSA
 # Ubuntu's own (old) ROCm runtime: found first by the loader, it knows neither WSL nor recent GPUs.
 DISTRO_HSA_RUNTIME = "/usr/lib/x86_64-linux-gnu/libhsa-runtime64.so.1"
 LOW_FREE_MEMORY = 1 << 30  # below this the self-test (and most models) will not fit
+MIN_NVIDIA_MAJOR = 8  # Triton's NVIDIA back-end: compute capability 8.0+ (Ampere); RTX 20 / GTX 16 are sm75
 
 
 @dataclass
@@ -63,6 +65,9 @@ class Environment:
     user_groups: list = field(default_factory=list)
     env_vars: dict = field(default_factory=dict)
     distro_hsa_runtime: bool = False  # DISTRO_HSA_RUNTIME is installed
+    python_prefix: str = ""  # the base Python's folder (where Windows keeps include\ and libs\)
+    python_embedded: bool = False  # a ._pth file there: Windows' embeddable Python (ComfyUI portable)
+    python_missing_dev: list = field(default_factory=list)  # of "include", "libs" (Windows only)
 
     @property
     def build(self) -> str:
@@ -154,9 +159,43 @@ def _triton_cache_writable() -> bool:
     return os.access(probe, os.W_OK)
 
 
-def probe_environment() -> Environment:
-    """Gather the real environment. Never raises: problems end up as fields the checks report."""
-    env = Environment(system=platform.system(), python=platform.python_version())
+def python_dev_files(prefix: str, version: str) -> tuple:
+    """(embedded, missing) for a Windows Python at ``prefix``: Triton's launcher is compiled by TinyCC
+    against ``include\\Python.h`` and linked with ``libs\\python3XX.lib``, which the embeddable Python
+    (ComfyUI portable's python_embeded) does not ship."""
+    names = os.listdir(prefix) if os.path.isdir(prefix) else []
+    lower = {n.lower() for n in names}
+    embedded = any(n.endswith("._pth") for n in lower)
+    mm = _major_minor(version) or (3, 0)
+    missing = []
+    if not _has_file(prefix, "include", "Python.h"):
+        missing.append("include")
+    if not _has_file(prefix, "libs", f"python{mm[0]}{mm[1]}.lib"):
+        missing.append("libs")
+    return embedded, missing
+
+
+def _has_file(prefix: str, folder: str, name: str) -> bool:
+    """Case-insensitively, as on Windows (``Include`` and ``include`` are the same folder there)."""
+    for d in (os.listdir(prefix) if os.path.isdir(prefix) else []):
+        path = os.path.join(prefix, d)
+        if d.lower() == folder and os.path.isdir(path):
+            if any(f.lower() == name.lower() for f in os.listdir(path)):
+                return True
+    return False
+
+
+def probe_environment(system: Optional[str] = None, python_prefix: Optional[str] = None) -> Environment:
+    """Gather the real environment. Never raises: problems end up as fields the checks report.
+    ``system`` and ``python_prefix`` replace ``platform.system()`` and the base Python's folder (tests
+    simulate a Windows portable install on any machine)."""
+    env = Environment(system=system or platform.system(), python=platform.python_version())
+    if env.system == "Windows":
+        env.python_prefix = python_prefix or sys.base_prefix
+        try:
+            env.python_embedded, env.python_missing_dev = python_dev_files(env.python_prefix, env.python)
+        except OSError:
+            pass
     env.wsl = env.system == "Linux" and _is_wsl()
     env.env_vars = {k: os.environ[k] for k in ROCM_ENV_VARS if k in os.environ}
     env.user_groups = _user_groups()
@@ -228,6 +267,22 @@ def check_torch(env: Environment) -> Check:
     return Check("torch", OK, f"{env.torch_version}, {build}")
 
 
+# The Triton release line each torch release is built against (torch's own metadata names it on Linux; on
+# Windows torch names none and users install triton-windows themselves, so the doctor needs the table).
+TRITON_FOR_TORCH = {(2, 6): (3, 2), (2, 7): (3, 3), (2, 8): (3, 4), (2, 9): (3, 5), (2, 11): (3, 6),
+                    (2, 12): (3, 7), (2, 13): (3, 7), (2, 14): (3, 8), (2, 15): (3, 9)}
+
+
+def _expected_triton(env: Environment) -> Optional[str]:
+    if env.triton_required:
+        return env.triton_required
+    want = TRITON_FOR_TORCH.get(_major_minor(env.torch_version or ""))
+    if want is None:
+        return None
+    pkg = "triton-windows" if env.system == "Windows" else "triton"
+    return f"{pkg}~={want[0]}.{want[1]}.0"
+
+
 def check_triton(env: Environment) -> Check:
     if env.torch_version is None:
         return Check("triton", INFO, "skipped (no torch)")
@@ -242,7 +297,7 @@ def check_triton(env: Environment) -> Check:
             fix = f"pip install \"{env.triton_required or 'triton'}\""
         return Check("triton", FAIL if env.build in ("cuda", "rocm") else WARN,
                      f"not importable ({env.triton_error or 'not installed'})", fix)
-    want = env.triton_required
+    want = _expected_triton(env)
     want_mm = _major_minor(re.sub(r"^[^\d]*", "", want.split(",")[0])) if want else None
     have_mm = _major_minor(env.triton_version)
     if want_mm and have_mm and want_mm != have_mm:
@@ -251,8 +306,8 @@ def check_triton(env: Environment) -> Check:
             fix = f"pip install \"triton-windows>={want_mm[0]}.{want_mm[1]},<{want_mm[0]}.{want_mm[1] + 1}\""
         else:
             fix = f"pip install \"{pkg}=={want_mm[0]}.{want_mm[1]}.*\" (or reinstall torch, which brings it)"
-        return Check("triton", FAIL,
-                     f"{env.triton_version}, but this torch expects {want}: kernels may fail to compile or crash", fix)
+        return Check("triton", FAIL, f"{env.triton_version}, but torch {env.torch_version} expects {want}: kernels "
+                                     "may fail to compile or crash", fix)
     detail = env.triton_version + (f" (torch expects {want})" if want else "")
     return Check("triton", OK, detail)
 
@@ -278,7 +333,12 @@ def check_gpu(env: Environment) -> list:
         a = env.arch(i)
         label = f"gpu{i}"
         detail = f"{g.name}, {a.arch} ({a.family})"
-        if not a.known:
+        if env.build == "cuda" and g.major < MIN_NVIDIA_MAJOR:
+            out.append(Check(label, FAIL, detail + ": older than Ampere; Triton supports NVIDIA compute capability "
+                                                   "8.0 and newer, so no kernel can be built for it",
+                             "nothing to fix on this GPU: ComfyUI's own attention keeps running (SageTriton "
+                             "needs an RTX 30 / A100 or newer)"))
+        elif not a.known:
             out.append(Check(label, WARN, detail + ": not in the architecture table, safe defaults used",
                              "please report this GPU; it still works with fp16 P·V and 1 pipeline stage"))
         else:
@@ -356,6 +416,79 @@ def check_env_vars(env: Environment) -> list:
     return out
 
 
+def _embedded_python_fix(env: Environment) -> str:
+    mm = _major_minor(env.python) or (3, 0)
+    where = env.python_prefix or "the Python folder"
+    return (f"copy the include and libs folders of a full Python {mm[0]}.{mm[1]} (python.org installer, or the "
+            f"python_{mm[0]}.{mm[1]}_include_libs zip linked in triton-windows' README) into {where}")
+
+
+def check_python_dev_files(env: Environment) -> list:
+    """Windows: Triton builds its launcher with the bundled TinyCC against Python's headers and import
+    library; the embeddable Python has neither, and every kernel then fails to build (``-lpython3XX``)."""
+    if env.system != "Windows" or env.torch_version is None or env.triton_version is None:
+        return []
+    kind = "embedded Python" if env.python_embedded else "Python"
+    if env.python_missing_dev:
+        return [Check("python headers", FAIL,
+                      f"{kind} at {env.python_prefix} has no {' or '.join(env.python_missing_dev)} folder: "
+                      "TinyCC cannot compile or link Triton's launcher (-lpython3XX)", _embedded_python_fix(env))]
+    return [Check("python headers", OK, f"include and libs present in {env.python_prefix}")]
+
+
+# Known texts of Triton build failures on Windows (TinyCC, bundled with triton-windows), most specific first.
+# Each maps to a check name, what it means and one fix line.
+_PYTHON_DEV_ERRORS = re.compile(
+    r"include file '(Python|pyconfig)\.h' not found|Cannot open include file: '(Python|pyconfig)\.h'|"
+    r"Failed to find Python libs|library 'python3\d*' not found|cannot find -lpython3", re.I)
+_TINYCC_ERRORS = re.compile(r"\btcc(\.exe)?\b.*(error|returned non-zero)|tcc: error|undefined symbol '", re.I)
+_TINYCC_LINKS_PYTHON = re.compile(r"\btcc(\.exe)?\b.*-lpython3\d*", re.I)
+
+
+def classify_build_error(text: str, env: Optional[Environment] = None) -> Optional[Check]:
+    """What a kernel build error means on Windows and the one line that fixes it; None when the text is
+    not one of the known classes. ``env`` (when given) tells a missing include/libs apart from other
+    TinyCC failures where the error text alone does not (triton-windows' message only names the command)."""
+    env = env or Environment(system="Windows")
+    if _PYTHON_DEV_ERRORS.search(text) or (_TINYCC_LINKS_PYTHON.search(text) and env.python_missing_dev):
+        return Check("triton build", FAIL, "TinyCC could not compile or link Triton's launcher against Python: the "
+                                           "Python running ComfyUI lacks its include or libs folder",
+                     _embedded_python_fix(env))
+    if _TINYCC_ERRORS.search(text):
+        return Check("triton build", FAIL, "TinyCC (Triton's bundled C compiler on Windows) failed to build the "
+                                           "launcher: " + _first_error_line(text),
+                     "delete %USERPROFILE%\\.triton\\cache, then reinstall triton-windows: "
+                     f"pip install --force-reinstall {_triton_windows_spec(env)}; with a non-ASCII user folder set "
+                     "TRITON_CACHE_DIR and TEMP to an ASCII path")
+    return None
+
+
+def _triton_windows_spec(env: Environment) -> str:
+    want = TRITON_FOR_TORCH.get(_major_minor(env.torch_version or ""))
+    if want is None:
+        return "\"triton-windows\" (the release line matching your torch)"
+    return f"\"triton-windows>={want[0]}.{want[1]},<{want[0]}.{want[1] + 1}\""
+
+
+def _first_error_line(text: str) -> str:
+    for line in text.splitlines():
+        if "error" in line.lower():
+            return line.strip()[:200]
+    return (text.strip().splitlines() or [""])[0][:200]
+
+
+def explain_build_errors(texts, env: Optional[Environment] = None) -> list:
+    """One check per distinct failure class among the build errors of a report (``install.py`` prints them
+    under the variant table)."""
+    seen, out = set(), []
+    for text in texts:
+        check = classify_build_error(text or "", env)
+        if check is not None and check.fix not in seen:  # one line per class, not per failed variant
+            seen.add(check.fix)
+            out.append(check)
+    return out
+
+
 def check_triton_cache(env: Environment) -> list:
     if env.triton_cache_writable:
         return []
@@ -366,6 +499,7 @@ def check_triton_cache(env: Environment) -> list:
 def run_checks(env: Environment) -> list:
     checks = [check_python(env), check_torch(env), check_triton(env)]
     checks += check_triton_cache(env)
+    checks += check_python_dev_files(env)
     checks += check_gpu(env)
     checks += check_amd_device_access(env)
     checks += check_wsl(env)

@@ -140,8 +140,12 @@ def normalize_mask(call: AttentionCall) -> tuple[Optional[torch.Tensor], Optiona
         return None, None
     if not isinstance(mask, torch.Tensor):
         return None, "mask is not a tensor"
-    if mask.dtype != torch.bool and not mask.dtype.is_floating_point:
+    if mask.dtype.is_complex:
         return None, f"mask dtype {str(mask.dtype).replace('torch.', '')}"
+    if mask.dtype != torch.bool and not mask.dtype.is_floating_point:
+        # An integer mask (Lumina 2's raw caption mask on ComfyUI 0.3.75) is a bias added to the scores,
+        # as ComfyUI's own backends add it and as SDPA treats a float mask: the same values as q's dtype.
+        mask = mask.to(call.q.dtype)
     if mask.ndim == 2:
         mask = mask.unsqueeze(0)
     if mask.ndim == 3:

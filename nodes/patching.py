@@ -16,6 +16,7 @@ from .install_report import InstallReport
 from .nonfinite_guard import WRAPPER_KEY as GUARD_KEY
 from .nonfinite_guard import make_apply_model_wrapper
 from .override import make_attention_override
+from .preferred_attention import describe, preferred_layers
 from .run_summary import WRAPPER_KEY, make_outer_sample_wrapper
 from .settings import DEFAULT_SETTINGS, SageSettings
 
@@ -52,6 +53,12 @@ def patch_model(model, settings: Optional[SageSettings] = None, node_id: Optiona
     replaced = describe_replaced(state.previous_override)
     state.composition = {"replaced": replaced, "fallback": fallback_served_by(state.settings.fallback, replaced),
                          "backend": use_backend(state)}
+    preferred = preferred_layers(getattr(model, "model", None))
+    if preferred:  # only then: the composition of an ordinary model stays as it was
+        state.composition["preferred"] = preferred
+        logger.warning("[SageTriton] %s of this model name their own attention in the checkpoint; the Patch node "
+                       "overrides them (ComfyUI gives a model's override precedence). Bypass the Patch node to keep "
+                       "theirs.", describe(preferred))
     patched = model.clone()
     patched.model_options.setdefault("transformer_options", {})[OVERRIDE_KEY] = make_attention_override(state)
     outer = comfy.patcher_extension.WrappersMP.OUTER_SAMPLE

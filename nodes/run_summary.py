@@ -13,6 +13,7 @@ from ..kernels import replay
 from ..kernels.log import logger
 from .dispatch import PatchState
 from .planner import KernelPlan
+from .preferred_attention import describe
 from .stats import LENGTH_REASONS, RunTally, set_last_run
 
 WRAPPER_KEY = "sagetriton_run_summary"
@@ -44,6 +45,7 @@ def build_summary(state: PatchState, run: RunTally) -> dict:
         "replaced": state.composition.get("replaced"),
         "fallback_backend": state.composition.get("fallback"),
         "backend": state.composition.get("backend", "SageTriton"),
+        "preferred_overridden": state.composition.get("preferred") or {},
     }
 
 
@@ -80,6 +82,8 @@ def format_summary(summary: dict) -> str:
         text += f"; {summary['config_text']}"
     if summary.get("replaced"):
         text += "; " + fallback_text(summary["replaced"], summary.get("fallback_backend"))
+    if summary.get("preferred_overridden"):
+        text += f"; overrode the checkpoint's preferred attention of {describe(summary['preferred_overridden'])}"
     if summary["notes"]:
         text += "; " + "; ".join(summary["notes"])
     hint = unpatch_hint(summary)

@@ -49,7 +49,7 @@ def test_setup_installs_only_into_its_own_environment(tmp_path):
                             " print(torch.__file__)"], check=True, capture_output=True, text=True).stdout
     assert Path(found.strip()).is_relative_to(Path(torch_dir()).parent), found
     assert out[0].startswith("creating the test environment") and out[1].startswith(
-        "NOTE: ComfyUI not found, so its tests will be skipped. Fix: COMFYUI_PATH="), out
+        "NOTE: no ComfyUI checkout found: the tests use ComfyUI 0.3.75 from PyPI"), out
     # A later run reuses the environment: the calling interpreter is not run at all.
     calls.unlink()
     _setup(env)

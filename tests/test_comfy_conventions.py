@@ -16,7 +16,7 @@ import weakref
 import pytest
 import torch
 from attention_cases import comfy_args, exact_attention, random_qkv, reference_backend
-from current_comfy import Holder, current_wrap_attn
+from current_comfy import Holder, PreferredAttentionLayer, current_wrap_attn, layer_config_tensor
 from sagetriton.kernels import api
 from sagetriton.kernels.reference import cosine
 from sagetriton.nodes import containers, dispatch
@@ -148,3 +148,48 @@ def test_the_kernel_path_frees_the_floats_before_the_attention_kernel(monkeypatc
     # First call of the variant: kept (a compile error could still fall back); then released.
     assert alive == [(True, True, True), (False, False, False)]
     assert state.run.kernel == 2
+
+
+def test_layers_with_a_preferred_attention_are_overridden_and_reported(seed, comfyui_path):
+    """Current core: a checkpoint can name a layer's attention (comfy-kitchen INT8); core runs it unless
+    the model has an override, and drops the preference before calling the override. The Patch node
+    overrides such layers and says so in the run summary."""
+    import comfy.model_patcher
+    from sagetriton.nodes.patching import patch_model, patch_state_of
+    from sagetriton.nodes.run_summary import finish_run
+
+    kitchen_calls = []
+
+    def kitchen_int8(*args, **kwargs):  # the layer's preferred backend on this emulated machine
+        kitchen_calls.append(1)
+        return reference_backend(*args, **kwargs)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.diffusion_model = torch.nn.ModuleList(
+                [PreferredAttentionLayer({"comfy_kitchen_int8": kitchen_int8}) for _ in range(3)])
+
+    model = Model()
+    checkpoint = {f"diffusion_model.{i}.config": layer_config_tensor({"attention": "comfy_kitchen_int8"})
+                  for i in range(2)}  # two of the three layers name it
+    model.load_state_dict(checkpoint)
+    layer = model.diffusion_model[0]
+    assert layer.function is kitchen_int8 and model.diffusion_model[2].function is None
+    patcher = comfy.model_patcher.ModelPatcher(model, torch.device("cpu"), torch.device("cpu"))
+
+    q, k, v = random_qkv(b=1, h=4, lq=24, lk=24, d=32)
+    args = comfy_args(q, k, v, True)
+    global_backend(*args, 4, skip_reshape=True, transformer_options={}, preferred_attention=layer)
+    assert len(kitchen_calls) == 1  # unpatched, core runs the layer's own backend
+
+    patched = patch_model(patcher, ALWAYS_KERNEL)
+    state = patch_state_of(patched)
+    state.begin_run()
+    out = global_backend(*args, 4, skip_reshape=True, transformer_options=patched.model_options["transformer_options"],
+                         preferred_attention=layer)
+    assert len(kitchen_calls) == 1 and state.run.kernel == 1  # the override took the call
+    assert cosine(as_bhld(out, False, 4), exact_attention(q, k, v)) >= 0.999
+    summary = finish_run(state)
+    assert summary["preferred_overridden"] == {"comfy_kitchen_int8": 2}
+    assert "overrode the checkpoint's preferred attention of 2 layers (comfy_kitchen_int8)" in summary["text"]

@@ -97,7 +97,8 @@ def test_kernel_output_matches_exact_attention_in_every_layout(seed, skip_reshap
         assert out._base is not None and out._base.shape == (2, 24, 2, 64)
 
 
-@pytest.mark.parametrize("kind", ["2d_float", "3d_float", "4d_float", "4d_bool", "key_padding"])
+@pytest.mark.parametrize("kind", ["2d_float", "3d_float", "4d_float", "4d_bool", "key_padding", "int64_caption",
+                                  "int32_bias", "uint8"])
 def test_masks_run_in_the_kernel_with_sdpa_semantics(seed, kind):
     q, k, v = random_qkv(b=2, lq=16, lk=16, d=32, dtype=torch.bfloat16)
     masks = {
@@ -106,11 +107,16 @@ def test_masks_run_in_the_kernel_with_sdpa_semantics(seed, kind):
         "4d_float": torch.randn(2, 2, 16, 16),
         "4d_bool": torch.rand(2, 1, 16, 16) > 0.3,
         "key_padding": torch.cat([torch.zeros(2, 1, 1, 11), torch.full((2, 1, 1, 5), -torch.inf)], -1),
+        # Integer masks (Lumina 2's raw caption mask on ComfyUI 0.3.75): added to the scores like a float mask
+        "int64_caption": torch.cat([torch.ones(2, 11, dtype=torch.int64), torch.zeros(2, 5, dtype=torch.int64)], -1)
+        .view(2, 1, 1, 16),
+        "int32_bias": torch.randint(-3, 4, (2, 16, 16), dtype=torch.int32),
+        "uint8": torch.randint(0, 3, (16, 16), dtype=torch.uint8),
     }
     mask = masks[kind]
-    if mask.dtype != torch.bool:
+    if mask.dtype.is_floating_point:
         mask = mask.to(torch.bfloat16)
-    else:
+    elif mask.dtype == torch.bool:
         mask[..., 0] = True  # no fully masked rows in this test
     state = run_state()
     out = call_override(state, q, k, v, mask=mask)
@@ -133,7 +139,7 @@ FALLBACK_CASES = {
     "unknown_kwarg": (dict(window_size=4), "unsupported argument 'window_size'"),
     "fp32_inputs": (dict(dtype=torch.float32), "dtype float32"),
     "fp32_attn_precision": (dict(attn_precision=torch.float32), "fp32 attn_precision requested"),
-    "int_mask": (dict(mask=torch.zeros(16, 16, dtype=torch.int32)), "mask dtype int32"),
+    "complex_mask": (dict(mask=torch.zeros(16, 16, dtype=torch.complex64)), "mask dtype complex64"),
     "mask_per_batch_and_head": (dict(mask=torch.zeros(4, 16, 16, dtype=torch.float16)),
                                "mask shape not broadcastable to (B, H, Lq, Lk)"),
     "short_keys": (dict(settings=SageSettings(min_seq_len=17)), "key length < 17"),

@@ -170,3 +170,138 @@ def test_windows_triton_hints(doctor):
                triton_required="triton==3.5.0")
     c = _by_name(doctor.run_checks(env))["triton"]
     assert c.status == doctor.FAIL and 'triton-windows>=3.5,<3.6' in c.fix
+
+
+# --- Windows portable: the Triton failure classes, simulated on any machine -----------------------------
+
+def _portable_tree(tmp_path, with_dev: bool):
+    """A Windows embeddable Python's folder (ComfyUI portable's python_embeded), optionally with the
+    include and libs folders users copy in."""
+    import platform
+
+    major, minor = platform.python_version_tuple()[:2]
+    root = tmp_path / "python_embeded"
+    root.mkdir()
+    (root / f"python{major}{minor}._pth").write_text(f"python{major}{minor}.zip\n.\n")
+    (root / "python.exe").write_bytes(b"")
+    if with_dev:
+        (root / "Include").mkdir()
+        (root / "Include" / "Python.h").write_text("")
+        (root / "libs").mkdir()
+        (root / "libs" / f"python{major}{minor}.lib").write_bytes(b"")
+    return root
+
+
+def test_embedded_python_without_include_and_libs(doctor, tmp_path):
+    root = _portable_tree(tmp_path, with_dev=False)
+    env = doctor.probe_environment(system="Windows", python_prefix=str(root))  # the real probe, forced to win32
+    assert env.python_embedded and env.python_missing_dev == ["include", "libs"]
+    c = _by_name(doctor.run_checks(env))["python headers"]
+    assert c.status == doctor.FAIL and "-lpython3" in c.detail and "embedded Python" in c.detail
+    assert "include and libs" in c.fix and str(root) in c.fix
+    assert c.line().count("fix:") == 1
+
+
+def test_embedded_python_with_include_and_libs(doctor, tmp_path):
+    root = _portable_tree(tmp_path, with_dev=True)
+    env = doctor.probe_environment(system="Windows", python_prefix=str(root))
+    assert env.python_missing_dev == []
+    assert _by_name(doctor.run_checks(env))["python headers"].status == doctor.OK
+    linux = doctor.probe_environment()  # on Linux the headers come from the system: not checked
+    assert "python headers" not in _by_name(doctor.run_checks(linux))
+
+
+# What TinyCC and triton-windows print when the launcher cannot be built (shapes of real reports).
+TCC_CMD = ("CalledProcessError: Command '['C:\\\\ComfyUI_windows_portable\\\\python_embeded\\\\Lib\\\\site-packages"
+           "\\\\triton\\\\runtime\\\\tcc\\\\tcc.exe', 'C:\\\\Temp\\\\tmp1\\\\main.c', "
+           "'-O3', '-shared', '-o', 'main.cp312-win_amd64.pyd', '-lcuda', '-lpython312']' returned non-zero exit "
+           "status 1.")
+TCC_NO_HEADER = "C:/Users/me/AppData/Local/Temp/tmp1/cuda_utils.c:13: error: include file 'Python.h' not found"
+TCC_NO_LIB = "tcc: error: library 'python312' not found"
+TCC_UNDEFINED = "tcc: error: undefined symbol 'cuLaunchKernelEx'"
+
+
+@pytest.mark.parametrize("text", [TCC_NO_HEADER, TCC_NO_LIB,
+                                  "E:/p/python_embeded/Include/Python.h:12: error: include file 'pyconfig.h' not found",
+                                  "windows_utils.py:323: UserWarning: Failed to find Python libs."])
+def test_classify_missing_python_dev_files(doctor, text):
+    env = _env(doctor, system="Windows", python="3.12.10", python_prefix="C:\\portable\\python_embeded")
+    c = doctor.classify_build_error(text, env)
+    assert c is not None and c.status == doctor.FAIL and "include or libs" in c.detail
+    assert "Python 3.12" in c.fix and "C:\\portable\\python_embeded" in c.fix
+
+
+def test_classify_tinycc_command_failure_uses_the_environment(doctor):
+    # triton-windows' exception names only the command: the probe's include/libs finding decides the class.
+    missing = _env(doctor, system="Windows", python="3.12.10", python_missing_dev=["libs"])
+    assert "include or libs" in doctor.classify_build_error(TCC_CMD, missing).detail
+    complete = _env(doctor, system="Windows", torch_version="2.15.0", triton_version="3.9.0")
+    c = doctor.classify_build_error(TCC_CMD, complete)
+    assert c is not None and "TinyCC" in c.detail and "include or libs" not in c.detail
+    assert 'triton-windows>=3.9,<3.10' in c.fix
+
+
+def test_classify_tinycc_link_error_and_unrelated_errors(doctor):
+    env = _env(doctor, system="Windows", torch_version="2.14.1")
+    c = doctor.classify_build_error(TCC_UNDEFINED, env)
+    assert c.status == doctor.FAIL and "undefined symbol 'cuLaunchKernelEx'" in c.detail
+    assert 'triton-windows>=3.8,<3.9' in c.fix
+    assert doctor.classify_build_error("CompilationError: at 10:4: async_copy_global_to_shared", env) is None
+    assert doctor.classify_build_error("inaccurate: cosine 0.9", env) is None
+
+
+def test_install_report_prints_one_fix_line_per_failure_class(doctor, pack, capsys):
+    from sagetriton.installer import cli
+
+    env = _env(doctor, system="Windows", python="3.12.10", python_prefix="C:\\p\\python_embeded",
+               python_missing_dev=["include", "libs"])
+    failing = {"ok": False, "error": TCC_NO_HEADER}
+    report = {"variants": {f"v{i}": {"build": failing, "selftest": {}} for i in range(5)},
+              "cross_compile": {"sm89": {"ok": False, "error": TCC_UNDEFINED}}}
+    cli.print_report(report, env)
+    out = capsys.readouterr().out
+    assert out.count("[FAIL] triton build") == 2 and out.count("fix:") == 2, out  # two classes, five variants
+    assert "include and libs folders of a full Python 3.12" in out
+
+
+@pytest.mark.parametrize("system,torch_version,triton_version,ok", [
+    ("Windows", "2.15.0", "3.9.0.post21", True),
+    ("Windows", "2.15.0", "3.8.0.post1", False),
+    ("Windows", "2.11.0", "3.6.0.post26", True),
+    ("Windows", "2.13.1", "3.6.0.post26", False),
+    ("Linux", "2.14.1", "3.9.0", False),
+    ("Linux", "2.15.0", "3.9.0", True),
+])
+def test_torch_triton_pairs_without_metadata(doctor, system, torch_version, triton_version, ok):
+    # triton-windows is installed by hand (torch's Windows wheels name no Triton): the doctor's own table.
+    env = _env(doctor, system=system, torch_cuda="12.8", torch_version=torch_version, triton_version=triton_version,
+               triton_required=None)
+    c = _by_name(doctor.run_checks(env))["triton"]
+    assert (c.status == doctor.OK) == ok, c.line()
+    if not ok:
+        assert torch_version in c.detail and c.fix.startswith("pip install")
+        assert ("triton-windows" in c.fix) == (system == "Windows")
+
+
+def test_triton_table_agrees_with_the_installed_torch(doctor):
+    import torch
+
+    required = doctor._triton_requirement()
+    mm = doctor._major_minor(torch.__version__)
+    if required is None or mm not in doctor.TRITON_FOR_TORCH:
+        pytest.skip(f"torch {torch.__version__} names no Triton or is not in the table")
+    want = doctor.TRITON_FOR_TORCH[mm]
+    assert doctor._major_minor(required.split("=")[-1]) == want, required
+
+
+@pytest.mark.parametrize("name,major,minor,ok", [
+    ("NVIDIA GeForce RTX 2080 Ti", 7, 5, False), ("NVIDIA GeForce GTX 1660", 7, 5, False),
+    ("Tesla V100", 7, 0, False), ("NVIDIA GeForce GTX 1080", 6, 1, False),
+    ("NVIDIA GeForce RTX 3060", 8, 6, True), ("NVIDIA GeForce RTX 5090", 12, 0, True),
+])
+def test_gpus_older_than_ampere(doctor, name, major, minor, ok):
+    env = _env(doctor, torch_cuda="12.8", gpus=[doctor.GpuInfo(name, major, minor, total_memory=8 << 30)])
+    c = _by_name(doctor.run_checks(env))["gpu0"]
+    assert (c.status != doctor.FAIL) == ok, c.line()
+    if not ok:
+        assert "older than Ampere" in c.detail and f"sm{major}{minor}" in c.detail and c.fix

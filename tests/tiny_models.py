@@ -145,11 +145,31 @@ def tiny_lumina2(dtype=torch.bfloat16, seed=0) -> TinyModel:
                      masks=True, cfg=1.0)
 
 
+# Parameters later ComfyUI releases added to a model's params dataclass, with the value that leaves the
+# feature off (0.3.75's HunyuanVideoParams: cond-type embedding, a vision-encoder input).
+FEATURE_OFF = {"use_cond_type_embedding": False, "vision_in_dim": None, "byt5": False, "meanflow": False}
+
+
+def _params_for(params_cls, cfg: dict) -> dict:
+    """``cfg`` fitted to the installed ComfyUI's params dataclass: fields it lacks are dropped, fields it
+    added are set to their 'off' value (a field with no known 'off' value fails here, by name)."""
+    import dataclasses
+
+    names = [f.name for f in dataclasses.fields(params_cls)]
+    unknown = [n for n in names if n not in cfg and n not in FEATURE_OFF]
+    if unknown:
+        raise TypeError(f"{params_cls.__name__} has new fields {unknown}: add their 'off' values to FEATURE_OFF")
+    fitted = {n: cfg.get(n, FEATURE_OFF.get(n)) for n in names}
+    return {**{k: v for k, v in cfg.items() if k == "image_model"}, **fitted}
+
+
 def tiny_hunyuan_video(dtype=torch.bfloat16, seed=0) -> TinyModel:
-    cfg = dict(image_model="hunyuan_video", in_channels=16, out_channels=16, vec_in_dim=TEXT_DIM,
-               context_in_dim=TEXT_DIM, hidden_size=256, mlp_ratio=2.0, num_heads=2, depth=1, depth_single_blocks=1,
-               axes_dim=[16, 56, 56], theta=256, patch_size=[1, 2, 2], qkv_bias=True, guidance_embed=True,
-               byt5=False, meanflow=False)
+    from comfy.ldm.hunyuan_video.model import HunyuanVideoParams
+
+    cfg = _params_for(HunyuanVideoParams, dict(
+        image_model="hunyuan_video", in_channels=16, out_channels=16, vec_in_dim=TEXT_DIM, context_in_dim=TEXT_DIM,
+        hidden_size=256, mlp_ratio=2.0, num_heads=2, depth=1, depth_single_blocks=1, axes_dim=[16, 56, 56],
+        theta=256, patch_size=[1, 2, 2], qkv_bias=True, guidance_embed=True))
     g = torch.Generator().manual_seed(seed + 1)
     pos, neg = _pair(g, lambda g: {"pooled_output": torch.randn(1, TEXT_DIM, generator=g),
                                    "attention_mask": _text_mask(5), "guidance": 6.0})
