@@ -32,6 +32,7 @@ WRAPPER_KEY = "sagetriton_forward_plan"
 OVERRIDE_KEY = "optimized_attention_override"
 MAX_PLANS = 64  # input shapes change every forward (a sweep): start over instead of growing
 PATCH_KEYS = ("patches", "patches_replace")  # attention patches can change what a forward calls
+SIGMA_KEYS = ("sigmas", "sample_sigmas")  # the step, not the calls (full-precision steps are a key of their own)
 
 
 class ForwardPlan:
@@ -86,7 +87,7 @@ def forward_key(args: tuple, kwargs: dict, topts: dict, full_precision: bool) ->
     for name, value in topts.items():
         if name in PATCH_KEYS:
             key += (name, _patches_meta(value))
-        elif isinstance(value, torch.Tensor):
+        elif isinstance(value, torch.Tensor) and name not in SIGMA_KEYS:
             key += (name, value.shape, value.dtype, value.device)
     return key
 
