@@ -101,6 +101,13 @@ def exact_attention(q, k, v, layout="HND", is_causal=False, sm_scale=None, attn_
     return to_bhld(out, layout), lse
 
 
+def rotated_heads(kh: torch.Tensor) -> torch.Tensor:
+    """``quant.rotate_head`` per (batch, key head), (B, H_KV) bool: K's widest channel (max - min over
+    every key) against ``quant.ROTATE_RATIO`` times the mean width."""
+    width = kh.amax(dim=2) - kh.amin(dim=2)
+    return width.amax(dim=-1) > quant.ROTATE_RATIO.value * (width.sum(dim=-1) / kh.shape[-1])
+
+
 def k_mean(kh: torch.Tensor) -> torch.Tensor:
     """The vector K smoothing subtracts, (B, H, 1, D): the mean of the keys the statistics pass
     samples (``quant.k_mean_sample``: every key on short sequences)."""
@@ -147,10 +154,15 @@ def quantized_reference(q, k, v, cfg: KernelConfig, layout="HND", is_causal=Fals
     km = k_mean(kh) if smooth_k else torch.zeros_like(kh[:, :, :1])
     qr, kr = qh, kh - km
     if cfg.qk_rotation:
-        from .api import ROTATION_BLOCK, head_dim_padded
+        from .api import ROTATION_BLOCK, ROTATION_DETECT, head_dim_padded
 
         d_pad = head_dim_padded(D)
-        qr, kr = (_rotated(torch.nn.functional.pad(t, (0, d_pad - D)), min(d_pad, ROTATION_BLOCK)) for t in (qr, kr))
+        rq, rk = (_rotated(torch.nn.functional.pad(t, (0, d_pad - D)), min(d_pad, ROTATION_BLOCK)) for t in (qr, kr))
+        if ROTATION_DETECT:  # only the heads ``quant.rotate_head`` picks, the others padded as they were
+            pick = rotated_heads(kh)[:, :, None, None]
+            rq = torch.where(_expand_kv(pick, H), rq, torch.nn.functional.pad(qr, (0, d_pad - D)))
+            rk = torch.where(pick, rk, torch.nn.functional.pad(kr, (0, d_pad - D)))
+        qr, kr = rq, rk
     qi, qs = _quantize_groups(qr, qg)
     ki, ks = _quantize_groups(kr, kg)
     qs = qs * scale * math.log2(math.e)
