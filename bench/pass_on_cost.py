@@ -72,7 +72,8 @@ def main(argv=None) -> None:
         run(topts, n)
 
     run(patched, 100)  # decided once, cached from here on
-    rows = {"dispatcher (cached decision)": (patched, run), "forward plan (position + shape check)": (in_plan, run_planned)}
+    rows = {"dispatcher (cached decision)": (patched, run),
+            "forward plan (position + shape check)": (in_plan, run_planned)}
     for label, (topts, runner) in rows.items():
         diffs, base = [], []
         for _ in range(args.rounds):
