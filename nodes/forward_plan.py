@@ -100,6 +100,7 @@ class ForwardPlans:
         self.entries: dict[tuple, ForwardPlan] = {}
         self.stamp: tuple = (None, None, None)
         self.local = threading.local()  # the forward in progress, per thread
+        self.override: Optional[Callable] = None  # ``make_planned_override``'s function for this state
 
     def valid_entries(self) -> dict:
         s = self.state
@@ -148,8 +149,9 @@ def make_forward_wrapper(state: PatchState, plans: ForwardPlans) -> Callable:
 
     def sagetriton_forward_plan(executor, *args, **kwargs):
         topts = args[5] if len(args) > 5 else None
+        # Ours as installed, not wrapped by another pack (taking it out would take their wrapper out too).
         if (type(topts) is not dict or state.redo_reason is not None or getattr(local, "forward", None) is not None
-                or getattr(topts.get(OVERRIDE_KEY), "sagetriton_state", None) is not state):
+                or topts.get(OVERRIDE_KEY) is not plans.override):
             return executor(*args, **kwargs)  # not our forward's usual form, a redo, or a nested forward
         s = state.settings
         full_precision = (s.full_precision_first_steps > 0 or s.full_precision_last_steps > 0) and \
@@ -216,4 +218,5 @@ def make_planned_override(state: PatchState, plans: ForwardPlans) -> Callable:
 
     sagetriton_attention_override.sagetriton_state = state
     sagetriton_attention_override.container_function = base.container_function
+    plans.override = sagetriton_attention_override
     return sagetriton_attention_override
