@@ -28,9 +28,9 @@ from sagetriton.kernels.arch import default_config, detect_arch  # noqa: E402
 SHAPES = [(2, 24, 8192, 128), (1, 24, 16384, 128), (1, 12, 32768, 128)]
 
 
-def method(cfg, detect: bool):
+def method(cfg, detect: bool, sampled: bool = False):
     def run(q, k, v):
-        api.ROTATION_DETECT = detect
+        api.ROTATION_DETECT, api.ROTATION_RANGE_SAMPLED = detect, sampled
         return api.attention_forward(q, k, v, "HND", False, None, None, False, cfg, True, False)[0]
     return run
 
@@ -40,7 +40,8 @@ def methods(arch, D):
     return {"sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
             "no rotation": method(cfg.replace(qk_rotation=False), True),
             "rotation, every head (before)": method(cfg.replace(qk_rotation=True), False),
-            "rotation where it pays (default)": method(cfg.replace(qk_rotation=True), True)}
+            "rotation where it pays (default)": method(cfg.replace(qk_rotation=True), True),
+            "where it pays, K range sampled": method(cfg.replace(qk_rotation=True), True, True)}
 
 
 def speed(rounds: int) -> list:
@@ -66,7 +67,7 @@ def speed(rounds: int) -> list:
         print(row["shape"], {n: round(x, 3) for n, x in row["x_sdpa"].items()}, "rotated heads",
               row["rotated_heads"], "of", row["heads"], flush=True)
         del qkv
-    api.ROTATION_DETECT = True
+    api.ROTATION_DETECT, api.ROTATION_RANGE_SAMPLED = True, False
     return rows
 
 
@@ -78,13 +79,16 @@ def accuracy() -> list:
         q, k, v = make_case(case, device="cuda")
         exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
         row = dict(case=case, rotated_heads=int(reference.rotated_heads(k.float()).sum()), heads=k.shape[1])
+        api.ROTATION_RANGE_SAMPLED = True
+        row["rotated_heads_sampled"] = int(reference.rotated_heads(k.float()).sum())
+        api.ROTATION_RANGE_SAMPLED = False
         for name, fn in fns.items():
             out = fn(q, k, v).float()
             row[name] = dict(cosine=cosine(out, exact), rel_l1=rel_l1(out, exact))
         rows.append(row)
         print(case, f"rotated {row['rotated_heads']}/{row['heads']}",
               {n: f"{row[n]['cosine']:.5f} / {row[n]['rel_l1']:.4f}" for n in fns}, flush=True)
-    api.ROTATION_DETECT = True
+    api.ROTATION_DETECT, api.ROTATION_RANGE_SAMPLED = True, False
     return rows
 
 

@@ -28,6 +28,9 @@ ROTATION_BLOCK = 128  # channels one Hadamard block mixes (head dims above 128 g
 # The rotation only on heads whose keys have outlier channels or tokens (``quant.rotate_head``); False
 # rotates every head (the code before issue 42, for A/B runs: clear ``replay`` after changing it).
 ROTATION_DETECT = True
+# K's range for that choice from the K mean's sample of keys instead of every key (A/B runs: cheaper
+# statistics pass, but an outlier key outside the sample goes unseen).
+ROTATION_RANGE_SAMPLED = False
 INT8_MAX = 127.0  # V's range with INT8 P·V
 INT8_P_MAX = 255.0  # P's largest weight with INT8 P·V (fed to the MMA as P - 128: ``quant.P_OFFSET``)
 _warned: set = set()
@@ -145,6 +148,7 @@ def _kv_stats(k, v, k_sum: bool, v_stats: int, d_pad: int, pdl: bool = False, k_
     slots = parts.unbind(0)
     _launch(quant.kv_stats_kernel, (n_parts, B * H), (
         k, *k.stride(), v, *v.stride(), *slots[:4], *(slots[4:] or slots[:2]), H, L, D, per_part, k_stride,
+        k_stride if ROTATION_RANGE_SAMPLED else 1,
     ), dict(BLOCK=block, D_PAD=d_pad, K_SUM=k_sum, V_STATS=v_stats, PDL=pdl,
             INTERPRETER=interpreter_enabled(), K_RANGE=k_range), num_warps=8)
     return parts, n_parts, k_tokens

@@ -208,14 +208,14 @@ def kv_stats_kernel(
     V, stride_vb, stride_vh, stride_vl, stride_vd,
     KSum, VLo, VHi, VSum,  # fp32 (B*H, n_parts, D_PAD) out: partials per chunk of tiles_per_part tiles
     KLo, KHi,  # the same for K's min and max (K_RANGE), else unused
-    H, L, D, tiles_per_part, k_stride,
+    H, L, D, tiles_per_part, k_stride, range_stride,
     BLOCK: tl.constexpr, D_PAD: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr, PDL: tl.constexpr,
     INTERPRETER: tl.constexpr = False, K_RANGE: tl.constexpr = False,
 ):
     """Per-channel partials of K's sum over every ``k_stride``-th token block (``k_mean_sample``) and
     of V's max |v| (V_ABSMAX) or min, max and sum (V_MINMAXSUM) over every token, reading each block
     once. Min/max propagate NaN, as torch.aminmax does. With K_RANGE, also K's min and max over every
-    token (which heads to rotate: ``rotate_head``)."""
+    ``range_stride``-th token block (which heads to rotate: ``rotate_head``; 1 or ``k_stride``)."""
     part = tl.program_id(0)
     bh = tl.program_id(1)
     if PDL:  # the first launch of a call: it waits for what came before it, the Q launch need not
@@ -230,13 +230,14 @@ def kv_stats_kernel(
     for i in range(0, tiles_per_part):
         blk = part * tiles_per_part + i
         offs_l = blk * BLOCK + tl.arange(0, BLOCK)
-        if K_RANGE:  # every key: one outlier token must not slip past the sample
-            row_ok, _, k = _load_rows(K, stride_kb, stride_kh, stride_kl, stride_kd, bh, H, offs_l, L, D, D_PAD)
-            klo = _min_nan(klo, tl.where(row_ok[:, None], k, float("inf")))
-            khi = _max_nan(khi, tl.where(row_ok[:, None], k, float("-inf")))
-            if K_SUM:
-                if blk % k_stride == 0:
-                    ksum += k
+        if K_RANGE:  # every key by default: one outlier token must not slip past a sample
+            if blk % range_stride == 0:
+                row_ok, _, k = _load_rows(K, stride_kb, stride_kh, stride_kl, stride_kd, bh, H, offs_l, L, D, D_PAD)
+                klo = _min_nan(klo, tl.where(row_ok[:, None], k, float("inf")))
+                khi = _max_nan(khi, tl.where(row_ok[:, None], k, float("-inf")))
+                if K_SUM:
+                    if blk % k_stride == 0:
+                        ksum += k
         elif K_SUM:
             if blk % k_stride == 0:
                 _, _, k = _load_rows(K, stride_kb, stride_kh, stride_kl, stride_kd, bh, H, offs_l, L, D, D_PAD)

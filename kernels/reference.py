@@ -103,21 +103,31 @@ def exact_attention(q, k, v, layout="HND", is_causal=False, sm_scale=None, attn_
 
 def rotated_heads(kh: torch.Tensor) -> torch.Tensor:
     """``quant.rotate_head`` per (batch, key head), (B, H_KV) bool: K's widest channel (max - min over
-    every key) against ``quant.ROTATE_RATIO`` times the mean width."""
+    every key, or the K mean's sample with ``api.ROTATION_RANGE_SAMPLED``) against ``quant.ROTATE_RATIO``
+    times the mean width."""
+    from . import api
+
+    if api.ROTATION_RANGE_SAMPLED:
+        kh = kh[:, :, _k_sample(kh)]
     width = kh.amax(dim=2) - kh.amin(dim=2)
     return width.amax(dim=-1) > quant.ROTATE_RATIO.value * (width.sum(dim=-1) / kh.shape[-1])
 
 
-def k_mean(kh: torch.Tensor) -> torch.Tensor:
-    """The vector K smoothing subtracts, (B, H, 1, D): the mean of the keys the statistics pass
-    samples (``quant.k_mean_sample``: every key on short sequences)."""
+def _k_sample(kh: torch.Tensor) -> torch.Tensor:
+    """Which keys the statistics pass samples for K's mean (``quant.k_mean_sample``), as a bool mask."""
     from .api import head_dim_padded
 
     L, d_pad = kh.shape[2], head_dim_padded(kh.shape[3])
     stride, tokens = quant.k_mean_sample(L, d_pad)
     keep = (torch.arange(L, device=kh.device) // quant.stats_block(d_pad)) % stride == 0
     assert int(keep.sum()) == tokens
-    return kh[:, :, keep].mean(dim=2, keepdim=True)
+    return keep
+
+
+def k_mean(kh: torch.Tensor) -> torch.Tensor:
+    """The vector K smoothing subtracts, (B, H, 1, D): the mean of the keys the statistics pass
+    samples (``quant.k_mean_sample``: every key on short sequences)."""
+    return kh[:, :, _k_sample(kh)].mean(dim=2, keepdim=True)
 
 
 def _int8_pv(s2: torch.Tensor, m: torch.Tensor, vc: torch.Tensor, tile: int, heads: int):
