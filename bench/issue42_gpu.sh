@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Issue 42 on one GPU, one call of ~7 minutes on an H200. From the repository root, with ComfyUI 0.3.64
-# carried as .comfyui (git-ignored: cp -r ~/ComfyUI .comfyui, then run with carry [".comfyui"]):
+# Issue 42 on one GPU, one call of ~6 minutes on an H200 (at most 8m45 by the timeouts). From the
+# repository root, with ComfyUI 0.3.64 carried as .comfyui (git-ignored: cp -r ~/ComfyUI .comfyui,
+# then run with carry [".comfyui"]):
 #
 #   bash bench/issue42_gpu.sh            # results under $OUT (the device's output folder) or bench/results
 #
@@ -15,13 +16,13 @@ DEST="$(realpath -m "${OUT:-bench/results}")"
 mkdir -p "$DEST"
 cd bench || exit 1
 echo "== rotation A/B"; date -u
-timeout 170 python rotation_ab.py --rounds 3 --out "$DEST/sm90_rotation_ab_issue42.json"
+timeout 150 python rotation_ab.py --rounds 3 --out "$DEST/sm90_rotation_ab_issue42.json"
 echo "== host cost per passed-on call"
-timeout 60 python pass_on_cost.py --rounds 31
+timeout 45 python pass_on_cost.py --rounds 31
 echo "== SDXL, SD1.5"; date -u
-timeout 170 python bench_models.py --models sdxl,sd15 --controls --runs 41 \
+timeout 150 python bench_models.py --models sdxl,sd15 --controls --runs 41 \
   --variants "patched (defaults),control" --out "$DEST/sm90_models_issue42_sdxl_sd15.json"
 echo "== Flux"; date -u
-timeout 150 python bench_models.py --models flux --controls --runs 15 \
+timeout 180 python bench_models.py --models flux --controls --runs 15 \
   --variants "patched (defaults),patched (no Q/K rotation),control" --out "$DEST/sm90_models_issue42_flux.json"
 date -u
