@@ -134,6 +134,18 @@ def forward_inputs(patcher, name: str):
     return x, sigma, kwargs
 
 
+def sampling_options(patcher) -> dict:
+    """``transformer_options`` as a sampling run hands them to ``apply_model``: the model's own, with the
+    patcher's wrappers merged in (ComfyUI does that when sampling starts), so APPLY_MODEL wrappers run."""
+    topts = dict(patcher.model_options.get("transformer_options", {}))
+    wrappers = {kind: dict(by_key) for kind, by_key in topts.get("wrappers", {}).items()}
+    for kind, by_key in patcher.wrappers.items():
+        wrappers.setdefault(kind, {}).update(by_key)
+    if wrappers:
+        topts["wrappers"] = wrappers
+    return topts
+
+
 def time_variants(variants: dict, x, sigma, kwargs, runs: int, warmup: int = 2) -> dict:
     """Median seconds per forward of each variant, timed in interleaved rounds whose order rotates
     (A, B, C, then B, C, A, ...) so clock and cache drift, and whatever the variant before leaves
@@ -142,8 +154,7 @@ def time_variants(variants: dict, x, sigma, kwargs, runs: int, warmup: int = 2) 
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
     def call(patcher):
-        topts = patcher.model_options.get("transformer_options", {})
-        return patcher.model.apply_model(x, sigma, transformer_options=dict(topts), **kwargs)
+        return patcher.model.apply_model(x, sigma, transformer_options=sampling_options(patcher), **kwargs)
 
     result = {}
     with torch.no_grad():
@@ -202,11 +213,10 @@ def host_profile(patcher, x, sigma, kwargs, top: int = 15) -> None:
     import cProfile
     import pstats
 
-    topts = patcher.model_options.get("transformer_options", {})
     with torch.no_grad():
         prof = cProfile.Profile()
         prof.enable()
-        patcher.model.apply_model(x, sigma, transformer_options=dict(topts), **kwargs)
+        patcher.model.apply_model(x, sigma, transformer_options=sampling_options(patcher), **kwargs)
         prof.disable()
     pstats.Stats(prof).sort_stats("tottime").print_stats(top)
 

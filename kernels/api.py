@@ -25,6 +25,12 @@ _FP8_TORCH = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
 # fp16 per-tile accumulation: keep |V| small enough that a tile of BLOCK_N keys sums below 65504.
 _FP16_TILE_V_LIMIT = 256.0
 ROTATION_BLOCK = 128  # channels one Hadamard block mixes (head dims above 128 get two blocks)
+# The rotation only on heads whose keys have outlier channels or tokens (``quant.rotate_head``); False
+# rotates every head (the code before issue 42, for A/B runs: clear ``replay`` after changing it).
+ROTATION_DETECT = True
+# K's range for that choice from the K mean's sample of keys instead of every key (A/B runs: cheaper
+# statistics pass, but an outlier key outside the sample goes unseen).
+ROTATION_RANGE_SAMPLED = False
 INT8_MAX = 127.0  # V's range with INT8 P·V
 INT8_P_MAX = 255.0  # P's largest weight with INT8 P·V (fed to the MMA as P - 128: ``quant.P_OFFSET``)
 _warned: set = set()
@@ -121,15 +127,16 @@ def _pdl_launch(pdl: bool) -> dict:
     return {"launch_pdl": True} if pdl else {}
 
 
-def _kv_stats(k, v, k_sum: bool, v_stats: int, d_pad: int, pdl: bool = False):
+def _kv_stats(k, v, k_sum: bool, v_stats: int, d_pad: int, pdl: bool = False, k_range: bool = False):
     """One pass over K and V (same B, H, L) for the per-channel statistics the quantization needs.
 
     Returns ``(parts, n_parts, k_tokens)``: fp32 (4, B*H, n_parts, D_PAD) partials, slots K sum, V
     min, V max (or max |v| with ``V_ABSMAX``), V sum, which the Q launch reduces
     (``quant._finalize_kv_stats``), and how many keys K's sum covers (``quant.k_mean_sample``).
-    ``None`` when nothing needs statistics.
+    ``None`` when nothing needs statistics. ``k_range``: also K's min and max per channel over every key
+    (slots 4 and 5: which heads the rotation pays on).
     """
-    if not k_sum and v_stats == quant.V_NONE:
+    if not k_sum and v_stats == quant.V_NONE and not k_range:
         return None, 0, 0
     B, H, L, D = k.shape
     block = quant.stats_block(d_pad)
@@ -137,11 +144,13 @@ def _kv_stats(k, v, k_sum: bool, v_stats: int, d_pad: int, pdl: bool = False):
     per_part = _cdiv(tiles, quant.STATS_PARTS)
     n_parts = _cdiv(tiles, per_part)  # every chunk holds at least one real token
     k_stride, k_tokens = quant.k_mean_sample(L, d_pad)
-    parts = torch.empty((4, B * H, n_parts, d_pad), dtype=torch.float32, device=k.device)
+    parts = torch.empty((6 if k_range else 4, B * H, n_parts, d_pad), dtype=torch.float32, device=k.device)
+    slots = parts.unbind(0)
     _launch(quant.kv_stats_kernel, (n_parts, B * H), (
-        k, *k.stride(), v, *v.stride(), *parts.unbind(0), H, L, D, per_part, k_stride,
+        k, *k.stride(), v, *v.stride(), *slots[:4], *(slots[4:] or slots[:2]), H, L, D, per_part, k_stride,
+        k_stride if ROTATION_RANGE_SAMPLED else 1,
     ), dict(BLOCK=block, D_PAD=d_pad, K_SUM=k_sum, V_STATS=v_stats, PDL=pdl,
-            INTERPRETER=interpreter_enabled()), num_warps=8)
+            INTERPRETER=interpreter_enabled(), K_RANGE=k_range), num_warps=8)
     return parts, n_parts, k_tokens
 
 
@@ -159,7 +168,8 @@ def _rotation_signs(d_pad: int, block: int, device) -> torch.Tensor:
 
 
 def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, stats=None, kv_div=1,
-                 bias=None, bias_mult=1.0, per_block=False, finalize=None, pdl=False, after=True, rotate=0):
+                 bias=None, bias_mult=1.0, per_block=False, finalize=None, pdl=False, after=True, rotate=0,
+                 rotate_detect=False):
     """INT8 copy (B*H, L, D_PAD) and scales: one per block with ``per_block`` (group == block), else
     one per token (the group's scale repeated).
 
@@ -169,7 +179,8 @@ def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, 
     into that buffer (the first one after the statistics).
     ``pdl``: the call's launches are chained (``KernelConfig.pdl``); ``after``: this is not the
     call's first launch, so it may start before the one before it ends.
-    ``rotate``: block size of the Hadamard rotation applied before rounding (0: none).
+    ``rotate``: block size of the Hadamard rotation applied before rounding (0: none); ``rotate_detect``:
+    only on the heads ``quant.rotate_head`` picks (the statistics hold K's range, ``final`` the flags).
     """
     B, H, L, D = x.shape
     out = torch.empty((B * H, L, d_pad), dtype=torch.int8, device=x.device)
@@ -184,7 +195,8 @@ def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, 
         H, kv_div, L, l_kv, k_tokens, D, n_parts, scale_mult, bias_mult,
     ), dict(BLOCK=block, GROUP=group, D_PAD=d_pad, MEAN_MODE=mean_mode, SCALE_PER_BLOCK=per_block,
             FINALIZE=finalize is not None, K_SUM=k_sum, V_STATS=v_stats, V_RANGE=v_range, V_POW2=v_pow2,
-            PARTS_PAD=quant.STATS_PARTS, PDL=pdl, ROTATE=rotate, INTERPRETER=interpreter_enabled()),
+            PARTS_PAD=quant.STATS_PARTS, PDL=pdl, ROTATE=rotate, INTERPRETER=interpreter_enabled(),
+            ROTATE_DETECT=bool(rotate and rotate_detect)),
             num_warps=8 if rotate else 4,
             **_pdl_launch(pdl and after))
     return out, scale
@@ -450,10 +462,12 @@ def _quantize(plan: _CallPlan, cfg: KernelConfig, smooth_k: bool, smooth_v: bool
     q_group, k_group = cfg.group_sizes()
     rotate = min(d_pad, ROTATION_BLOCK) if cfg.qk_rotation else 0
     v_stats = _v_stats_needed(cfg, smooth_v)
-    parts, n_parts, k_tokens = _kv_stats(kh, vh, smooth_k, v_stats, d_pad, pdl)
+    detect = bool(rotate) and ROTATION_DETECT
+    parts, n_parts, k_tokens = _kv_stats(kh, vh, smooth_k, v_stats, d_pad, pdl, k_range=detect)
     stats = final = None
     if parts is not None:
-        final = torch.empty((3, B * H_KV, D), dtype=torch.float32, device=qh.device)  # K mean, V scale, V mean
+        # K mean, V scale, V mean (and the heads to rotate, ``quant.ROTATE_FLAG_SLOT``)
+        final = torch.empty((4 if detect else 3, B * H_KV, D), dtype=torch.float32, device=qh.device)
         stats = (parts, n_parts, LK, k_tokens, final)
     # Q first: its launch finalizes the statistics the K and V launches read. Q scales stay per token
     # (a row vector loaded once per program); K scales are one scalar per tile whenever the
@@ -465,7 +479,7 @@ def _quantize(plan: _CallPlan, cfg: KernelConfig, smooth_k: bool, smooth_v: bool
                           quant.MEAN_DOT if qbias is not None else quant.MEAN_NONE, stats, H // H_KV,
                           bias=qbias, bias_mult=plan.sm_scale,
                           finalize=(smooth_k, v_stats, *_v_range(cfg)) if stats is not None else None,
-                          pdl=pdl, after=parts is not None, rotate=rotate)
+                          pdl=pdl, after=parts is not None, rotate=rotate, rotate_detect=detect)
     if stats is not None:
         # The Q launch has reduced the partials into ``final``, which every later launch reads. Freed
         # now, they are not part of the call's peak: the allocator hands the block only to work queued
@@ -475,7 +489,7 @@ def _quantize(plan: _CallPlan, cfg: KernelConfig, smooth_k: bool, smooth_v: bool
     if release:
         qh = plan.qh = None
     k8, ks = _quantize_qk(kh, k_group, cfg.block_n, d_pad, 1.0, quant.MEAN_SUBTRACT if smooth_k else quant.MEAN_NONE,
-                          stats, per_block=plan.k_scalar, pdl=pdl, rotate=rotate)
+                          stats, per_block=plan.k_scalar, pdl=pdl, rotate=rotate, rotate_detect=detect)
     if release:
         kh = plan.kh = None
     v_op, v_strides, v_scale, v_mean, pv_mode, p_scale, tile_bias = _prepare_v(vh, cfg, smooth_v, d_pad, final, pdl)

@@ -101,16 +101,33 @@ def exact_attention(q, k, v, layout="HND", is_causal=False, sm_scale=None, attn_
     return to_bhld(out, layout), lse
 
 
-def k_mean(kh: torch.Tensor) -> torch.Tensor:
-    """The vector K smoothing subtracts, (B, H, 1, D): the mean of the keys the statistics pass
-    samples (``quant.k_mean_sample``: every key on short sequences)."""
+def rotated_heads(kh: torch.Tensor) -> torch.Tensor:
+    """``quant.rotate_head`` per (batch, key head), (B, H_KV) bool: K's widest channel (max - min over
+    every key, or the K mean's sample with ``api.ROTATION_RANGE_SAMPLED``) against ``quant.ROTATE_RATIO``
+    times the mean width."""
+    from . import api
+
+    if api.ROTATION_RANGE_SAMPLED:
+        kh = kh[:, :, _k_sample(kh)]
+    width = kh.amax(dim=2) - kh.amin(dim=2)
+    return width.amax(dim=-1) > quant.ROTATE_RATIO.value * (width.sum(dim=-1) / kh.shape[-1])
+
+
+def _k_sample(kh: torch.Tensor) -> torch.Tensor:
+    """Which keys the statistics pass samples for K's mean (``quant.k_mean_sample``), as a bool mask."""
     from .api import head_dim_padded
 
     L, d_pad = kh.shape[2], head_dim_padded(kh.shape[3])
     stride, tokens = quant.k_mean_sample(L, d_pad)
     keep = (torch.arange(L, device=kh.device) // quant.stats_block(d_pad)) % stride == 0
     assert int(keep.sum()) == tokens
-    return kh[:, :, keep].mean(dim=2, keepdim=True)
+    return keep
+
+
+def k_mean(kh: torch.Tensor) -> torch.Tensor:
+    """The vector K smoothing subtracts, (B, H, 1, D): the mean of the keys the statistics pass
+    samples (``quant.k_mean_sample``: every key on short sequences)."""
+    return kh[:, :, _k_sample(kh)].mean(dim=2, keepdim=True)
 
 
 def _int8_pv(s2: torch.Tensor, m: torch.Tensor, vc: torch.Tensor, tile: int, heads: int):
@@ -147,10 +164,15 @@ def quantized_reference(q, k, v, cfg: KernelConfig, layout="HND", is_causal=Fals
     km = k_mean(kh) if smooth_k else torch.zeros_like(kh[:, :, :1])
     qr, kr = qh, kh - km
     if cfg.qk_rotation:
-        from .api import ROTATION_BLOCK, head_dim_padded
+        from .api import ROTATION_BLOCK, ROTATION_DETECT, head_dim_padded
 
         d_pad = head_dim_padded(D)
-        qr, kr = (_rotated(torch.nn.functional.pad(t, (0, d_pad - D)), min(d_pad, ROTATION_BLOCK)) for t in (qr, kr))
+        rq, rk = (_rotated(torch.nn.functional.pad(t, (0, d_pad - D)), min(d_pad, ROTATION_BLOCK)) for t in (qr, kr))
+        if ROTATION_DETECT:  # only the heads ``quant.rotate_head`` picks, the others padded as they were
+            pick = rotated_heads(kh)[:, :, None, None]
+            rq = torch.where(_expand_kv(pick, H), rq, torch.nn.functional.pad(qr, (0, d_pad - D)))
+            rk = torch.where(pick, rk, torch.nn.functional.pad(kr, (0, d_pad - D)))
+        qr, kr = rq, rk
     qi, qs = _quantize_groups(qr, qg)
     ki, ks = _quantize_groups(kr, kg)
     qs = qs * scale * math.log2(math.e)

@@ -12,10 +12,11 @@ from ..kernels.log import logger
 from .alt_backends import DEFAULT_BACKEND, runner_for
 from .core_backends import describe_replaced, fallback_served_by
 from .dispatch import PatchState
+from .forward_plan import WRAPPER_KEY as PLAN_KEY
+from .forward_plan import ForwardPlans, make_forward_wrapper, make_planned_override
 from .install_report import InstallReport
 from .nonfinite_guard import WRAPPER_KEY as GUARD_KEY
 from .nonfinite_guard import make_apply_model_wrapper
-from .override import make_attention_override
 from .preferred_attention import describe, preferred_layers
 from .run_summary import WRAPPER_KEY, make_outer_sample_wrapper
 from .settings import DEFAULT_SETTINGS, SageSettings
@@ -59,14 +60,18 @@ def patch_model(model, settings: Optional[SageSettings] = None, node_id: Optiona
         logger.warning("[SageTriton] %s of this model name their own attention in the checkpoint; the Patch node "
                        "overrides them (ComfyUI gives a model's override precedence). Bypass the Patch node to keep "
                        "theirs.", describe(preferred))
+    plans = state.forward_plans = ForwardPlans(state)
     patched = model.clone()
-    patched.model_options.setdefault("transformer_options", {})[OVERRIDE_KEY] = make_attention_override(state)
+    patched.model_options.setdefault("transformer_options", {})[OVERRIDE_KEY] = make_planned_override(state, plans)
     outer = comfy.patcher_extension.WrappersMP.OUTER_SAMPLE
     patched.remove_wrappers_with_key(outer, WRAPPER_KEY)  # re-patching: one summary per run, not two
     patched.add_wrapper_with_key(outer, WRAPPER_KEY, make_outer_sample_wrapper(state))
     apply = comfy.patcher_extension.WrappersMP.APPLY_MODEL
     patched.remove_wrappers_with_key(apply, GUARD_KEY)
     patched.add_wrapper_with_key(apply, GUARD_KEY, make_apply_model_wrapper(state))
+    # After the guard, so inside it: the guard's redo runs through the dispatcher, with no plan.
+    patched.remove_wrappers_with_key(apply, PLAN_KEY)
+    patched.add_wrapper_with_key(apply, PLAN_KEY, make_forward_wrapper(state, plans))
     return patched
 
 

@@ -36,6 +36,7 @@ def build_summary(state: PatchState, run: RunTally) -> dict:
         "kernel": run.kernel,
         "fallback": dict(run.fallback.most_common()),
         "fallback_total": run.fallback_total,
+        "passed_through": run.passed_through,
         "arch": arch.arch if arch is not None else None,
         "config": cfg.as_dict() if cfg is not None else None,
         "config_text": describe_plan(plan),
@@ -49,8 +50,8 @@ def build_summary(state: PatchState, run: RunTally) -> dict:
     }
 
 
-UNPATCH_HINT = ("no call was long enough for the kernel: this model gains nothing from the patch, whose "
-                "per-call check costs host-bound models a few % (SDXL 3 % on an H200); leave it unpatched")
+UNPATCH_HINT = ("no call was long enough for the kernel: this model gains nothing from the patch (after the "
+                "first forward of each shape its forwards run on ComfyUI's attention untouched)")
 
 
 def unpatch_hint(summary: dict) -> Optional[str]:
@@ -69,6 +70,15 @@ def fallback_text(replaced: str, fallback_backend: Optional[str]) -> str:
     return f"fallbacks run on {replaced}"
 
 
+def passed_through_text(summary: dict) -> str:
+    """Why forwards ran without the override (``forward_plan``): their calls all went to ComfyUI's attention."""
+    n = summary["passed_through"]
+    reasons = summary["fallback"]
+    why = ("every call shorter than the crossover" if reasons and all(r.startswith(LENGTH_REASONS) for r in reasons)
+           else "every call went to ComfyUI's attention")
+    return f"{n} forward{'s' if n != 1 else ''} passed through whole ({why}; no per-call cost)"
+
+
 def format_summary(summary: dict) -> str:
     """One human line: kernel vs fallback calls, reasons by count, the resolved configuration."""
     total = summary["kernel"] + summary["fallback_total"]
@@ -78,6 +88,8 @@ def format_summary(summary: dict) -> str:
             f"{summary['fallback_total']} fallback")
     if reasons:
         text += f" ({reasons})"
+    if summary.get("passed_through"):
+        text += f"; {passed_through_text(summary)}"
     if backend == "SageTriton":  # the kernel config says nothing about another backend's calls
         text += f"; {summary['config_text']}"
     if summary.get("replaced"):

@@ -44,18 +44,18 @@ def record_kernel(run: RunTally | None = None) -> None:
         run.kernel += 1
 
 
-def record_fallback(reason: str, run: RunTally | None = None) -> bool:
-    """Count a fallback. Returns True the first time ``reason`` is seen in this run (warn once)."""
+def record_fallback(reason: str, run: RunTally | None = None, n: int = 1) -> bool:
+    """Count ``n`` fallbacks. Returns True the first time ``reason`` is seen in this run (warn once)."""
     with _lock:
-        _total_fallback[reason] += 1
+        _total_fallback[reason] += n
     mine = _this_thread.fallback
     if mine is None:
         mine = _this_thread.fallback = Counter()
-    mine[reason] += 1
+    mine[reason] += n
     if run is None:
         return False
     first = reason not in run.fallback
-    run.fallback[reason] += 1
+    run.fallback[reason] += n
     return first
 
 
@@ -132,6 +132,7 @@ class RunTally:
     def __init__(self) -> None:
         self.kernel = 0
         self.fallback: Counter = Counter()
+        self.passed_through = 0  # forwards run without the override (``forward_plan``); their calls in ``fallback``
 
     def summary(self) -> dict:
         return {"kernel": self.kernel, "fallback": dict(self.fallback.most_common())}
@@ -150,6 +151,8 @@ class RunLog:
 
     def __init__(self) -> None:
         self.current: Optional[RunTally] = None
+        # While ``forward_plan`` watches a forward: one entry per call, None for the kernel, else the reason.
+        self.observer: Optional[list] = None
 
     def begin(self) -> None:
         self.current = RunTally()
@@ -160,14 +163,25 @@ class RunLog:
 
     def kernel(self) -> None:
         record_kernel(self.current)
+        if self.observer is not None:
+            self.observer.append(None)
 
-    def fallback(self, reason: str, detail: str = "") -> None:
-        """Count it; log it once per run (the first time the run sees ``reason``), or once per process
-        outside runs."""
-        if not record_fallback(reason, self.current) and self.current is not None:
+    def fallback(self, reason: str, detail: str = "", n: int = 1) -> None:
+        """Count it (``n`` calls); log it once per run (the first time the run sees ``reason``), or once per
+        process outside runs."""
+        if self.observer is not None:
+            self.observer.append(reason)
+        if not record_fallback(reason, self.current, n) and self.current is not None:
             return
         if self.current is None and reason in _warned_outside_runs:
             return
         _warned_outside_runs.add(reason)
         log = logger.info if reason.startswith(POLICY_REASONS) else logger.warning
         log("[SageTriton] attention falls back (%s)%s.", reason, f": {detail}" if detail else "")
+
+    def passed_through(self, reasons: dict) -> None:
+        """A forward run without the override: its calls counted under the reasons its first run had."""
+        for reason, n in reasons.items():
+            record_fallback(reason, self.current, n)
+        if self.current is not None:
+            self.current.passed_through += 1

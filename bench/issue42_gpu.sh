@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Issue 42 on one GPU, one call of ~6 minutes on an H200 (at most 8m45 by the timeouts). From the
+# repository root, with ComfyUI 0.3.64 carried as .comfyui (git-ignored: cp -r ~/ComfyUI .comfyui,
+# then run with carry [".comfyui"]):
+#
+#   bash bench/issue42_gpu.sh            # results under $OUT (the device's output folder) or bench/results
+#
+# 1. rotation_ab.py: rotation on every head (before) / where it pays (default now) / none / SDPA at
+#    8K, 16K, 32K x 128, and accuracy on bench/accuracy_cases.py at 1x4x8192x128.
+# 2. pass_on_cost.py: the override's own host cost per passed-on call, dispatcher vs forward plan.
+# 3. bench_models.py --controls: SDXL and SD1.5 (every call short: forwards passed through whole),
+#    41 interleaved runs; Flux with the defaults and without the rotation, 15 runs.
+set -u
+export COMFYUI_PATH="${COMFYUI_PATH:-$PWD/.comfyui}"
+DEST="$(realpath -m "${OUT:-bench/results}")"
+mkdir -p "$DEST"
+cd bench || exit 1
+echo "== rotation A/B"; date -u
+timeout 150 python rotation_ab.py --rounds 3 --out "$DEST/sm90_rotation_ab_issue42.json"
+echo "== host cost per passed-on call"
+timeout 45 python pass_on_cost.py --rounds 31
+echo "== SDXL, SD1.5"; date -u
+timeout 150 python bench_models.py --models sdxl,sd15 --controls --runs 41 \
+  --variants "patched (defaults),control" --out "$DEST/sm90_models_issue42_sdxl_sd15.json"
+echo "== Flux"; date -u
+timeout 180 python bench_models.py --models flux --controls --runs 15 \
+  --variants "patched (defaults),patched (no Q/K rotation),control" --out "$DEST/sm90_models_issue42_flux.json"
+date -u
