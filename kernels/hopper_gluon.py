@@ -45,7 +45,12 @@ try:
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .triton_compat import partition_barrier, tma_load  # names that differ between Triton versions
+    from .triton_compat import TRITON_VERSION, partition_barrier, tma_load  # what differs between Tritons
+
+    # fp8+residual chains a second async MMA onto P·V's accumulator. Triton 3.9 then spills 254-287
+    # registers (3.6/3.8: none); waiting for the first MMA before the second brings 3.9 to the plain
+    # fp8 kernel's count (bench/NOTES.md, "Triton 3.9").
+    RESIDUAL_WAIT = gl.constexpr(TRITON_VERSION >= (3, 9))
 
     AVAILABLE = True
 except ImportError:  # triton without Gluon: the portable kernel serves every call
@@ -137,6 +142,8 @@ if AVAILABLE:
         p8 = gl.convert_layout(mma_operand_order(p8, BN), p_layout)  # no data movement
         pv = warpgroup_mma(p8, v_smem.index(st).permute((1, 0)), pv, use_acc=False, is_async=True)
         if V_RES:  # P times V's fp8 rounding residual, into the same tile sum
+            if RESIDUAL_WAIT:
+                pv = warpgroup_mma_wait(0, deps=(pv,))
             pv = warpgroup_mma(p8, vres_smem.index(st).permute((1, 0)), pv, is_async=True)
         rs = warpgroup_mma(p8, ones_smem.permute((1, 0)), rs, use_acc=False, is_async=True)
         if FILL:

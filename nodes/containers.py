@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from ..kernels.build_errors import root_cause
 from ..kernels.log import logger
 from . import dispatch
 from .dispatch import PatchState, bind_call, comfy_output, kernel_inputs, normalize_mask
@@ -104,7 +105,7 @@ def dispatch_containers(state: PatchState, args: tuple, kwargs: dict, backend: O
             except torch.OutOfMemoryError:
                 raise
             except Exception as e:  # compile or launch failure: never fail the run
-                dispatch._disabled_variants[key] = f"{type(e).__name__}: {e}"
+                dispatch._disabled_variants[key] = root_cause(e)
                 logger.warning("[SageTriton] kernel %s failed on %s (%s); this variant is disabled until ComfyUI "
                                "restarts, the fallback runs instead.", plan.config, plan.arch.arch,
                                dispatch._disabled_variants[key])

@@ -15,6 +15,7 @@ from typing import Any, Optional
 import torch
 
 from ..kernels.arch import ArchInfo, arch_for_device, interpreter_enabled
+from ..kernels.build_errors import root_cause
 from ..kernels.log import logger
 from . import call_cache
 from . import fallback as fb
@@ -394,7 +395,7 @@ class PatchState:
         except torch.OutOfMemoryError:
             raise  # the fallback would need the memory too; let ComfyUI report it
         except Exception as e:  # compile or launch failure: never fail the run
-            _disabled_variants[variant] = f"{type(e).__name__}: {e}"
+            _disabled_variants[variant] = root_cause(e)
             logger.warning("[SageTriton] kernel %s failed on %s (%s); this variant is disabled until "
                            "ComfyUI restarts, the fallback runs instead.", plan.config, plan.arch.arch,
                            _disabled_variants[variant])
