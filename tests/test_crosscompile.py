@@ -362,3 +362,67 @@ def test_int8_pv_variant_uses_int8_matrix_instructions_for_both_products():
             if target in ("gfx1100", "gfx1201"):
                 allowed = 40
             assert r["spills"] in (0, None) or r["spills"] <= allowed, (target, name, r)
+
+
+# ---- why a kernel did not build, in one line (a real compile failure, cross-compiled for sm90)
+
+_BROKEN_KERNEL = '''
+import json
+import sys
+
+import triton
+import triton.language as tl
+from sagetriton_import import import_pack
+
+import_pack()
+from sagetriton.installer import crosscompile as cc, selftest
+from sagetriton.kernels.build_errors import root_cause
+
+
+@triton.jit
+def _load_tile(X):
+    # What a Triton that dropped a name looks like to a kernel (3.9's async_copy_global_to_shared).
+    return tl.async_copy_global_to_shared(X)
+
+
+@triton.jit
+def broken_kernel(X):
+    tl.store(X, _load_tile(X))
+
+
+target = cc.parse_target("sm90")
+spec = {"name": "broken_kernel", "fn": broken_kernel, "signature": {"X": "*fp32"}, "constexprs": {}}
+try:
+    triton.compile(cc.launch_source(spec, target), target=target.gpu_target())
+    raised = None
+except Exception as e:
+    raised = {"text": str(e), "root_cause": root_cause(e), "selftest": selftest._short_error(e)}
+result = cc.compile_target(target, 128, lambda cfg, d: [spec])
+print(json.dumps({"raised": raised, "target": result, "table": cc.format_table({"sm90": result})}))
+'''
+
+
+def test_a_kernel_that_does_not_build_reports_its_root_cause_in_one_line(tmp_path):
+    """A Triton CompilationError prints the kernel's source, a caret line and, on the innermost error of a
+    chain of nested calls only, the reason: its first line and last line both hide the reason (issue 38:
+    "CompilationError: at 10:4: def shared_kv_attention_kernel(...", "CompilationError:     ^"). The
+    self-test, the runtime's fallback log and --check-targets report the innermost message instead."""
+    script = tmp_path / "broken.py"  # a file: Triton reads a kernel's source through inspect
+    script.write_text(_BROKEN_KERNEL)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(PACK_DIR), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=str(PACK_DIR),
+                          timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["raised"] and "^" in r["raised"]["text"]  # the real error: source excerpt and caret
+    target = r["target"]
+    assert target["ok"] is False
+    for line in (r["raised"]["root_cause"], r["raised"]["selftest"], target["error"]):
+        assert "async_copy_global_to_shared" in line and "has no attribute" in line, line
+        assert "\n" not in line and "^" not in line and "def broken_kernel" not in line, line
+        assert len(line) <= 300 + len("broken_kernel: ")
+    assert "(in _load_tile, line" in r["raised"]["root_cause"]
+    assert target["error"].startswith("broken_kernel: ")
+    table_error = r["table"].splitlines()[1].strip()
+    assert table_error == target["error"], r["table"]
