@@ -47,10 +47,11 @@ try:
 
     from .triton_compat import TRITON_VERSION, partition_barrier, tma_load  # what differs between Tritons
 
-    # fp8+residual chains a second async MMA onto P·V's accumulator. Triton 3.9 then spills 254-287
-    # registers (3.6/3.8: none); waiting for the first MMA before the second brings 3.9 to the plain
-    # fp8 kernel's count (bench/NOTES.md, "Triton 3.9").
-    RESIDUAL_WAIT = gl.constexpr(TRITON_VERSION >= (3, 9))
+    # Triton 3.9 spills hundreds of registers when a second async MMA is issued while P·V's runs:
+    # fp8+residual's residual MMA onto P·V's accumulator (254-287 spill instructions, 3.8: none), INT8's
+    # row-sum MMA (228-243, 3.8: 18-35). Waiting for P·V's MMA first brings fp8+residual to the plain
+    # fp8 kernel's count and INT8 to 33-64 (bench/NOTES.md, "Triton 3.9").
+    WAIT_PV_MMA = gl.constexpr(TRITON_VERSION >= (3, 9))
 
     AVAILABLE = True
 except ImportError:  # triton without Gluon: the portable kernel serves every call
@@ -142,9 +143,11 @@ if AVAILABLE:
         p8 = gl.convert_layout(mma_operand_order(p8, BN), p_layout)  # no data movement
         pv = warpgroup_mma(p8, v_smem.index(st).permute((1, 0)), pv, use_acc=False, is_async=True)
         if V_RES:  # P times V's fp8 rounding residual, into the same tile sum
-            if RESIDUAL_WAIT:
+            if WAIT_PV_MMA:
                 pv = warpgroup_mma_wait(0, deps=(pv,))
             pv = warpgroup_mma(p8, vres_smem.index(st).permute((1, 0)), pv, is_async=True)
+        if PV_INT8 and WAIT_PV_MMA:
+            pv = warpgroup_mma_wait(0, deps=(pv,))
         rs = warpgroup_mma(p8, ones_smem.permute((1, 0)), rs, use_acc=False, is_async=True)
         if FILL:
             _fill(k_desc, v_desc, k_smem, v_smem, vres_smem, kv_ready, kv_empty, i + STAGES - 1, n_local, k_row0,
