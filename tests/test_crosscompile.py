@@ -479,3 +479,24 @@ def test_a_kernel_that_does_not_build_reports_its_root_cause_in_one_line(tmp_pat
     assert target["error"].startswith("broken_kernel: ")
     table_error = r["table"].splitlines()[1].strip()
     assert table_error == target["error"], r["table"]
+
+
+def test_a_triton_without_ptxas_blackwell_builds_sm90_with_its_ptxas(pack, monkeypatch, tmp_path):
+    """Triton 3.9 looks for ``ptxas-blackwell`` even for sm90; where a build lacks it, the pack points
+    Triton's knob at the ``ptxas`` it has, so users set nothing. Where the tool exists or the user set
+    the knob, nothing changes."""
+    from sagetriton.kernels import triton_compat
+    from triton import knobs
+
+    tools = type(knobs.nvidia).__dict__
+    monkeypatch.delenv("TRITON_PTXAS_BLACKWELL_PATH", raising=False)
+    monkeypatch.delenv("TRITON_PTXAS_PATH", raising=False)
+    triton_compat.ensure_ptxas()  # the installed Triton ships both tools
+    assert "TRITON_PTXAS_BLACKWELL_PATH" not in os.environ
+    monkeypatch.setattr(tools["ptxas_blackwell"], "default_path", str(tmp_path / "ptxas-blackwell"))  # absent
+    triton_compat.ensure_ptxas()
+    assert os.environ["TRITON_PTXAS_BLACKWELL_PATH"] == tools["ptxas"].default_path
+    assert knobs.nvidia.ptxas_blackwell.path == tools["ptxas"].default_path  # what Triton then runs
+    monkeypatch.setenv("TRITON_PTXAS_BLACKWELL_PATH", "/opt/cuda/bin/ptxas")  # the user's choice stays
+    triton_compat.ensure_ptxas()
+    assert os.environ["TRITON_PTXAS_BLACKWELL_PATH"] == "/opt/cuda/bin/ptxas"
