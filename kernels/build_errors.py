@@ -7,6 +7,7 @@ import re
 from typing import Optional
 
 _CARET = re.compile(r"^\s*\^+\s*$")
+_DIAGNOSTIC = re.compile(r"\b(error|fatal)\s*:", re.I)
 _REPR = re.compile(r"^(\w+(?:\.\w+)*)\((['\"])(.*)\2,?\)$", re.S)
 MAX_CAUSE = 300
 
@@ -45,9 +46,9 @@ def _one_line(exc: BaseException) -> Optional[str]:
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and not _CARET.match(ln)]
     if not lines:
         return None
-    # Compiler tools (ptxas, MLIR passes) print context first and the line naming the error later.
-    errors = [ln for ln in lines if re.search(r"\berror\b", ln, re.I)]
-    text = errors[0] if errors else lines[-1]
+    # A tool's output (ptxas, MLIR passes) quoted in the message: its own diagnostic is the reason.
+    diagnostics = [ln for ln in lines[1:] if _DIAGNOSTIC.search(ln)]
+    text = diagnostics[-1] if diagnostics else lines[0]
     return f"{type(exc).__name__}: {' '.join(text.split())}"
 
 

@@ -500,3 +500,21 @@ def test_a_triton_without_ptxas_blackwell_builds_sm90_with_its_ptxas(pack, monke
     monkeypatch.setenv("TRITON_PTXAS_BLACKWELL_PATH", "/opt/cuda/bin/ptxas")  # the user's choice stays
     triton_compat.ensure_ptxas()
     assert os.environ["TRITON_PTXAS_BLACKWELL_PATH"] == "/opt/cuda/bin/ptxas"
+
+
+def test_a_tool_quoted_in_the_error_gives_the_reason(pack):
+    """ptxas's own diagnostic, not the wrapper's first line; a plain multi-line error keeps its first line."""
+    from sagetriton.kernels.build_errors import root_cause
+    from triton.runtime.errors import PTXASError
+
+    ptxas = PTXASError("PTXAS error: Internal Triton PTX codegen error\n`ptxas` stderr:\n"
+                       "ptxas fatal   : Unresolved extern function 'tanhf'\n")
+    assert root_cause(ptxas) == "PTXASError: ptxas fatal : Unresolved extern function 'tanhf'"
+    try:
+        try:
+            raise ptxas
+        except PTXASError as e:
+            raise RuntimeError("attention_kernel did not build\nsee above") from e
+    except RuntimeError as outer:
+        assert root_cause(outer) == "PTXASError: ptxas fatal : Unresolved extern function 'tanhf'"
+    assert root_cause(ValueError("bad head_dim\n(details)")) == "ValueError: bad head_dim"
