@@ -23,7 +23,8 @@ from functools import cache
 from pathlib import Path
 from typing import Optional
 
-from ..kernels.arch import ArchInfo, KernelConfig, arch_from_properties, default_config
+from ..kernels.arch import ArchInfo, KernelConfig, arch_from_properties, default_config, triton_version
+from ..kernels.build_errors import root_cause
 from .doctor import GpuInfo
 from .progress import progress_bar
 
@@ -253,7 +254,9 @@ def _resources(compiled, target: Target) -> dict:
             sass = subprocess.run([str(tools / "nvdisasm"), "-c", f.name], capture_output=True, text=True,
                                   check=True).stdout
         return {"registers": int(re.search(r"REG:(\d+)", use).group(1)),
-                "spills": len(re.findall(r"\b(?:LDL|STL)\b", sass))}
+                "spills": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
+                # Stores to local memory: how many values are spilled (each then reloaded where used).
+                "spill_stores": len(re.findall(r"\bSTL\b", sass))}
     except Exception:  # noqa: BLE001 - resource numbers are a report, never a failure
         return {}
 
@@ -264,7 +267,7 @@ def compile_target(target: Target, head_dim: int = 128, specs_for: Optional[Call
     arch = target.arch_info()
     cfg = default_config(arch, head_dim)
     result = {"ok": False, "instructions": [], "arch": arch.arch, "family": arch.family,
-              "config": cfg.as_dict(), "head_dim": head_dim}
+              "config": cfg.as_dict(), "head_dim": head_dim, "triton": ".".join(map(str, triton_version()))}
     try:
         specs = (specs_for or compile_specs)(cfg, head_dim)
         found: set = set()
@@ -272,13 +275,12 @@ def compile_target(target: Target, head_dim: int = 128, specs_for: Optional[Call
             try:
                 out = _compile_one(spec, target)
             except Exception as e:  # noqa: BLE001 - report which kernel failed, keep the others' results
-                raise RuntimeError(f"{spec.get('name', spec['fn'].__name__)}: {type(e).__name__}: "
-                                   f"{str(e).strip().splitlines()[-1] if str(e).strip() else ''}") from e
+                raise _KernelFailed(f"{spec.get('name', spec['fn'].__name__)}: {root_cause(e)}") from e
             mine = matrix_instructions(out["asm"], target.backend)
             found.update(mine)
             result.setdefault("kernels", {})[spec.get("name") or spec["fn"].__name__] = mine
             if spec.get("name") in _ATTENTION_KERNELS:
-                use = {k: out[k] for k in ("registers", "spills", "shared") if k in out}
+                use = {k: out[k] for k in ("registers", "spills", "spill_stores", "shared") if k in out}
                 key = _ATTENTION_KERNELS[spec["name"]]
                 result.update({key: use} if key else use)
         result["instructions"] = sorted(found)
@@ -290,9 +292,13 @@ def compile_target(target: Target, head_dim: int = 128, specs_for: Optional[Call
         if missing:
             result["error"] = "compiled, but no " + " / ".join(missing) + " matrix instruction in the assembly"
     except Exception as e:  # noqa: BLE001 - one target failing must not hide the others
-        result["error"] = f"{type(e).__name__}: {e}"[:2000]
+        result["error"] = str(e) if isinstance(e, _KernelFailed) else root_cause(e)
     result["seconds"] = round(time.perf_counter() - t0, 2)
     return result
+
+
+class _KernelFailed(Exception):
+    """One kernel of a target did not build; the message names it and the root cause."""
 
 
 @cache

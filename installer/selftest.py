@@ -13,6 +13,7 @@ import time
 from typing import Optional
 
 from ..kernels.arch import PV_ACCUM_DTYPES, QK_QUANT_GRANS, ArchInfo, default_config, supported_choices
+from ..kernels.build_errors import root_cause
 from .report import CROSSOVER_BATCH, CROSSOVER_HEADS, variant_name
 
 # A broken build (miscompile, wrong layout) lands far below these; a correct one is ~0.9993+ / ~0.03.
@@ -165,8 +166,7 @@ def is_oom(e: BaseException) -> bool:
 
 
 def _short_error(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[-1] if text else ''}"[:500]
+    return root_cause(e)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import torch
 from . import attention as attn
 from . import footprint, hopper_gluon, quant, replay, tail_split
 from .arch import FP8_MAX, KernelConfig, arch_for_device, interpreter_enabled, resolve_config
+from .build_errors import root_cause
 from .footprint import head_dim_padded
 from .log import logger
 
@@ -591,7 +592,7 @@ def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, v_tile_bias, oh, dims, 
     except Exception as e:  # noqa: BLE001 - a compiler error must not break the user's run
         if _launch_hook is not None:  # the cross-compile check must see the error
             raise
-        _shared_kv_error = f"{type(e).__name__}: {str(e)[:300]}"
+        _shared_kv_error = root_cause(e)
         logger.warning("Hopper Gluon kernel unavailable with this Triton (%s); the portable kernel runs "
                        "every call instead (a few %% slower from 4.6K tokens)", _shared_kv_error)
         return False

@@ -221,6 +221,14 @@ def arch_for_device(device) -> ArchInfo:
     return info
 
 
+def triton_version() -> tuple:
+    """(major, minor) of the installed Triton, (0, 0) without one (reports, and tiles that would have to
+    differ between Triton versions: none today, bench/NOTES.md "Triton 3.9")."""
+    from .triton_compat import TRITON_VERSION
+
+    return TRITON_VERSION
+
+
 def tma_available() -> bool:
     """Host-side tensor descriptors exist in triton >= 3.4 (torch >= 2.8)."""
     try:
@@ -258,8 +266,6 @@ def default_config(arch: ArchInfo, head_dim: int = 128) -> KernelConfig:
         # From 4,608 query tokens (Flux at 1024²) the Gluon kernel is faster (bench/NOTES.md, "Gluon
         # kernel length").
         cfg = cfg.replace(max_registers=168, shared_kv_min_len=4608)
-    if arch.family == "blackwell" and cfg.pv_precision == "int8" and 64 < head_dim <= 128:
-        cfg = cfg.replace(block_m=64, num_warps=4)  # sm120, INT8 P·V: 128x64/8 spills 7, 64x64/4 none
     if arch.family in ("ada", "blackwell") and head_dim <= 64:
         # At head_dim 64 the 128x64/8 tile saves only 2-3 % of loop instructions on sm89/sm120 and
         # spills 8 bytes on sm89 under Triton 3.6 (ptxas aims at 128 registers): keep 64x64/4.

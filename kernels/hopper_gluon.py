@@ -40,14 +40,19 @@ try:
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
         mbarrier,
-        tma,
         warpgroup_mma,
         warpgroup_mma_wait,
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    # A barrier over the calling partition's warps: ``thread_barrier`` in Triton 3.6, ``barrier`` from 3.7.
-    _partition_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+    from .triton_compat import TRITON_VERSION, partition_barrier, tma_load  # what differs between Tritons
+
+    # Triton 3.9 spills hundreds of registers when a second async MMA is issued while P·V's runs:
+    # fp8+residual's residual MMA onto P·V's accumulator (254-287 spill instructions, 3.8: none), INT8's
+    # row-sum MMA (228-243, 3.8: 18-35). Waiting for P·V's MMA first brings fp8+residual to the plain
+    # fp8 kernel's count and INT8 to 33-64 (bench/NOTES.md, "Triton 3.9").
+    WAIT_PV_MMA = gl.constexpr(TRITON_VERSION >= (3, 9))
+
     AVAILABLE = True
 except ImportError:  # triton without Gluon: the portable kernel serves every call
     AVAILABLE = False
@@ -81,10 +86,10 @@ if AVAILABLE:
             mbarrier.wait(kv_empty.index(st), ((i // STAGES) & 1) ^ 1)
             bar = kv_ready.index(st)
             mbarrier.expect(bar, k_desc.block_type.nbytes + (1 + V_RES) * v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [k_row0 + i * BN, 0], bar, k_smem.index(st))
-            tma.async_copy_global_to_shared(v_desc, [v_row, v_col0 + i * BN], bar, v_smem.index(st))
+            tma_load(k_desc, [k_row0 + i * BN, 0], bar, k_smem.index(st))
+            tma_load(v_desc, [v_row, v_col0 + i * BN], bar, v_smem.index(st))
             if V_RES:  # V's rounding residual follows each head's V
-                tma.async_copy_global_to_shared(v_desc, [v_row + D_PAD, v_col0 + i * BN], bar, vres_smem.index(st))
+                tma_load(v_desc, [v_row + D_PAD, v_col0 + i * BN], bar, vres_smem.index(st))
 
     @gluon.jit
     def _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s, pv, rs, acc, m_i, sh_i, l_acc, qs,
@@ -138,7 +143,11 @@ if AVAILABLE:
         p8 = gl.convert_layout(mma_operand_order(p8, BN), p_layout)  # no data movement
         pv = warpgroup_mma(p8, v_smem.index(st).permute((1, 0)), pv, use_acc=False, is_async=True)
         if V_RES:  # P times V's fp8 rounding residual, into the same tile sum
+            if WAIT_PV_MMA:
+                pv = warpgroup_mma_wait(0, deps=(pv,))
             pv = warpgroup_mma(p8, vres_smem.index(st).permute((1, 0)), pv, is_async=True)
+        if PV_INT8 and WAIT_PV_MMA:
+            pv = warpgroup_mma_wait(0, deps=(pv,))
         rs = warpgroup_mma(p8, ones_smem.permute((1, 0)), rs, use_acc=False, is_async=True)
         if FILL:
             _fill(k_desc, v_desc, k_smem, v_smem, vres_smem, kv_ready, kv_empty, i + STAGES - 1, n_local, k_row0,
@@ -209,7 +218,7 @@ if AVAILABLE:
         if C == 0:
             mbarrier.expect(q_bar, NCONS * q_desc.block_type.nbytes)
             for i in gl.static_range(NCONS):
-                tma.async_copy_global_to_shared(q_desc, [bh * LQ + cta_row0 + i * ROWS, 0], q_bar, q_smem.index(i))
+                tma_load(q_desc, [bh * LQ + cta_row0 + i * ROWS, 0], q_bar, q_smem.index(i))
             for i in gl.static_range(STAGES - 1):
                 _fill(k_desc, v_desc, k_smem, v_smem, vres_smem, kv_ready, kv_empty, i, n_local, k_row0, v_row,
                       t0 * BN, STAGES, V_RES)
@@ -309,7 +318,7 @@ if AVAILABLE:
             gl.store(ml_out, m_i)
             gl.store(ml_out + 1, l_i)
             gl.inline_asm_elementwise("fence.acq_rel.gpu; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-            _partition_barrier()
+            partition_barrier()
             gl.atomic_xchg(flag, p + 1, sem="release", scope="gpu")
 
     # Partitions differ only in C. Constexprs travel as annotated parameters: inside the args tuple

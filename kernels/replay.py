@@ -104,19 +104,41 @@ class Recording:
         """Launch again with ``tensors`` in the slots (the order ``record`` got them in)."""
         for t in self.zero:
             t.zero_()
+        start = 0
         if self.direct is not None and _alignment(tensors) == self.alignment:
             hooks = launcher.idle_hooks()
             if hooks is not None:
-                for direct, (_, slots) in zip(self.direct, self.launches, strict=True):
-                    direct(slots, tensors, hooks)
-                self.direct_calls += 1
-                return
-        for (kernel, grid, args, kwargs), slots in self.launches:
+                start = self._launch_direct(tensors, hooks)
+                if start == len(self.launches):
+                    self.direct_calls += 1
+                    return
+        for (kernel, grid, args, kwargs), slots in self.launches[start:]:
             if slots:
                 args = list(args)
                 for pos, slot in slots:
                     args[pos] = tensors[slot]
             kernel[grid](*args, **kwargs)
+
+    def _launch_direct(self, tensors: tuple, hooks: tuple) -> int:
+        """Launch through the launchers; returns how many were launched: all, or those before one that
+        raised (it launched nothing: the call fails while its arguments are passed), which the caller
+        launches the normal way with the rest. Direct launches are then off for that kernel."""
+        for i, (direct, (_, slots)) in enumerate(zip(self.direct, self.launches, strict=True)):
+            try:
+                direct(slots, tensors, hooks)
+            except Exception as e:  # noqa: BLE001 - e.g. a Triton whose launcher takes other arguments
+                launcher.disable(direct.kernel, e)
+                self.direct = None
+                _forget_direct(direct.kernel)
+                return i
+        return len(self.launches)
+
+
+def _forget_direct(kernel) -> None:
+    """Every recording with a direct launch of ``kernel`` replays through ``kernel[grid]`` from now on."""
+    for rec in _recordings.values():
+        if rec.direct is not None and any(d.kernel is kernel for d in rec.direct):
+            rec.direct = None
 
 
 def _alignment(tensors: tuple) -> tuple:

@@ -16,6 +16,7 @@ from typing import Any, Optional
 import torch
 
 from ..kernels.arch import ArchInfo, arch_for_device, interpreter_enabled
+from ..kernels.build_errors import root_cause
 from ..kernels.log import logger
 from . import call_cache
 from . import fallback as fb
@@ -462,7 +463,7 @@ def needs_grad(args: tuple) -> bool:
 
 def disable_variant(variant: tuple, plan: KernelPlan, error: Exception) -> None:
     """Turn ``variant`` off until ComfyUI restarts, after a kernel failure on a well-formed call."""
-    _disabled_variants[variant] = f"{type(error).__name__}: {error}"
+    _disabled_variants[variant] = root_cause(error)
     logger.warning("[SageTriton] kernel %s failed on %s (%s); this variant is disabled until ComfyUI restarts, "
                    "the fallback runs instead.", plan.config, plan.arch.arch, _disabled_variants[variant])
 

@@ -62,6 +62,60 @@ def test_json_is_keyed_by_requested_targets(check_targets_json):
     assert check_targets_json["gfx1201"]["config"]["num_stages"] == 1
 
 
+def triton_of(version: str) -> tuple:
+    return tuple(int(x) for x in version.split(".")[:2])
+
+
+# Spills a Triton's compiler leaves where no config choice avoids them without costing the kernel its
+# occupancy or its Gluon path: (target, kernel, P·V variant) -> [(from Triton, most local loads+stores,
+# most of them stores (values spilled) or None)]; the last row whose Triton is not newer than the
+# installed one applies, none: no spill allowed. docs/COMPATIBILITY.md has the table, bench/NOTES.md
+# ("Triton 3.9") the measurements.
+SPILLS_ALLOWED = {
+    # The Gluon kernels, fp8 (the default) and fp8+residual. Triton 3.6: the whole kernel 4 (2 values
+    # stored), the build measured on the H200 (855-980 TOPS at 8K-32K, docs/RESULTS.md). 3.9: one or two
+    # 4-byte values stored at kernel entry and reloaded outside the main loops (SASS read). 3.8: none.
+    ("sm90", "shared_kv_attention_kernel", "fp8"): [((3, 6), 4, 2), ((3, 7), 0, 0), ((3, 9), 11, 2)],
+    ("sm90", "shared_kv_split_kernel", "fp8"): [((3, 9), 15, 1)],
+    ("sm90", "shared_kv_attention_kernel", "fp8+residual"): [((3, 6), 4, 2), ((3, 7), 0, 0), ((3, 9), 11, 2)],
+    ("sm90", "shared_kv_split_kernel", "fp8+residual"): [((3, 9), 15, 1)],
+    # INT8 P·V (selectable): the Gluon kernels' extra per-row state and V's tile column sums, outside
+    # their loops (Triton 3.8, SASS read; the H200's speed is in bench/NOTES.md): the split kernel's
+    # share merge 35, the whole kernel 18. Triton 3.9: 33 / 64 with the wait before the row-sum MMA
+    # (hopper_gluon.WAIT_PV_MMA; 228 / 243 without), and the portable kernel 17 (64-key tiles spill
+    # none but turn the Gluon kernel off; a 176-register cap costs a CTA per SM); 3.6: the portable 2.
+    ("sm90", "shared_kv_attention_kernel", "int8"): [((0, 0), 24, None), ((3, 9), 64, None)],
+    ("sm90", "shared_kv_split_kernel", "int8"): [((0, 0), 48, None), ((3, 9), 36, None)],
+    ("sm90", "attention_kernel", "int8"): [((3, 6), 2, 1), ((3, 7), 0, 0), ((3, 9), 17, None)],
+    # RDNA's portable kernel at head_dim 128 since V's tile column sums joined the tile (gfx1100 29,
+    # gfx1201 36, at the least-spilling tiles): INT8 is not the default there (fp16 on RDNA3, fp8 on
+    # RDNA4), docs/AMD.md says so, and nothing is run on AMD hardware here.
+    ("gfx1100", "attention_kernel", "int8"): [((0, 0), 40, None)],
+    ("gfx1201", "attention_kernel", "int8"): [((0, 0), 40, None)],
+}
+
+
+def assert_spills_allowed(use: dict, target: str, kernel: str, variant: str, triton: str) -> None:
+    most, stores = 0, 0
+    for since, n, s in SPILLS_ALLOWED.get((target, kernel, variant), []):
+        if triton_of(triton) >= since:
+            most, stores = n, s
+    spills = use.get("spills") or 0
+    assert spills <= most, (target, kernel, variant, triton, use, most)
+    assert stores is None or (use.get("spill_stores") or 0) <= stores, (target, kernel, variant, triton, use)
+
+
+def test_spill_allowances_follow_the_triton_version():
+    assert_spills_allowed({"spills": 11, "spill_stores": 1}, "sm90", "shared_kv_attention_kernel", "fp8", "3.9.0")
+    assert_spills_allowed({"spills": 0}, "sm90", "shared_kv_attention_kernel", "fp8", "3.8.0")
+    for use, triton in (({"spills": 11, "spill_stores": 1}, "3.8.0"), ({"spills": 12, "spill_stores": 1}, "3.9.0"),
+                        ({"spills": 11, "spill_stores": 3}, "3.9.1")):
+        with pytest.raises(AssertionError):
+            assert_spills_allowed(use, "sm90", "shared_kv_attention_kernel", "fp8", triton)
+    with pytest.raises(AssertionError):
+        assert_spills_allowed({"spills": 1}, "sm120", "attention_kernel", "int8", "3.9.0")
+
+
 # Shared memory one block may use (bytes): per SM on NVIDIA, LDS per workgroup on AMD.
 SHARED_LIMIT = {"sm80": 163 * 1024, "sm86": 99 * 1024, "sm89": 99 * 1024, "sm90": 227 * 1024,
                 "sm120": 99 * 1024, "gfx1100": 64 * 1024, "gfx1201": 64 * 1024, "gfx942": 64 * 1024}
@@ -73,7 +127,8 @@ def test_default_attention_kernel_fits_without_spills(check_targets_json, target
     launch specializes it (aligned pointers, unit strides): spilling is a silent 2x slowdown on a
     GPU we cannot time here (docs/AMD.md has the table the tiles were chosen from)."""
     r = check_targets_json[target]
-    assert r["spills"] == 0, (target, r)
+    variant = r["config"]["pv_precision"]
+    assert_spills_allowed(r, target, "attention_kernel", variant, r["triton"])
     assert 0 < r["registers"] <= (512 if target == "gfx942" else 256), (target, r)
     assert 0 < r["shared"] <= SHARED_LIMIT[target], (target, r)
     if target == "sm90":
@@ -81,9 +136,11 @@ def test_default_attention_kernel_fits_without_spills(check_targets_json, target
         # Hopper's Gluon kernel for long sequences: three warpgroups of 168 registers in one CTA,
         # sharing a ring of K/V tiles that must fit beside their Q tiles.
         # Its split twin runs the last wave's CTAs in key shares (kernels/tail_split.py).
-        for g in (r["shared_kv_kernel"], r["shared_kv_split_kernel"]):
-            assert g["spills"] == 0 and 0 < g["registers"] <= 168, g
-            assert 0 < g["shared"] <= SHARED_LIMIT[target], g
+        for key, kernel in (("shared_kv_kernel", "shared_kv_attention_kernel"),
+                            ("shared_kv_split_kernel", "shared_kv_split_kernel")):
+            g = r[key]
+            assert_spills_allowed(g, target, kernel, variant, r["triton"])
+            assert 0 < g["registers"] <= 168 and 0 < g["shared"] <= SHARED_LIMIT[target], g
     else:
         assert "shared_kv_kernel" not in r  # Gluon's Hopper kernel is built for sm90 only
 
@@ -121,11 +178,15 @@ def test_fp8_residual_variant_fits_without_spills():
     results = _compile_in_child(_RESIDUAL_SCRIPT, RESIDUAL_TARGETS)
     for target, r in results.items():
         assert r["ok"] is True, (target, r.get("error"))
-        assert r["spills"] == 0 and 0 < r["shared"] <= SHARED_LIMIT[target], (target, r)
+        assert_spills_allowed(r, target, "attention_kernel", "fp8+residual", r["triton"])
+        assert 0 < r["shared"] <= SHARED_LIMIT[target], (target, r)
         if target == "sm90":
             assert r["registers"] <= 168
-            for g in (r["shared_kv_kernel"], r["shared_kv_split_kernel"]):
-                assert g["spills"] == 0 and 0 < g["registers"] <= 168 and 0 < g["shared"] <= SHARED_LIMIT[target], g
+            for key, kernel in (("shared_kv_kernel", "shared_kv_attention_kernel"),
+                                ("shared_kv_split_kernel", "shared_kv_split_kernel")):
+                g = r[key]
+                assert_spills_allowed(g, target, kernel, "fp8+residual", r["triton"])
+                assert 0 < g["registers"] <= 168 and 0 < g["shared"] <= SHARED_LIMIT[target], g
 
 
 _GLUON_PTX_SCRIPT = """
@@ -320,6 +381,7 @@ def test_refuses_to_run_under_the_interpreter(cc, monkeypatch):
 INT8_TARGETS = ("sm86", "sm90", "gfx1100", "gfx1201", "gfx942")
 _INT8_SCRIPT = """
 import json, sys
+import triton
 from sagetriton_import import import_pack
 import_pack()
 from sagetriton.installer import crosscompile as cc
@@ -333,8 +395,8 @@ for name in sys.argv[1:]:
         if spec["name"] in ("attention_kernel", "shared_kv_attention_kernel", "shared_kv_split_kernel"):
             r = cc._compile_one(spec, target)
             out[name][spec["name"]] = {"instructions": cc.matrix_instructions(r["asm"], target.backend),
-                                       "spills": r.get("spills")}
-print(json.dumps(out))
+                                       "spills": r.get("spills"), "spill_stores": r.get("spill_stores")}
+print(json.dumps({"triton": triton.__version__, "targets": out}))
 """
 INT8_MMA = {"sm": r"^(wgmma\.mma_async|mma\.sync).*\.s8\.s8", "gfx9": r"^v_mfma_i32_\w+_i8$",
             "gfx1": r"^v_wmma_i32_16x16x16_iu8$"}
@@ -347,18 +409,113 @@ def test_int8_pv_variant_uses_int8_matrix_instructions_for_both_products():
     results = _compile_in_child(_INT8_SCRIPT, INT8_TARGETS)
     import re
 
-    for target, kernels in results.items():
+    for target, kernels in results["targets"].items():
         rx = next(v for k, v in INT8_MMA.items() if target.startswith(k))
         assert "attention_kernel" in kernels and (target != "sm90" or len(kernels) == 3), (target, kernels)
         for name, r in kernels.items():
             assert r["instructions"] and all(re.search(rx, i) for i in r["instructions"]), (target, name, r)
-            # The Gluon kernels spill a few registers outside their loops with INT8's extra per-row state
-            # and V's tile column sums (Triton 3.8, SASS read: none in a loop; the H200's speed is in
-            # bench/NOTES.md): the split kernel's share merge 35 spill instructions, the whole kernel 18.
-            # RDNA's portable kernel at head_dim 128 spills too since V's tile column sums joined the
-            # tile (gfx1100 29, gfx1201 36, at the least-spilling tiles): INT8 is not the default there
-            # (fp16 on RDNA3, fp8 on RDNA4), docs/AMD.md says so, and nothing is run on AMD hardware here.
-            allowed = {"shared_kv_split_kernel": 48, "shared_kv_attention_kernel": 24}.get(name, 0)
-            if target in ("gfx1100", "gfx1201"):
-                allowed = 40
-            assert r["spills"] in (0, None) or r["spills"] <= allowed, (target, name, r)
+            if r["spills"] is not None:  # AMD's portable kernels report VGPRs spilled, NVIDIA's local loads/stores
+                assert_spills_allowed(r, target, name, "int8", results["triton"])
+
+
+# ---- why a kernel did not build, in one line (a real compile failure, cross-compiled for sm90)
+
+_BROKEN_KERNEL = '''
+import json
+import sys
+
+import triton
+import triton.language as tl
+from sagetriton_import import import_pack
+
+import_pack()
+from sagetriton.installer import crosscompile as cc, selftest
+from sagetriton.kernels.build_errors import root_cause
+
+
+@triton.jit
+def _load_tile(X):
+    # What a Triton that dropped a name looks like to a kernel (3.9's async_copy_global_to_shared).
+    return tl.async_copy_global_to_shared(X)
+
+
+@triton.jit
+def broken_kernel(X):
+    tl.store(X, _load_tile(X))
+
+
+target = cc.parse_target("sm90")
+spec = {"name": "broken_kernel", "fn": broken_kernel, "signature": {"X": "*fp32"}, "constexprs": {}}
+try:
+    triton.compile(cc.launch_source(spec, target), target=target.gpu_target())
+    raised = None
+except Exception as e:
+    raised = {"text": str(e), "root_cause": root_cause(e), "selftest": selftest._short_error(e)}
+result = cc.compile_target(target, 128, lambda cfg, d: [spec])
+print(json.dumps({"raised": raised, "target": result, "table": cc.format_table({"sm90": result})}))
+'''
+
+
+def test_a_kernel_that_does_not_build_reports_its_root_cause_in_one_line(tmp_path):
+    """A Triton CompilationError prints the kernel's source, a caret line and, on the innermost error of a
+    chain of nested calls only, the reason: its first line and last line both hide the reason (issue 38:
+    "CompilationError: at 10:4: def shared_kv_attention_kernel(...", "CompilationError:     ^"). The
+    self-test, the runtime's fallback log and --check-targets report the innermost message instead."""
+    script = tmp_path / "broken.py"  # a file: Triton reads a kernel's source through inspect
+    script.write_text(_BROKEN_KERNEL)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(PACK_DIR), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=str(PACK_DIR),
+                          timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["raised"] and "^" in r["raised"]["text"]  # the real error: source excerpt and caret
+    target = r["target"]
+    assert target["ok"] is False
+    for line in (r["raised"]["root_cause"], r["raised"]["selftest"], target["error"]):
+        assert "async_copy_global_to_shared" in line and "has no attribute" in line, line
+        assert "\n" not in line and "^" not in line and "def broken_kernel" not in line, line
+        assert len(line) <= 300 + len("broken_kernel: ")
+    assert "(in _load_tile, line" in r["raised"]["root_cause"]
+    assert target["error"].startswith("broken_kernel: ")
+    table_error = r["table"].splitlines()[1].strip()
+    assert table_error == target["error"], r["table"]
+
+
+def test_a_triton_without_ptxas_blackwell_builds_sm90_with_its_ptxas(pack, monkeypatch, tmp_path):
+    """Triton 3.9 looks for ``ptxas-blackwell`` even for sm90; where a build lacks it, the pack points
+    Triton's knob at the ``ptxas`` it has, so users set nothing. Where the tool exists or the user set
+    the knob, nothing changes."""
+    from sagetriton.kernels import triton_compat
+    from triton import knobs
+
+    tools = type(knobs.nvidia).__dict__
+    monkeypatch.delenv("TRITON_PTXAS_BLACKWELL_PATH", raising=False)
+    monkeypatch.delenv("TRITON_PTXAS_PATH", raising=False)
+    triton_compat.ensure_ptxas()  # the installed Triton ships both tools
+    assert "TRITON_PTXAS_BLACKWELL_PATH" not in os.environ
+    monkeypatch.setattr(tools["ptxas_blackwell"], "default_path", str(tmp_path / "ptxas-blackwell"))  # absent
+    triton_compat.ensure_ptxas()
+    assert os.environ["TRITON_PTXAS_BLACKWELL_PATH"] == tools["ptxas"].default_path
+    assert knobs.nvidia.ptxas_blackwell.path == tools["ptxas"].default_path  # what Triton then runs
+    monkeypatch.setenv("TRITON_PTXAS_BLACKWELL_PATH", "/opt/cuda/bin/ptxas")  # the user's choice stays
+    triton_compat.ensure_ptxas()
+    assert os.environ["TRITON_PTXAS_BLACKWELL_PATH"] == "/opt/cuda/bin/ptxas"
+
+
+def test_a_tool_quoted_in_the_error_gives_the_reason(pack):
+    """ptxas's own diagnostic, not the wrapper's first line; a plain multi-line error keeps its first line."""
+    from sagetriton.kernels.build_errors import root_cause
+    from triton.runtime.errors import PTXASError
+
+    ptxas = PTXASError("PTXAS error: Internal Triton PTX codegen error\n`ptxas` stderr:\n"
+                       "ptxas fatal   : Unresolved extern function 'tanhf'\n")
+    assert root_cause(ptxas) == "PTXASError: ptxas fatal : Unresolved extern function 'tanhf'"
+    try:
+        try:
+            raise ptxas
+        except PTXASError as e:
+            raise RuntimeError("attention_kernel did not build\nsee above") from e
+    except RuntimeError as outer:
+        assert root_cause(outer) == "PTXASError: ptxas fatal : Unresolved extern function 'tanhf'"
+    assert root_cause(ValueError("bad head_dim\n(details)")) == "ValueError: bad head_dim"

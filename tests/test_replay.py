@@ -213,3 +213,88 @@ def test_direct_launches_need_a_compiled_kernel():
 
     assert launcher.direct_launch(quant.quantize_int8_kernel, (1, 1), (torch.zeros(1),), {}, None, 0) is None
     assert launcher.aligned(torch.zeros(8)) and not launcher.aligned(torch.zeros(8)[1:])
+
+
+def test_a_direct_launch_that_raises_is_launched_through_triton_and_stays_off(seed, replaying, monkeypatch, caplog):
+    """A Triton whose launcher takes other arguments must not fail a run: the replay launches that call
+    through ``kernel[grid]`` (the launches before it went out already), logs once, and that kernel's
+    direct launches stay off, in this recording and every other one. The launches are the recording's
+    own, through real ``DirectLaunch`` slot filling; only the compiled launcher, which needs a GPU, is a
+    function here: one that runs the kernel through Triton, and for the attention kernel one that raises
+    as a changed launcher would."""
+    import logging
+
+    from sagetriton.kernels import attention, launcher
+
+    monkeypatch.setattr(launcher, "_disabled", {})
+    kernels.sageattn(*inputs())  # recorded
+    kernels.sageattn(*inputs(LQ=41))  # a second recording, with its own attention launch
+    second = inputs()
+    replay.DEVICE_TYPES = ("cuda",)
+    expected = kernels.sageattn(*second)
+    replay.DEVICE_TYPES = ("cuda", "cpu")
+    direct_runs, raised = [], []
+
+    def fake_direct(rec):
+        out = []
+        for (kernel, grid, args, kwargs), _ in rec.launches:
+            n = len(args)
+
+            def run(*a, kernel=kernel, grid=grid, n=n, kwargs=kwargs):
+                if kernel is attention.attention_kernel:
+                    raised.append(kernel)
+                    raise TypeError("launch() takes 14 positional arguments but 13 were given")
+                direct_runs.append(kernel)
+                kernel[grid](*a[len(launcher.LAUNCH_PARAMS):len(launcher.LAUNCH_PARAMS) + n], **kwargs)
+            padded = tuple(grid) + (1,) * (3 - len(grid))
+            out.append(launcher.DirectLaunch(run, padded, "function", "metadata", 0, list(args), kernel))
+        return out
+
+    recs = list(replay._recordings.values())
+    for rec in recs:
+        rec.direct = fake_direct(rec)
+    kinds = [kernel for (kernel, *_), _ in recs[0].launches]
+    before = kinds.index(attention.attention_kernel)
+    assert before > 0  # some launches go out directly before the failing one
+    forbid_host_work(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="SageTriton"):
+        again = kernels.sageattn(*second)
+        assert torch.equal(again, expected)
+        assert direct_runs == kinds[:before] and raised == [attention.attention_kernel]
+        assert all(rec.direct is None for rec in recs) and recs[0].direct_calls == 0
+        assert launcher.disabled(attention.attention_kernel) and "14 positional" in launcher.disabled(
+            attention.attention_kernel)
+        assert torch.equal(kernels.sageattn(*second), expected)  # and again, through kernel[grid]
+    assert len(raised) == 1 and len(direct_runs) == before
+    logged = [r.getMessage() for r in caplog.records if "direct launch" in r.getMessage()]
+    assert len(logged) == 1 and "attention_kernel" in logged[0] and "TypeError" in logged[0], logged
+
+
+def test_a_launcher_with_another_signature_gets_no_direct_launches():
+    """When a replay is recorded, the compiled kernel's launcher must take the call a direct launch makes:
+    the installed Triton's does; one that names its leading arguments otherwise or needs more does not."""
+    from sagetriton.kernels import launcher
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    installed = CudaLauncher.__new__(CudaLauncher).__call__  # bound: what CompiledKernel.run returns
+    assert launcher.launcher_accepts(installed, 20)
+
+    def triton36(gridX, gridY, gridZ, stream, function, *args):
+        pass
+
+    def regrouped(grid, stream, function, kernel_metadata, launch_metadata, enter, exit, *args):
+        pass
+
+    def needs_scratch(gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata,
+                      launch_enter_hook, launch_exit_hook, *args, scratch):
+        pass
+
+    def fixed(gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata, launch_enter_hook,
+              launch_exit_hook, a, b):
+        pass
+
+    assert launcher.launcher_accepts(triton36, 20)
+    assert not launcher.launcher_accepts(regrouped, 20)
+    assert not launcher.launcher_accepts(needs_scratch, 20)
+    assert launcher.launcher_accepts(fixed, 2) and not launcher.launcher_accepts(fixed, 3)
+    assert not launcher.launcher_accepts(len, 2)  # a C function: nothing to check, so no direct launches
