@@ -21,6 +21,11 @@ PV_16BIT_TILE = 1  # fp16 MMA accumulation per tile, added into the fp32 accumul
 PV_FP8 = 2  # P and V in fp8, a fresh accumulator per tile added into fp32 (two-level)
 PV_INT8 = 3  # P in 0..255 per row and tile, V in ±127 per channel, an exact int32 sum per tile
 INT8_SHIFT_FLOOR = tl.constexpr(20.0)  # base-2 logits below the running max where INT8 P stops following a tile
+# The hot loop's one-FMA logits round at |logit| ~ 2^-24 of their size: below this (base 2) that stays
+# inside P's rounding slack; a row whose running max reaches it is worked out again from materialized
+# logits (``attention_kernel``). Real models stay orders of magnitude below (2^16 base 2 = 45,000 nats).
+HOT_LOGIT_LIMIT = tl.constexpr(65536.0)
+P_SLACK = tl.constexpr(0.0028)  # log2(255.5 / 255): how far above 2^P_LOG2 the largest P may round
 
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
 
@@ -56,9 +61,28 @@ def int8_p_shift(t_max, m_use):
     """INT8 P's shift: this tile's own row max, so its largest weight rounds to 2^P_LOG2 (255), but
     within 2^-INT8_SHIFT_FLOOR of the running max m_use, where a tile's weights round to 0 anyway, so
     the sums cannot overflow. Raised by a few ulps of the logits' size, which their rounding can
-    reach: that largest weight never rounds to 256, which int8 would wrap to -128."""
-    shift = tl.maximum(t_max, m_use - INT8_SHIFT_FLOOR)
+    reach: that largest weight never rounds to 256, which int8 would wrap to -128. Only used while the
+    logits stay below ``HOT_LOGIT_LIMIT`` (the margin is then at most 0.03), see ``attention_kernel``.
+    NaN-propagating, so a NaN logit turns its row NaN (INT8 P would round NaN to a number)."""
+    shift = tl.maximum(t_max, m_use - INT8_SHIFT_FLOOR, propagate_nan=tl.PropagateNan.ALL)
     return shift + tl.abs(shift) * 4.0e-7
+
+
+@triton.jit
+def _next_up(c):
+    """The next float32 above ``c`` (c finite and not -0)."""
+    bits = c.to(tl.int32, bitcast=True)
+    return (bits + tl.where(c >= 0, 1, -1)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def exact_p_base(target, P_LOG2: tl.constexpr):
+    """P's base for materialized logits x (P = 2^(x - base)): target - P_LOG2, one float step higher
+    where rounding put it lower by more than P's slack, so a logit at ``target`` gives P <= 255.5
+    (INT8), <= 463 (fp8 e4m3fn) at any magnitude. Where the logits' float spacing exceeds 2^P_LOG2
+    (|target| >= 2^26: -finfo.max masks, huge q, k) the base is ``target`` itself: P = 1, never 0."""
+    c = target - P_LOG2
+    return tl.where(target - c > P_LOG2 + P_SLACK, _next_up(c), c)
 
 
 @triton.jit
@@ -101,21 +125,34 @@ def _attn_tile(
         x = _masked_logits(x, offs_m, offs_n, mask_base, stride_mm, stride_mn, LQ, LK, BOUNDARY, IS_CAUSAL,
                            MASK_KIND)
         t_max = tl.max(x, 1)
+    if PV_MODE == 3 and not K_SCALAR:
+        # Per-token K scales: a NaN key's logits are NaN only in its column, which the row max skips and
+        # INT8 P rounds to a number. Its scale (NaN for a NaN/Inf key) poisons the row instead, as SDPA.
+        t_max += tl.sum(ks, 0) * 0.0
     m_new = tl.maximum(m_i, t_max)
     # A row masked so far has max -inf: shift by 0 instead, so exp2 gives 0 rather than NaN.
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    if PV_MODE == 3:
-        # The sums are kept in units of INT8 P's own shift (alpha moves them from the last tile's): one
-        # FMA per output element.
-        shift = int8_p_shift(t_max, m_use)
-        alpha = tl.math.exp2(sh_i - shift)
-    else:
-        shift = m_use
-        alpha = tl.math.exp2(m_i - m_use)
+    # P = 2^(logit - base); the sums are kept in units of 2^base (alpha moves them from the last tile's):
+    # the running max (less P_LOG2) for 16-bit and fp8 P, INT8 P's own per-tile shift (one FMA per
+    # output element either way).
     if hot:
-        p = tl.math.exp2(s.to(tl.float32) * row_scale[:, None] - (shift - P_LOG2)[:, None])
+        if PV_MODE == 3:
+            base = int8_p_shift(t_max, m_use) - P_LOG2
+        else:
+            base = m_use - P_LOG2
+        alpha = tl.math.exp2(sh_i - base)
+        p = tl.math.exp2(s.to(tl.float32) * row_scale[:, None] - base[:, None])
     else:
-        p = tl.math.exp2(x - (shift - P_LOG2)[:, None])
+        if PV_MODE == 3:
+            target = tl.maximum(t_max, m_use - INT8_SHIFT_FLOOR, propagate_nan=tl.PropagateNan.ALL)
+        else:
+            target = m_use
+        base = exact_p_base(target, P_LOG2)
+        alpha = tl.math.exp2(sh_i - base)
+        p = tl.math.exp2(x - base[:, None])
+        # Nothing live yet (m_new -inf): no units yet either (-inf), so a later tile's lower base scales
+        # these zero sums by 0, not by 2^(huge) (0 * inf: NaN).
+        base = tl.where(m_new == float("-inf"), float("-inf"), base)
 
     if PV_MODE == 3:
         p8 = round_p_offset_int8(p)  # P - 128
@@ -150,7 +187,7 @@ def _attn_tile(
     else:
         pv = tl.dot(mma_operand_order(p8, BLOCK_N), v)  # int32, exact: (P - 128)·V
         acc += (pv + tl.load(tb_base + (start_n // BLOCK_N) * D_PAD + offs_d)[None, :]).to(tl.float32)
-    return acc, l_i, m_new, shift
+    return acc, l_i, m_new, base
 
 
 @triton.jit
@@ -232,7 +269,7 @@ def attention_kernel(
     mask_base = Mask + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    sh_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # INT8 P·V: the shift the sums are in units of
+    sh_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # the base the sums are in units of (2^sh_i)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
 
@@ -248,7 +285,19 @@ def attention_kernel(
             stride_vn, stride_vd, stride_mm, stride_mn, LQ, LK, D,
             BLOCK_N, D_PAD, False, IS_CAUSAL, MASK_KIND, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
             K_TMA, V_TMA, V_T, V_RES)
-    for start_n in range(full_end, hi, BLOCK_N):
+    boundary_start = full_end
+    if K_SCALAR and MASK_KIND == 0:
+        # The loop above is the hot one (logits from the integer row max, one FMA each): its rounding
+        # margin holds below HOT_LOGIT_LIMIT. If any row's max got there (huge q and k), this
+        # program works every tile out again from materialized logits, exact at any magnitude:
+        # a check per program, nothing per tile.
+        redo = tl.max((tl.abs(m_i) >= HOT_LOGIT_LIMIT).to(tl.int32), 0) > 0
+        boundary_start = tl.where(redo, 0, full_end)
+        acc = tl.where(redo, 0.0, acc)
+        l_i = tl.where(redo, 0.0, l_i)
+        m_i = tl.where(redo, float("-inf"), m_i)
+        sh_i = tl.where(redo, float("-inf"), sh_i)
+    for start_n in range(boundary_start, hi, BLOCK_N):
         acc, l_i, m_i, sh_i = _attn_tile(
             acc, l_i, m_i, sh_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, tb_base, mask_base, KDesc, VDesc, bhk,
             stride_vn, stride_vd, stride_mm, stride_mn, LQ, LK, D,
@@ -263,10 +312,8 @@ def attention_kernel(
 
     if RETURN_LSE:
         live = l_i > 0  # a fully masked row: LSE -inf, as SDPA
-        # l_i is in units of 2^(shift - P_LOG2): the running max, or INT8 P·V's last shift.
-        shift = sh_i if PV_MODE == 3 else m_i
-        lse = tl.where(live, (shift + tl.math.log2(tl.where(live, l_i, 1.0)) - P_LOG2) * 0.6931471805599453,
-                       float("-inf"))
+        # l_i is in units of 2^sh_i (``_attn_tile``'s base).
+        lse = tl.where(live, (sh_i + tl.math.log2(tl.where(live, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
         if HAS_QBIAS:
             lse += tl.load(QBias + bh.to(tl.int64) * LQ + offs_m, mask=m_ok, other=0.0)
         tl.store(Lse + bh.to(tl.int64) * LQ + offs_m, lse, mask=m_ok)
