@@ -219,8 +219,9 @@ def _load_v(v_desc, v_ptrs, bhk, row0, start_n, offs_n, offs_d, LK, D, BLOCK_N: 
 @triton.jit
 def finish_rows(acc, l_sum, VScale, VMean, bhk, offs_d, D, HAS_VSCALE: tl.constexpr, HAS_VMEAN: tl.constexpr):
     """Output rows from the P·V sums and row sums: normalized, then V's per-channel scale and mean
-    restored. A row with no live key (fully masked) has l_sum == 0: SDPA returns 0 there, and so do we."""
-    live = l_sum > 0
+    restored. A row with no live key (fully masked) has l_sum == 0: SDPA returns 0 there, and so do we.
+    A NaN l_sum (a NaN logit) counts as live, so the row comes out NaN whatever P·V's sums held."""
+    live = l_sum != 0
     out = acc / tl.where(live, l_sum, 1.0)[:, None]
     d_ok = offs_d < D
     if HAS_VSCALE:
@@ -291,7 +292,7 @@ def attention_kernel(
         # margin holds below HOT_LOGIT_LIMIT. If any row's max got there (huge q and k), this
         # program works every tile out again from materialized logits, exact at any magnitude:
         # a check per program, nothing per tile.
-        redo = tl.max((tl.abs(m_i) >= HOT_LOGIT_LIMIT).to(tl.int32), 0) > 0
+        redo = tl.max(((tl.abs(m_i) >= HOT_LOGIT_LIMIT) & (m_i > float("-inf"))).to(tl.int32), 0) > 0
         boundary_start = tl.where(redo, 0, full_end)
         acc = tl.where(redo, 0.0, acc)
         l_i = tl.where(redo, 0.0, l_i)
@@ -311,7 +312,7 @@ def attention_kernel(
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
 
     if RETURN_LSE:
-        live = l_i > 0  # a fully masked row: LSE -inf, as SDPA
+        live = l_i != 0  # a fully masked row: LSE -inf, as SDPA (NaN stays NaN)
         # l_i is in units of 2^sh_i (``_attn_tile``'s base).
         lse = tl.where(live, (sh_i + tl.math.log2(tl.where(live, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
         if HAS_QBIAS:

@@ -48,9 +48,13 @@ def _quantize_groups(x: torch.Tensor, group: int):
     B, H, L, D = x.shape
     pad = (-L) % group
     xp = torch.nn.functional.pad(x, (0, 0, 0, pad))
-    amax = xp.abs().amax(dim=-1).reshape(B, H, -1, group).amax(dim=-1)
+    # As the kernels: a token holding NaN/Inf gets a NaN scale and is left out of its group's max.
+    row_max = xp.abs().amax(dim=-1)
+    bad = ~torch.isfinite(row_max)
+    amax = torch.where(bad, 0.0, row_max).reshape(B, H, -1, group).amax(dim=-1)
     scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
-    scale = scale.repeat_interleave(group, dim=-1)[..., :L]
+    scale = scale.repeat_interleave(group, dim=-1)
+    scale = torch.where(bad, float("nan"), scale)[..., :L]
     # Multiplied by 1/scale as the kernel does: dividing rounds near-ties differently (a whole INT8
     # step, which can move a row's LSE by a few 1e-2 nats when it hits the row's largest logit).
     xi = torch.clamp(torch.round(x * (1.0 / scale[..., None])), -127, 127)
@@ -130,7 +134,8 @@ def _int8_pv(s2: torch.Tensor, m: torch.Tensor, vc: torch.Tensor, tile: int, hea
     running = torch.where(torch.isneginf(running), 0.0, running)
     shift = torch.maximum(t_max, running - INT8_SHIFT_FLOOR)
     p_int = torch.round(torch.exp2(st - shift) * 255.0)
-    weight = torch.exp2(shift - m[..., None]) / 255.0  # the tile's rescale to the row max
+    # The tile's rescale to the row max; a tile with no live key weighs 0 (its shift may sit far above m).
+    weight = torch.where(torch.isneginf(t_max), 0.0, torch.exp2(shift - m[..., None])) / 255.0
     amax = vc.abs().amax(dim=2, keepdim=True)
     vs = torch.where(amax > 0, amax / 127.0, 1.0)
     v_int = torch.nn.functional.pad(torch.clamp(torch.round(vc / vs), -127, 127), (0, 0, 0, pad))
@@ -183,7 +188,7 @@ def quantized_reference(q, k, v, cfg: KernelConfig, layout="HND", is_causal=Fals
     else:
         pv_dtype = torch.float16 if q.dtype == torch.float16 or cfg.pv_accum_dtype != "fp32" else torch.bfloat16
         pv = p.to(pv_dtype).float() @ _expand_kv(vc.to(pv_dtype).float(), H)
-    live = row_sum > 0
+    live = row_sum != 0  # 0: no live key (out 0, as SDPA); NaN stays NaN
     out = torch.where(live, pv / torch.where(live, row_sum, 1.0) + _expand_kv(vmean, H), 0.0)
     lse = torch.where(live[..., 0], (m[..., 0] + torch.log2(row_sum[..., 0])) * math.log(2), float("-inf"))
     if smooth_k:
