@@ -141,7 +141,7 @@ def test_nan_and_inf_inputs_give_non_finite_rows_like_sdpa(gran, pv):
 
 
 @pytest.mark.parametrize("gran,pv", VARIANTS)
-@pytest.mark.parametrize("scale", [-1.0, -0.05])
+@pytest.mark.parametrize("scale", [-1.0])
 def test_negative_scales(gran, pv, scale):
     """The per_warp/per_block row max was taken on the integers, assuming a positive scale (cosine 0.5
     on the GPU); fp16 P·V with -1 was all NaN."""
