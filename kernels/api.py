@@ -159,6 +159,8 @@ def check_config(cfg) -> KernelConfig:
             raise TypeError(f"config.{name} must be True or False, got {getattr(cfg, name)!r}")
     if cfg.v_residual and cfg.pv_precision != "fp8":
         raise ValueError(f"config.v_residual=True needs pv_precision='fp8', got {cfg.pv_precision!r}")
+    if len(_checked_configs) > 256:  # callers that build a config per call: keep the cache small
+        _checked_configs.clear()
     _checked_configs[id(cfg)] = cfg
     return cfg
 
