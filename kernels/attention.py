@@ -69,20 +69,14 @@ def int8_p_shift(t_max, m_use):
 
 
 @triton.jit
-def _next_up(c):
-    """The next float32 above ``c`` (c finite and not -0)."""
-    bits = c.to(tl.int32, bitcast=True)
-    return (bits + tl.where(c >= 0, 1, -1)).to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def exact_p_base(target, P_LOG2: tl.constexpr):
     """P's base for materialized logits x (P = 2^(x - base)): target - P_LOG2, one float step higher
     where rounding put it lower by more than P's slack, so a logit at ``target`` gives P <= 255.5
     (INT8), <= 463 (fp8 e4m3fn) at any magnitude. Where the logits' float spacing exceeds 2^P_LOG2
     (|target| >= 2^26: -finfo.max masks, huge q, k) the base is ``target`` itself: P = 1, never 0."""
     c = target - P_LOG2
-    return tl.where(target - c > P_LOG2 + P_SLACK, _next_up(c), c)
+    # c + |c|·(2^-24 + a little) rounds to the next float above c: half an ulp and a bit more.
+    return tl.where(target - c > P_LOG2 + P_SLACK, c + tl.abs(c) * 6.0e-8, c)
 
 
 @triton.jit
@@ -130,12 +124,12 @@ def _attn_tile(
         # INT8 P rounds to a number. Its scale (NaN for a NaN/Inf key) poisons the row instead, as SDPA.
         t_max += tl.sum(ks, 0) * 0.0
     m_new = tl.maximum(m_i, t_max)
-    # A row masked so far has max -inf: shift by 0 instead, so exp2 gives 0 rather than NaN.
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     # P = 2^(logit - base); the sums are kept in units of 2^base (alpha moves them from the last tile's):
     # the running max (less P_LOG2) for 16-bit and fp8 P, INT8 P's own per-tile shift (one FMA per
     # output element either way).
     if hot:
+        # A row masked so far has max -inf: shift by 0 instead, so exp2 gives 0 rather than NaN.
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         if PV_MODE == 3:
             base = int8_p_shift(t_max, m_use) - P_LOG2
         else:
@@ -143,6 +137,9 @@ def _attn_tile(
         alpha = tl.math.exp2(sh_i - base)
         p = tl.math.exp2(s.to(tl.float32) * row_scale[:, None] - base[:, None])
     else:
+        # Nothing live yet (max -inf): a base below every finite logit (the masks' are >= -2.9e38), so P
+        # is 0 and a later tile's alpha scales these zero sums by 0, never by 2^(huge) (0 * inf: NaN).
+        m_use = tl.where(m_new == float("-inf"), -3.0e38, m_new)
         if PV_MODE == 3:
             target = tl.maximum(t_max, m_use - INT8_SHIFT_FLOOR, propagate_nan=tl.PropagateNan.ALL)
         else:
@@ -150,9 +147,6 @@ def _attn_tile(
         base = exact_p_base(target, P_LOG2)
         alpha = tl.math.exp2(sh_i - base)
         p = tl.math.exp2(x - base[:, None])
-        # Nothing live yet (m_new -inf): no units yet either (-inf), so a later tile's lower base scales
-        # these zero sums by 0, not by 2^(huge) (0 * inf: NaN).
-        base = tl.where(m_new == float("-inf"), float("-inf"), base)
 
     if PV_MODE == 3:
         p8 = round_p_offset_int8(p)  # P - 128
@@ -286,19 +280,14 @@ def attention_kernel(
             stride_vn, stride_vd, stride_mm, stride_mn, LQ, LK, D,
             BLOCK_N, D_PAD, False, IS_CAUSAL, MASK_KIND, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
             K_TMA, V_TMA, V_T, V_RES)
-    boundary_start = full_end
     if K_SCALAR and MASK_KIND == 0:
         # The loop above is the hot one (logits from the integer row max, one FMA each): its rounding
-        # margin holds below HOT_LOGIT_LIMIT. If any row's max got there (huge q and k), this
-        # program works every tile out again from materialized logits, exact at any magnitude:
-        # a check per program, nothing per tile.
-        redo = tl.max(((tl.abs(m_i) >= HOT_LOGIT_LIMIT) & (m_i > float("-inf"))).to(tl.int32), 0) > 0
-        boundary_start = tl.where(redo, 0, full_end)
-        acc = tl.where(redo, 0.0, acc)
-        l_i = tl.where(redo, 0.0, l_i)
-        m_i = tl.where(redo, float("-inf"), m_i)
-        sh_i = tl.where(redo, float("-inf"), sh_i)
-    for start_n in range(boundary_start, hi, BLOCK_N):
+        # margin holds below HOT_LOGIT_LIMIT. A row whose max got there (huge q and k) is made NaN, never
+        # a silent 0 or a wrapped weight: the nodes' non-finite guard then runs SDPA for the call. A
+        # check per row and program, nothing per tile (working such rows out again from materialized
+        # logits spilled registers on sm90/sm120 whether it ran or not).
+        l_i = tl.where((tl.abs(m_i) >= HOT_LOGIT_LIMIT) & (m_i > float("-inf")), float("nan"), l_i)
+    for start_n in range(full_end, hi, BLOCK_N):
         acc, l_i, m_i, sh_i = _attn_tile(
             acc, l_i, m_i, sh_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, tb_base, mask_base, KDesc, VDesc, bhk,
             stride_vn, stride_vd, stride_mm, stride_mn, LQ, LK, D,
