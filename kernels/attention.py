@@ -74,6 +74,8 @@ def exact_p_base(target, P_LOG2: tl.constexpr):
     where rounding put it lower by more than P's slack, so a logit at ``target`` gives P <= 255.5
     (INT8), <= 463 (fp8 e4m3fn) at any magnitude. Where the logits' float spacing exceeds 2^P_LOG2
     (|target| >= 2^26: -finfo.max masks, huge q, k) the base is ``target`` itself: P = 1, never 0."""
+    if P_LOG2 == 0:
+        return target
     c = target - P_LOG2
     # c + |c|·(2^-24 + a little) rounds to the next float above c: half an ulp and a bit more.
     return tl.where(target - c > P_LOG2 + P_SLACK, c + tl.abs(c) * 6.0e-8, c)
@@ -124,28 +126,30 @@ def _attn_tile(
         # INT8 P rounds to a number. Its scale (NaN for a NaN/Inf key) poisons the row instead, as SDPA.
         t_max += tl.sum(ks, 0) * 0.0
     m_new = tl.maximum(m_i, t_max)
-    # P = 2^(logit - base); the sums are kept in units of 2^base (alpha moves them from the last tile's):
-    # the running max (less P_LOG2) for 16-bit and fp8 P, INT8 P's own per-tile shift (one FMA per
-    # output element either way).
+    # P = 2^(logit - base). 16-bit and fp8 P: base = the running max less P_LOG2, the sums kept in units
+    # of 2^(m_i - P_LOG2). INT8 P: its own per-tile shift, the sums kept in units of 2^sh_i (alpha moves
+    # them from the last tile's). One FMA per output element either way.
     if hot:
         # A row masked so far has max -inf: shift by 0 instead, so exp2 gives 0 rather than NaN.
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         if PV_MODE == 3:
             base = int8_p_shift(t_max, m_use) - P_LOG2
+            alpha = tl.math.exp2(sh_i - base)
         else:
             base = m_use - P_LOG2
-        alpha = tl.math.exp2(sh_i - base)
+            alpha = tl.math.exp2(m_i - m_use)
         p = tl.math.exp2(s.to(tl.float32) * row_scale[:, None] - base[:, None])
     else:
         # Nothing live yet (max -inf): a base below every finite logit (the masks' are >= -2.9e38), so P
         # is 0 and a later tile's alpha scales these zero sums by 0, never by 2^(huge) (0 * inf: NaN).
         m_use = tl.where(m_new == float("-inf"), -3.0e38, m_new)
         if PV_MODE == 3:
-            target = tl.maximum(t_max, m_use - INT8_SHIFT_FLOOR, propagate_nan=tl.PropagateNan.ALL)
+            base = exact_p_base(tl.maximum(t_max, m_use - INT8_SHIFT_FLOOR, propagate_nan=tl.PropagateNan.ALL),
+                                P_LOG2)
+            alpha = tl.math.exp2(sh_i - base)
         else:
-            target = m_use
-        base = exact_p_base(target, P_LOG2)
-        alpha = tl.math.exp2(sh_i - base)
+            base = exact_p_base(m_use, P_LOG2)
+            alpha = tl.math.exp2(m_i - m_use)
         p = tl.math.exp2(x - base[:, None])
 
     if PV_MODE == 3:
@@ -181,7 +185,9 @@ def _attn_tile(
     else:
         pv = tl.dot(mma_operand_order(p8, BLOCK_N), v)  # int32, exact: (P - 128)·V
         acc += (pv + tl.load(tb_base + (start_n // BLOCK_N) * D_PAD + offs_d)[None, :]).to(tl.float32)
-    return acc, l_i, m_new, base
+    if PV_MODE == 3:
+        sh_i = base
+    return acc, l_i, m_new, sh_i
 
 
 @triton.jit
@@ -264,7 +270,7 @@ def attention_kernel(
     mask_base = Mask + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    sh_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # the base the sums are in units of (2^sh_i)
+    sh_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # INT8 P·V: the base the sums are in units of
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
 
@@ -280,13 +286,6 @@ def attention_kernel(
             stride_vn, stride_vd, stride_mm, stride_mn, LQ, LK, D,
             BLOCK_N, D_PAD, False, IS_CAUSAL, MASK_KIND, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
             K_TMA, V_TMA, V_T, V_RES)
-    if K_SCALAR and MASK_KIND == 0:
-        # The loop above is the hot one (logits from the integer row max, one FMA each): its rounding
-        # margin holds below HOT_LOGIT_LIMIT. A row whose max got there (huge q and k) is made NaN, never
-        # a silent 0 or a wrapped weight: the nodes' non-finite guard then runs SDPA for the call. A
-        # check per row and program, nothing per tile (working such rows out again from materialized
-        # logits spilled registers on sm90/sm120 whether it ran or not).
-        l_i = tl.where((tl.abs(m_i) >= HOT_LOGIT_LIMIT) & (m_i > float("-inf")), float("nan"), l_i)
     for start_n in range(full_end, hi, BLOCK_N):
         acc, l_i, m_i, sh_i = _attn_tile(
             acc, l_i, m_i, sh_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, tb_base, mask_base, KDesc, VDesc, bhk,
@@ -294,6 +293,13 @@ def attention_kernel(
             BLOCK_N, D_PAD, True, IS_CAUSAL, MASK_KIND, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
             K_TMA, V_TMA, V_T, V_RES)
 
+    if K_SCALAR and MASK_KIND == 0:
+        # The first loop is the hot one (logits from the integer row max, one FMA each): its rounding
+        # margin holds below HOT_LOGIT_LIMIT. A row whose max got there (huge q and k) is made NaN, never
+        # a silent 0 or a wrapped weight: the nodes' non-finite guard then runs SDPA for the call. A
+        # check per row and program, nothing per tile (working such rows out again from materialized
+        # logits spilled registers on sm90/sm120 whether it ran or not).
+        l_i = tl.where((tl.abs(m_i) >= HOT_LOGIT_LIMIT) & (m_i > float("-inf")), float("nan"), l_i)
     out = finish_rows(acc, l_i, VScale, VMean, bhk, offs_d, D, HAS_VSCALE, HAS_VMEAN)
     d_ok = offs_d < D
     o_ptrs = (Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
@@ -302,8 +308,9 @@ def attention_kernel(
 
     if RETURN_LSE:
         live = l_i != 0  # a fully masked row: LSE -inf, as SDPA (NaN stays NaN)
-        # l_i is in units of 2^sh_i (``_attn_tile``'s base).
-        lse = tl.where(live, (sh_i + tl.math.log2(tl.where(live, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+        # l_i is in units of 2^(m_i - P_LOG2), or 2^sh_i with INT8 P·V (``_attn_tile``).
+        unit = sh_i if PV_MODE == 3 else m_i - P_LOG2
+        lse = tl.where(live, (unit + tl.math.log2(tl.where(live, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
         if HAS_QBIAS:
             lse += tl.load(QBias + bh.to(tl.int64) * LQ + offs_m, mask=m_ok, other=0.0)
         tl.store(Lse + bh.to(tl.int64) * LQ + offs_m, lse, mask=m_ok)
