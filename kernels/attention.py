@@ -21,10 +21,11 @@ PV_16BIT_TILE = 1  # fp16 MMA accumulation per tile, added into the fp32 accumul
 PV_FP8 = 2  # P and V in fp8, a fresh accumulator per tile added into fp32 (two-level)
 PV_INT8 = 3  # P in 0..255 per row and tile, V in ±127 per channel, an exact int32 sum per tile
 INT8_SHIFT_FLOOR = tl.constexpr(20.0)  # base-2 logits below the running max where INT8 P stops following a tile
-# The hot loop's one-FMA logits round at |logit| ~ 2^-24 of their size: below this (base 2) that stays
-# inside P's rounding slack; a row whose running max reaches it is worked out again from materialized
-# logits (``attention_kernel``). Real models stay orders of magnitude below (2^16 base 2 = 45,000 nats).
-HOT_LOGIT_LIMIT = tl.constexpr(65536.0)
+# The hot loop's one-FMA logits round at ~2^-24 of their size. Below this (base 2) INT8 P's margin keeps
+# its largest weight within 142..255 and 16-bit P exact; fp8 P (448 at most) allows 2^18. A row whose max
+# reaches it is made NaN (``attention_kernel``). Real models stay far below (2^18 base 2 = 180,000 nats).
+HOT_LOGIT_LIMIT = tl.constexpr(2097152.0)
+HOT_LOGIT_LIMIT_FP8 = tl.constexpr(262144.0)
 P_SLACK = tl.constexpr(0.0028)  # log2(255.5 / 255): how far above 2^P_LOG2 the largest P may round
 
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
@@ -61,8 +62,8 @@ def int8_p_shift(t_max, m_use):
     """INT8 P's shift: this tile's own row max, so its largest weight rounds to 2^P_LOG2 (255), but
     within 2^-INT8_SHIFT_FLOOR of the running max m_use, where a tile's weights round to 0 anyway, so
     the sums cannot overflow. Raised by a few ulps of the logits' size, which their rounding can
-    reach: that largest weight never rounds to 256, which int8 would wrap to -128. Only used while the
-    logits stay below ``HOT_LOGIT_LIMIT`` (the margin is then at most 0.03), see ``attention_kernel``.
+    reach: that largest weight never rounds to 256, which int8 would wrap to -128. Rows whose logits
+    reach ``HOT_LOGIT_LIMIT`` (margin 0.84) are made NaN after the loop, see ``attention_kernel``.
     NaN-propagating, so a NaN logit turns its row NaN (INT8 P would round NaN to a number)."""
     shift = tl.maximum(t_max, m_use - INT8_SHIFT_FLOOR, propagate_nan=tl.PropagateNan.ALL)
     return shift + tl.abs(shift) * 4.0e-7
@@ -299,7 +300,8 @@ def attention_kernel(
         # a silent 0 or a wrapped weight: the nodes' non-finite guard then runs SDPA for the call. A
         # check per row and program, nothing per tile (working such rows out again from materialized
         # logits spilled registers on sm90/sm120 whether it ran or not).
-        l_i = tl.where((tl.abs(m_i) >= HOT_LOGIT_LIMIT) & (m_i > float("-inf")), float("nan"), l_i)
+        limit: tl.constexpr = HOT_LOGIT_LIMIT_FP8 if PV_MODE == 2 else HOT_LOGIT_LIMIT
+        l_i = tl.where((tl.abs(m_i) >= limit) & (m_i > float("-inf")), float("nan"), l_i)
     out = finish_rows(acc, l_i, VScale, VMean, bhk, offs_d, D, HAS_VSCALE, HAS_VMEAN)
     d_ok = offs_d < D
     o_ptrs = (Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh

@@ -108,7 +108,7 @@ def test_huge_logits(gran, pv):
     logits (a mask, per_thread scales) give SDPA's answer: the kernel equals its own quantized
     arithmetic (``quantized_reference``) and float64 SDPA wherever INT8 rounding of Q and K cannot
     reorder the top keys (top two logits 1 % apart). The unmasked per_warp/per_block loop (one FMA per
-    logit) is exact below 2^16 (base 2); beyond, its rows are NaN, never a silent 0: the nodes'
+    logit) is exact below 2^21 (base 2; 2^18 with fp8 P); beyond, its rows are NaN, never a silent 0: the nodes'
     non-finite guard then runs SDPA for the call."""
     q, k, v = qkv(lq=16)
     q, k = (q * 3000).half(), (k * 3000).half()
