@@ -130,7 +130,10 @@ def _attn_tile(
     # P = 2^(logit - base). 16-bit and fp8 P: base = the running max less P_LOG2, the sums kept in units
     # of 2^(m_i - P_LOG2). INT8 P: its own per-tile shift, the sums kept in units of 2^sh_i (alpha moves
     # them from the last tile's). One FMA per output element either way.
-    if hot:
+    if K_SCALAR and MASK_KIND == 0:
+        # The hot loop, and the last key tile of the same unmasked per_warp/per_block call: rows past
+        # the hot loop's limit are made NaN after the loops, so its margin is enough here (the exact base
+        # below, in this kernel, spilled 3 registers on sm90 with INT8 P·V).
         # A row masked so far has max -inf: shift by 0 instead, so exp2 gives 0 rather than NaN.
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         if PV_MODE == 3:
@@ -139,7 +142,10 @@ def _attn_tile(
         else:
             base = m_use - P_LOG2
             alpha = tl.math.exp2(m_i - m_use)
-        p = tl.math.exp2(s.to(tl.float32) * row_scale[:, None] - base[:, None])
+        if hot:
+            p = tl.math.exp2(s.to(tl.float32) * row_scale[:, None] - base[:, None])
+        else:
+            p = tl.math.exp2(x - base[:, None])
     else:
         # Nothing live yet (max -inf): a base below every finite logit (the masks' are >= -2.9e38), so P
         # is 0 and a later tile's alpha scales these zero sums by 0, never by 2^(huge) (0 * inf: NaN).
