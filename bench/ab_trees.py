@@ -25,6 +25,9 @@ SHAPE_SETS = {  # (B, H, L, D, pv_precision)
     # the table's head_dim-64 lengths from where the dispatcher uses the kernel, and one below
     "d64": [(2, 24, 4608, 64, "fp8"), (2, 24, 8192, 64, "fp8"), (1, 24, 16384, 64, "fp8"),
             (1, 12, 32768, 64, "fp8")],
+    # below Hopper's Gluon length: the portable kernel's loop, fp8 and INT8 P·V (other GPUs' defaults)
+    "portable": [(2, 24, 2048, 128, "fp8"), (2, 24, 4096, 128, "fp8"), (2, 24, 4096, 128, "int8"),
+                 (2, 24, 4096, 64, "fp8"), (2, 24, 4096, 64, "int8")],
 }
 
 

@@ -1,14 +1,23 @@
 """Correctness of the compiled kernels on a real GPU: every feature against fp64, one table.
 
-    python bench/gpu_check.py
+    python bench/gpu_check.py                  # everything (a few minutes on an H200)
+    python bench/gpu_check.py --only families  # every GPU family's configs on ordinary and hostile inputs
+    python bench/gpu_check.py --only hostile   # the same hostile inputs on this GPU's own fast paths
+
+``families`` runs the portable kernel with each arch table entry's default and selectable configs
+(Ampere, Ada, Blackwell datacenter and consumer, RDNA3, RDNA4, CDNA3: tiles, warps, stages, P·V
+precision, resolved through the same ``resolve_config`` as on that GPU) on this GPU, against fp64.
 
 The CPU test suite runs the same kernels through the Triton interpreter; this is the check that
 the compiled code (wgmma / mma / wmma, fp8 casts) computes the same function.
 """
 from __future__ import annotations
 
+import argparse
 import itertools
+import math
 import sys
+import time
 
 import torch
 from common import cosine, environment, import_pack
@@ -234,10 +243,190 @@ def replay_cases() -> list:
     return results
 
 
-def main():
+# The arch table's families, as their GPUs identify (``installer.crosscompile.parse_target``).
+FAMILY_TARGETS = ("sm80", "sm86", "sm89", "sm100", "sm120", "gfx1100", "gfx1201", "gfx942")
+FMAX = torch.finfo(torch.float32).max
+
+
+def family_configs() -> list:
+    """[(labels, head_dim, config)]: each target's default and selectable P·V configs at head_dim 64 and
+    128, deduplicated (sm100 and sm120 share a row). AMD's e4m3fnuz fp8 runs as e4m3fn here (NVIDIA has
+    no fnuz MMA): same tiles and P·V precision, the other fp8 flavour."""
+    from sagetriton.installer.crosscompile import parse_target
+    from sagetriton.kernels.arch import PV_PRECISIONS, resolve_config, supported_choices
+
+    seen: dict = {}
+    for target in FAMILY_TARGETS:
+        arch = parse_target(target).arch_info()
+        for head_dim in (64, 128):
+            for pv in (None, *PV_PRECISIONS):
+                if pv is not None and not supported_choices(arch)["pv_precision"][pv][0]:
+                    continue
+                cfg = resolve_config(arch, head_dim, pv_precision=pv)[0]
+                if cfg.fp8_format == "e4m3fnuz":
+                    cfg = cfg.replace(fp8_format="e4m3fn")
+                seen.setdefault((cfg, head_dim), []).append(f"{target}{'/' + pv if pv else ' default'}")
+    return [(labels, d, cfg) for (cfg, d), labels in seen.items()]
+
+
+def _forward(q, k, v, cfg, mask=None, scale=None):
+    from sagetriton.kernels.api import attention_forward
+
+    return attention_forward(q, k, v, "HND", False, scale, mask, False, cfg, True, False)[0]
+
+
+def hostile_mask(lq: int, lk: int) -> torch.Tensor:
+    """Additive mask, one hostile case per row (rows 6.. ordinary): -finfo.max and -1e30 everywhere,
+    -inf then -finfo.max and the reverse (across key tiles), -inf everywhere, a -finfo.max padding."""
+    m = torch.zeros(lq, lk, device="cuda")
+    m[1] = -FMAX
+    m[2] = -1e30
+    m[3, :lk // 2] = float("-inf")
+    m[3, lk // 2:] = -FMAX
+    m[4, :lk // 2] = -FMAX
+    m[4, lk // 2:] = float("-inf")
+    m[5] = float("-inf")
+    m[6:, lk - lk // 5:] = -FMAX
+    return m
+
+
+def hostile_results(run, d: int, lq: int = 300, lk: int = 333, masks: bool = True) -> dict:
+    """``run(q, k, v, mask=None, scale=None) -> out`` on every hostile input; {case: (ok, detail)}.
+    Expectations: fp64 SDPA (``exact_attention``), whose -finfo.max/-1e30 rows average V and whose
+    fully masked rows are 0; NaN/Inf inputs give non-finite output wherever fp64 attention has it."""
+    res = {}
+    g = torch.Generator(device="cuda").manual_seed(39)
+
+    def rnd(*shape):
+        return torch.randn(*shape, device="cuda", generator=g).to(torch.bfloat16)
+
+    q, k, v = rnd(1, 2, lq, d), rnd(1, 2, lk, d), rnd(1, 2, lk, d)
+    k = k + 2 * rnd(d)
+    if masks:
+        mask = hostile_mask(lq, lk)
+        out = run(q, k, v, mask=mask)
+        exact = ref.exact_attention(q, k, v, attn_mask=mask)[0]
+        rows = torch.ones(lq, dtype=torch.bool, device="cuda")
+        rows[5] = False
+        means = (out[:, :, [1, 2]].double() - v.double().mean(2, keepdim=True)).abs().max().item()
+        mixed = (out[:, :, 3].double() - v[:, :, lk // 2:].double().mean(2)).abs().max().item()
+        c = cosine(out[:, :, rows], exact[:, :, rows])
+        ok = bool(torch.isfinite(out).all()) and c >= 0.999 and means < 0.02 and mixed < 0.02 and bool(
+            (out[:, :, 5] == 0).all())
+        res["masks"] = (ok, f"cos={c:.6f} |-max row - mean V|={means:.4f} mixed={mixed:.4f}")
+        bmask = torch.rand(lq, lk, device="cuda", generator=g) > 0.4
+        bmask[2] = False
+        out = run(q, k, v, mask=bmask)
+        exact = ref.exact_attention(q, k, v, attn_mask=bmask)[0]
+        c = cosine(out, exact)
+        res["bool mask, empty row"] = (bool((out[:, :, 2] == 0).all()) and c >= 0.999, f"cos={c:.6f}")
+    big_q, big_k = (q.float() * 3000).to(q.dtype), (k.float() * 3000).to(k.dtype)
+    exact = ref.exact_attention(big_q, big_k, v)[0]
+    top = (big_q.double() @ big_k.double().transpose(-1, -2)).topk(2, dim=-1).values
+    clear = (top[..., 0] - top[..., 1]) > 0.01 * top[..., 0].abs()
+    if masks:  # a (zero) mask: materialized logits, exact at any size
+        out = run(big_q, big_k, v, mask=torch.zeros(lq, lk, device="cuda"))
+        c = cosine(out[clear], exact[clear])
+        res["q, k x3000 (logits ~1e7), masked"] = (bool(torch.isfinite(out).all()) and c >= 0.999,
+                                                  f"cos={c:.6f} on {int(clear.sum())} rows with a clear winner")
+    # Unmasked: the one-FMA loop gives NaN rows beyond 2^16 (base 2), for the guard; never a finite wrong row.
+    out = run(big_q, big_k, v)
+    finite = torch.isfinite(out).all(-1)
+    rows = clear & finite
+    c = cosine(out[rows], exact[rows]) if rows.any() else 1.0
+    res["q, k x3000 (logits ~1e7), unmasked"] = (
+        bool((finite | torch.isnan(out).all(-1)).all()) and c >= 0.999,
+        f"cos={c:.6f} on {int(rows.sum())} finite rows with a clear winner, NaN rows {int((~finite).sum())}")
+    bq, bk, bv = (t.repeat(3, 1, 1, 1).clone() for t in (q, k, v))
+    bq[0, 0, 3, 4] = float("nan")
+    bk[1, 1, lk // 2, 2] = float("nan")
+    bv[2, 0, 10, 5] = float("inf")
+    out = run(bq, bk, bv)
+    exact = ref.exact_attention(bq, bk, bv)[0]
+    bad = ~torch.isfinite(exact)
+    missed = int((bad & torch.isfinite(out)).sum())
+    res["NaN in q, NaN in k, Inf in v"] = (missed == 0 and bool(bad[:, :].any()),
+                                           f"non-finite expected {int(bad.sum())}, finite of those {missed}")
+    scale = -1.0 / math.sqrt(d)
+    out = run(q, k, v, scale=scale)
+    c = cosine(out, ref.exact_attention(q, k, v, sm_scale=scale)[0])
+    res["negative sm_scale"] = (c >= 0.999, f"cos={c:.6f}")
+    return res
+
+
+def family_cases() -> list:
+    """Every family's configs through the portable kernel: ordinary inputs, then the hostile ones."""
+    results = []
+    for labels, d, cfg in family_configs():
+        name = f"{', '.join(labels)} d{d}: {cfg.pv_choice()} {cfg.block_m}x{cfg.block_n}/{cfg.num_warps}w"
+        t0 = time.time()
+        try:
+            q, k, v = qkv(B=1, H=4, LQ=777, LK=901, D=d)
+            c = cosine(_forward(q, k, v, cfg), ref.exact_attention(q, k, v)[0])
+            found = {"ordinary": (c >= (RESIDUAL_MIN_COS if cfg.v_residual else 0.999), f"cos={c:.6f}")}
+            found.update(hostile_results(lambda q, k, v, mask=None, scale=None, cfg=cfg: _forward(q, k, v, cfg, mask,
+                                                                                                    scale), d))
+        except Exception as e:  # noqa: BLE001 - a config that does not compile is a failure, not a crash
+            found = {"compile/launch": (False, f"{type(e).__name__}: {str(e)[:200]}")}
+        for case_name, (ok, detail) in found.items():
+            print(f"{'ok ' if ok else 'BAD'} {'family ' + name + ' / ' + case_name:60s} {detail}", flush=True)
+            results.append(ok)
+        print(f"   ({time.time() - t0:.1f} s)", flush=True)
+    return results
+
+
+def hostile_fast_path_cases() -> list:
+    """The hostile inputs on this GPU's own defaults (INT8 P·V's shift with the int8 choice) and, on
+    Hopper, through the Gluon kernel (long, unmasked calls): fp8 and int8 P·V."""
+    from sagetriton.kernels import api
+    from sagetriton.kernels.arch import default_config, detect_arch
+
+    results = []
+    for d in (64, 128):
+        base = default_config(detect_arch(), d)
+        for pv in ("fp8", "int8"):
+            cfg = base.with_pv_choice(pv).replace(shared_kv_min_len=0)
+            for case_name, (ok, detail) in hostile_results(
+                    lambda q, k, v, mask=None, scale=None, cfg=cfg: _forward(q, k, v, cfg, mask, scale), d).items():
+                print(f"{'ok ' if ok else 'BAD'} {f'this GPU d{d} {pv}: {case_name}':60s} {detail}", flush=True)
+                results.append(ok)
+    cfg = default_config(detect_arch(), 128)
+    if not cfg.shared_kv_min_len:
+        return results
+    ran = []
+    real = api._run_shared_kv
+    api._run_shared_kv = lambda *a: ran.append(real(*a)) or ran[-1]
+    try:
+        for pv in ("fp8", "int8"):
+            c_run = cfg.with_pv_choice(pv)
+            ran.clear()
+            found = hostile_results(lambda q, k, v, mask=None, scale=None, c_run=c_run: _forward(q, k, v, c_run, mask,
+                                                                                                  scale),
+                                    128, lq=cfg.shared_kv_min_len + 77, lk=cfg.shared_kv_min_len + 129,
+                                    masks=False)  # masked calls never reach the Gluon kernel
+            used = bool(ran) and all(ran)
+            for case_name, (ok, detail) in found.items():
+                print(f"{'ok ' if ok and used else 'BAD'} {f'Gluon {pv}: {case_name}':60s} {detail} ran={used}",
+                      flush=True)
+                results.append(ok and used)
+    finally:
+        api._run_shared_kv = real
+    return results
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", choices=("families", "hostile"), help="run only this part")
+    args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("gpu_check.py needs a GPU")
     print(environment())
+    t0 = time.time()
+    if args.only:
+        results = family_cases() if args.only == "families" else hostile_fast_path_cases()
+        print(f"gpu_check ({args.only}, {time.time() - t0:.0f} s): {sum(results)} passed, "
+              f"{len(results) - sum(results)} failed")
+        return 0 if all(results) else 1
     results = []
     for gran, pv, acc in itertools.product(("per_block", "per_warp", "per_thread"),
                                            ("fp16", "fp8", "fp8+residual", "int8"), ("fp32", "fp16+fp32")):
@@ -277,7 +466,9 @@ def main():
     results += nonfinite_cases()
     results += shared_kv_cases()
     results += replay_cases()
-    print(f"gpu_check: {sum(results)} passed, {len(results) - sum(results)} failed")
+    results += hostile_fast_path_cases()
+    results += family_cases()
+    print(f"gpu_check ({time.time() - t0:.0f} s): {sum(results)} passed, {len(results) - sum(results)} failed")
     return 0 if all(results) else 1
 
 

@@ -22,7 +22,7 @@ from accuracy_cases import CASES, make_case
 from common import RESULTS, cosine, environment, import_pack, rel_l1, write_json
 
 import_pack()
-from sagetriton.kernels import api, reference, replay  # noqa: E402
+from sagetriton.kernels import api, reference, replay, rotation  # noqa: E402
 from sagetriton.kernels.arch import default_config, detect_arch  # noqa: E402
 
 SHAPES = [(2, 24, 8192, 128), (1, 24, 16384, 128), (1, 12, 32768, 128)]
@@ -30,7 +30,7 @@ SHAPES = [(2, 24, 8192, 128), (1, 24, 16384, 128), (1, 12, 32768, 128)]
 
 def method(cfg, detect: bool, sampled: bool = False):
     def run(q, k, v):
-        api.ROTATION_DETECT, api.ROTATION_RANGE_SAMPLED = detect, sampled
+        rotation.DETECT, rotation.RANGE_SAMPLED = detect, sampled
         return api.attention_forward(q, k, v, "HND", False, None, None, False, cfg, True, False)[0]
     return run
 
@@ -67,7 +67,7 @@ def speed(rounds: int) -> list:
         print(row["shape"], {n: round(x, 3) for n, x in row["x_sdpa"].items()}, "rotated heads",
               row["rotated_heads"], "of", row["heads"], flush=True)
         del qkv
-    api.ROTATION_DETECT, api.ROTATION_RANGE_SAMPLED = True, False
+    rotation.DETECT, rotation.RANGE_SAMPLED = True, False
     return rows
 
 
@@ -79,16 +79,16 @@ def accuracy() -> list:
         q, k, v = make_case(case, device="cuda")
         exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
         row = dict(case=case, rotated_heads=int(reference.rotated_heads(k.float()).sum()), heads=k.shape[1])
-        api.ROTATION_RANGE_SAMPLED = True
+        rotation.RANGE_SAMPLED = True
         row["rotated_heads_sampled"] = int(reference.rotated_heads(k.float()).sum())
-        api.ROTATION_RANGE_SAMPLED = False
+        rotation.RANGE_SAMPLED = False
         for name, fn in fns.items():
             out = fn(q, k, v).float()
             row[name] = dict(cosine=cosine(out, exact), rel_l1=rel_l1(out, exact))
         rows.append(row)
         print(case, f"rotated {row['rotated_heads']}/{row['heads']}",
               {n: f"{row[n]['cosine']:.5f} / {row[n]['rel_l1']:.4f}" for n in fns}, flush=True)
-    api.ROTATION_DETECT, api.ROTATION_RANGE_SAMPLED = True, False
+    rotation.DETECT, rotation.RANGE_SAMPLED = True, False
     return rows
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
@@ -16,22 +17,24 @@ from typing import Optional
 import torch
 
 from . import attention as attn
-from . import footprint, hopper_gluon, quant, replay, tail_split
-from .arch import FP8_MAX, KernelConfig, arch_for_device, interpreter_enabled, resolve_config
+from . import footprint, hopper_gluon, quant, replay, rotation, tail_split
+from .arch import (
+    FP8_MAX,
+    PV_ACCUM_DTYPES,
+    QK_QUANT_GRANS,
+    KernelConfig,
+    arch_for_device,
+    interpreter_enabled,
+    resolve_config,
+)
 from .build_errors import root_cause
 from .footprint import head_dim_padded
 from .log import logger
+from .rotation import ROTATION_BLOCK, hadamard_block
 
 _FP8_TORCH = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
 # fp16 per-tile accumulation: keep |V| small enough that a tile of BLOCK_N keys sums below 65504.
 _FP16_TILE_V_LIMIT = 256.0
-ROTATION_BLOCK = 128  # channels one Hadamard block mixes (head dims above 128 get two blocks)
-# The rotation only on heads whose keys have outlier channels or tokens (``quant.rotate_head``); False
-# rotates every head (the code before issue 42, for A/B runs: clear ``replay`` after changing it).
-ROTATION_DETECT = True
-# K's range for that choice from the K mean's sample of keys instead of every key (A/B runs: cheaper
-# statistics pass, but an outlier key outside the sample goes unseen).
-ROTATION_RANGE_SAMPLED = False
 INT8_MAX = 127.0  # V's range with INT8 P·V
 INT8_P_MAX = 255.0  # P's largest weight with INT8 P·V (fed to the MMA as P - 128: ``quant.P_OFFSET``)
 _warned: set = set()
@@ -98,8 +101,69 @@ def _check_inputs(q, k, v, layout: str, attn_mask, is_causal: bool) -> None:
         raise ValueError(f"attn_mask is on {attn_mask.device}, q on {q.device}: move it with .to(q.device)")
     if q.device.type == "cpu" and not interpreter_enabled() and _launch_hook is None:
         raise RuntimeError("sageattn runs on CUDA/ROCm GPUs; CPU tensors need TRITON_INTERPRET=1 (tests only)")
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be True or False, got {type(is_causal).__name__} {is_causal!r}")
     if is_causal and attn_mask is not None:
         raise ValueError("attn_mask and is_causal cannot both be set (same rule as torch SDPA)")
+
+
+def _check_scale(sm_scale, head_dim: int) -> float:
+    """``sm_scale`` as a float (None: 1/sqrt(head_dim)). Any finite value of either sign is computed; NaN or
+    ±inf would make every logit non-finite (SDPA's output is NaN then), so they are refused by name."""
+    if sm_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):
+        raise TypeError(f"sm_scale must be a real number or None, got {type(sm_scale).__name__} {sm_scale!r}")
+    value = float(sm_scale)
+    if not math.isfinite(value):
+        raise ValueError(f"sm_scale must be finite, got {value} (None means 1/sqrt(head_dim))")
+    return value
+
+
+# Every KernelConfig field: the values the kernels are built for. Checked once per config object.
+_BLOCK_SIZES = (16, 32, 64, 128, 256)
+_WARPS = (1, 2, 4, 8, 16)
+_PV_KERNEL_PRECISIONS = ("fp16", "fp8", "int8")  # fp8+residual is pv_precision="fp8" with v_residual=True
+_checked_configs: dict = {}
+
+
+def check_config(cfg) -> KernelConfig:
+    """``cfg`` if it is a KernelConfig the kernels can run, else a TypeError/ValueError naming the field
+    and the allowed values (a bad tile size would read uninitialised memory or divide by zero, an
+    unknown name would silently run another variant)."""
+    if _checked_configs.get(id(cfg)) is cfg:
+        return cfg
+    if not isinstance(cfg, KernelConfig):
+        raise TypeError(f"config must be a sagetriton.kernels.KernelConfig (e.g. kernels.resolve_config(...)[0]), "
+                        f"got {type(cfg).__name__}")
+    for name, allowed in (("qk_quant_gran", QK_QUANT_GRANS), ("pv_precision", _PV_KERNEL_PRECISIONS),
+                          ("pv_accum_dtype", PV_ACCUM_DTYPES)):
+        if getattr(cfg, name) not in allowed:
+            raise ValueError(f"config.{name}={getattr(cfg, name)!r} is not one of {allowed}")
+    fp8_formats = tuple(FP8_MAX)
+    if cfg.fp8_format is not None and cfg.fp8_format not in fp8_formats:
+        raise ValueError(f"config.fp8_format={cfg.fp8_format!r} is not one of {fp8_formats} or None")
+    if cfg.pv_precision == "fp8" and cfg.fp8_format is None:
+        raise ValueError(f"config.pv_precision='fp8' needs config.fp8_format, one of {fp8_formats}")
+    for name, allowed in (("block_m", _BLOCK_SIZES), ("block_n", _BLOCK_SIZES), ("num_warps", _WARPS)):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
+            raise ValueError(f"config.{name}={value!r} is not one of {allowed}")
+    if cfg.pv_precision in ("fp8", "int8") and cfg.block_n < quant.KEY_PERM_CHUNK:
+        raise ValueError(f"config.block_n={cfg.block_n} is below {quant.KEY_PERM_CHUNK}, the key chunk of 8-bit P·V")
+    for name, low in (("num_stages", 1), ("max_registers", 0), ("shared_kv_min_len", 0), ("min_seq_len", 0)):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"config.{name}={value!r} must be an integer >= {low}")
+    for name in ("use_tma", "v_residual", "pdl", "qk_rotation"):
+        if not isinstance(getattr(cfg, name), bool):
+            raise TypeError(f"config.{name} must be True or False, got {getattr(cfg, name)!r}")
+    if cfg.v_residual and cfg.pv_precision != "fp8":
+        raise ValueError(f"config.v_residual=True needs pv_precision='fp8', got {cfg.pv_precision!r}")
+    if len(_checked_configs) > 256:  # callers that build a config per call: keep the cache small
+        _checked_configs.clear()
+    _checked_configs[id(cfg)] = cfg
+    return cfg
 
 
 def _as_bhld(t: torch.Tensor, layout: str) -> torch.Tensor:
@@ -149,7 +213,7 @@ def _kv_stats(k, v, k_sum: bool, v_stats: int, d_pad: int, pdl: bool = False, k_
     slots = parts.unbind(0)
     _launch(quant.kv_stats_kernel, (n_parts, B * H), (
         k, *k.stride(), v, *v.stride(), *slots[:4], *(slots[4:] or slots[:2]), H, L, D, per_part, k_stride,
-        k_stride if ROTATION_RANGE_SAMPLED else 1,
+        k_stride if rotation.RANGE_SAMPLED else 1,
     ), dict(BLOCK=block, D_PAD=d_pad, K_SUM=k_sum, V_STATS=v_stats, PDL=pdl,
             INTERPRETER=interpreter_enabled(), K_RANGE=k_range), num_warps=8)
     return parts, n_parts, k_tokens
@@ -159,11 +223,9 @@ _signs: dict = {}
 
 
 def _rotation_signs(d_pad: int, block: int, device) -> torch.Tensor:
-    """``reference.hadamard_block`` times sqrt(block) as fp16 (±1 and 0), made once per device and size."""
+    """``rotation.hadamard_block`` times sqrt(block) as fp16 (±1 and 0), made once per device and size."""
     key = (d_pad, block, device)  # torch.device hashes fast; str(device) cost ~20 µs a call
     if key not in _signs:
-        from .reference import hadamard_block
-
         _signs[key] = (hadamard_block(d_pad, block) * math.sqrt(block)).round().to(torch.float16).to(device)
     return _signs[key]
 
@@ -318,6 +380,7 @@ def attention_forward(q, k, v, layout: str, is_causal: bool, sm_scale: Optional[
     """Run the kernels for an already-resolved config. Returns (out in ``out_layout``, default
     ``layout``; lse or empty). A call with the shapes and options of a recent one replays its launches
     (``replay``): no host work but the output's allocation and the launches."""
+    check_config(cfg)
     return _run([q, k, v], layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v, out_layout,
                 release=False)
 
@@ -337,7 +400,9 @@ def _run(inputs: list, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, 
          release: bool):
     """Replay a recorded call, or work the call out in full (recording it where it may be replayed)."""
     key = None
-    if _launch_hook is None and (not release or replay.worth_recording(*inputs)):
+    # A negative scale quantizes a negated copy of q (``_plan_call``), which a replay would not make.
+    if _launch_hook is None and (not release or replay.worth_recording(*inputs)) and not (
+            isinstance(sm_scale, (int, float)) and sm_scale < 0):
         key = replay.call_key(*inputs, attn_mask, cfg, (layout, out_layout, is_causal, sm_scale, return_lse,
                                                         smooth_k, smooth_v))
     if key is None:
@@ -428,7 +493,10 @@ def _plan_call(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg:
         raise ValueError(f"query heads ({H}) must be a multiple of key/value heads ({H_KV})")
     if LK == 0:
         raise ValueError("key/value sequence is empty")
-    sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
+    sm_scale = _check_scale(sm_scale, D)
+    if sm_scale < 0:
+        # Q·Kᵀ·s = (-Q)·Kᵀ·|s|: the kernels' scales stay positive, as their integer row max needs.
+        qh, sm_scale = -qh, -sm_scale
 
     out = oh = None
     if not defer_out:
@@ -463,7 +531,7 @@ def _quantize(plan: _CallPlan, cfg: KernelConfig, smooth_k: bool, smooth_v: bool
     q_group, k_group = cfg.group_sizes()
     rotate = min(d_pad, ROTATION_BLOCK) if cfg.qk_rotation else 0
     v_stats = _v_stats_needed(cfg, smooth_v)
-    detect = bool(rotate) and ROTATION_DETECT
+    detect = bool(rotate) and rotation.DETECT
     parts, n_parts, k_tokens = _kv_stats(kh, vh, smooth_k, v_stats, d_pad, pdl, k_range=detect)
     stats = final = None
     if parts is not None:
@@ -706,12 +774,11 @@ def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: s
         cfg = _resolved_config(arch_for_device(q.device), q.shape[-1], qk_quant_gran, pv_precision, pv_accum_dtype,
                                qk_rotation)
     elif qk_quant_gran is None and pv_precision is None and pv_accum_dtype is None and qk_rotation is None:
-        cfg = config
+        cfg = check_config(config)
     else:
         raise ValueError("pass either config or qk_quant_gran / pv_precision / pv_accum_dtype / qk_rotation, "
                          "not both")
-    if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(q.shape[-1])
+    sm_scale = _check_scale(sm_scale, q.shape[-1])
     # The custom op is what torch.compile traces (and what refuses autograd); plain eager calls skip
     # its dispatcher layers, host time that short sequences pay on every call.
     if torch.compiler.is_compiling() or q.requires_grad or k.requires_grad or v.requires_grad:

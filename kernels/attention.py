@@ -21,6 +21,12 @@ PV_16BIT_TILE = 1  # fp16 MMA accumulation per tile, added into the fp32 accumul
 PV_FP8 = 2  # P and V in fp8, a fresh accumulator per tile added into fp32 (two-level)
 PV_INT8 = 3  # P in 0..255 per row and tile, V in ±127 per channel, an exact int32 sum per tile
 INT8_SHIFT_FLOOR = tl.constexpr(20.0)  # base-2 logits below the running max where INT8 P stops following a tile
+# The hot loop's one-FMA logits round at ~2^-24 of their size. Below this (base 2) INT8 P's margin keeps
+# its largest weight within 142..255 and 16-bit P exact; fp8 P (448 at most) allows 2^18. A row whose max
+# reaches it is made NaN (``attention_kernel``). Real models stay far below (2^18 base 2 = 180,000 nats).
+HOT_LOGIT_LIMIT = tl.constexpr(2097152.0)
+HOT_LOGIT_LIMIT_FP8 = tl.constexpr(262144.0)
+P_SLACK = tl.constexpr(0.0028)  # log2(255.5 / 255): how far above 2^P_LOG2 the largest P may round
 
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
 
@@ -56,9 +62,24 @@ def int8_p_shift(t_max, m_use):
     """INT8 P's shift: this tile's own row max, so its largest weight rounds to 2^P_LOG2 (255), but
     within 2^-INT8_SHIFT_FLOOR of the running max m_use, where a tile's weights round to 0 anyway, so
     the sums cannot overflow. Raised by a few ulps of the logits' size, which their rounding can
-    reach: that largest weight never rounds to 256, which int8 would wrap to -128."""
-    shift = tl.maximum(t_max, m_use - INT8_SHIFT_FLOOR)
+    reach: that largest weight never rounds to 256, which int8 would wrap to -128. Rows whose logits
+    reach ``HOT_LOGIT_LIMIT`` (margin 0.84) are made NaN after the loop, see ``attention_kernel``.
+    NaN-propagating, so a NaN logit turns its row NaN (INT8 P would round NaN to a number)."""
+    shift = tl.maximum(t_max, m_use - INT8_SHIFT_FLOOR, propagate_nan=tl.PropagateNan.ALL)
     return shift + tl.abs(shift) * 4.0e-7
+
+
+@triton.jit
+def exact_p_base(target, P_LOG2: tl.constexpr):
+    """P's base for materialized logits x (P = 2^(x - base)): target - P_LOG2, one float step higher
+    where rounding put it lower by more than P's slack, so a logit at ``target`` gives P <= 255.5
+    (INT8), <= 463 (fp8 e4m3fn) at any magnitude. Where the logits' float spacing exceeds 2^P_LOG2
+    (|target| >= 2^26: -finfo.max masks, huge q, k) the base is ``target`` itself: P = 1, never 0."""
+    if P_LOG2 == 0:
+        return target
+    c = target - P_LOG2
+    # c + |c|·(2^-24 + a little) rounds to the next float above c: half an ulp and a bit more.
+    return tl.where(target - c > P_LOG2 + P_SLACK, c + tl.abs(c) * 6.0e-8, c)
 
 
 @triton.jit
@@ -101,21 +122,42 @@ def _attn_tile(
         x = _masked_logits(x, offs_m, offs_n, mask_base, stride_mm, stride_mn, LQ, LK, BOUNDARY, IS_CAUSAL,
                            MASK_KIND)
         t_max = tl.max(x, 1)
+    if PV_MODE == 3 and not K_SCALAR:
+        # Per-token K scales: a NaN key's logits are NaN only in its column, which the row max skips and
+        # INT8 P rounds to a number. Its scale (NaN for a NaN/Inf key) poisons the row instead, as SDPA.
+        t_max += tl.sum(ks, 0) * 0.0
     m_new = tl.maximum(m_i, t_max)
-    # A row masked so far has max -inf: shift by 0 instead, so exp2 gives 0 rather than NaN.
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    if PV_MODE == 3:
-        # The sums are kept in units of INT8 P's own shift (alpha moves them from the last tile's): one
-        # FMA per output element.
-        shift = int8_p_shift(t_max, m_use)
-        alpha = tl.math.exp2(sh_i - shift)
+    # P = 2^(logit - base). 16-bit and fp8 P: base = the running max less P_LOG2, the sums kept in units
+    # of 2^(m_i - P_LOG2). INT8 P: its own per-tile shift, the sums kept in units of 2^sh_i (alpha moves
+    # them from the last tile's). One FMA per output element either way.
+    if K_SCALAR and MASK_KIND == 0:
+        # The hot loop, and the last key tile of the same unmasked per_warp/per_block call: rows past
+        # the hot loop's limit are made NaN after the loops, so its margin is enough here (the exact base
+        # below, in this kernel, spilled 3 registers on sm90 with INT8 P·V).
+        # A row masked so far has max -inf: shift by 0 instead, so exp2 gives 0 rather than NaN.
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        if PV_MODE == 3:
+            base = int8_p_shift(t_max, m_use) - P_LOG2
+            alpha = tl.math.exp2(sh_i - base)
+        else:
+            base = m_use - P_LOG2
+            alpha = tl.math.exp2(m_i - m_use)
+        if hot:
+            p = tl.math.exp2(s.to(tl.float32) * row_scale[:, None] - base[:, None])
+        else:
+            p = tl.math.exp2(x - base[:, None])
     else:
-        shift = m_use
-        alpha = tl.math.exp2(m_i - m_use)
-    if hot:
-        p = tl.math.exp2(s.to(tl.float32) * row_scale[:, None] - (shift - P_LOG2)[:, None])
-    else:
-        p = tl.math.exp2(x - (shift - P_LOG2)[:, None])
+        # Nothing live yet (max -inf): a base below every finite logit (the masks' are >= -2.9e38), so P
+        # is 0 and a later tile's alpha scales these zero sums by 0, never by 2^(huge) (0 * inf: NaN).
+        m_use = tl.where(m_new == float("-inf"), -3.0e38, m_new)
+        if PV_MODE == 3:
+            base = exact_p_base(tl.maximum(t_max, m_use - INT8_SHIFT_FLOOR, propagate_nan=tl.PropagateNan.ALL),
+                                P_LOG2)
+            alpha = tl.math.exp2(sh_i - base)
+        else:
+            base = exact_p_base(m_use, P_LOG2)
+            alpha = tl.math.exp2(m_i - m_use)
+        p = tl.math.exp2(x - base[:, None])
 
     if PV_MODE == 3:
         p8 = round_p_offset_int8(p)  # P - 128
@@ -150,7 +192,9 @@ def _attn_tile(
     else:
         pv = tl.dot(mma_operand_order(p8, BLOCK_N), v)  # int32, exact: (P - 128)·V
         acc += (pv + tl.load(tb_base + (start_n // BLOCK_N) * D_PAD + offs_d)[None, :]).to(tl.float32)
-    return acc, l_i, m_new, shift
+    if PV_MODE == 3:
+        sh_i = base
+    return acc, l_i, m_new, sh_i
 
 
 @triton.jit
@@ -182,8 +226,9 @@ def _load_v(v_desc, v_ptrs, bhk, row0, start_n, offs_n, offs_d, LK, D, BLOCK_N: 
 @triton.jit
 def finish_rows(acc, l_sum, VScale, VMean, bhk, offs_d, D, HAS_VSCALE: tl.constexpr, HAS_VMEAN: tl.constexpr):
     """Output rows from the P·V sums and row sums: normalized, then V's per-channel scale and mean
-    restored. A row with no live key (fully masked) has l_sum == 0: SDPA returns 0 there, and so do we."""
-    live = l_sum > 0
+    restored. A row with no live key (fully masked) has l_sum == 0: SDPA returns 0 there, and so do we.
+    A NaN l_sum (a NaN logit) counts as live, so the row comes out NaN whatever P·V's sums held."""
+    live = l_sum != 0
     out = acc / tl.where(live, l_sum, 1.0)[:, None]
     d_ok = offs_d < D
     if HAS_VSCALE:
@@ -232,7 +277,7 @@ def attention_kernel(
     mask_base = Mask + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    sh_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # INT8 P·V: the shift the sums are in units of
+    sh_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # INT8 P·V: the base the sums are in units of
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
 
@@ -255,6 +300,14 @@ def attention_kernel(
             BLOCK_N, D_PAD, True, IS_CAUSAL, MASK_KIND, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
             K_TMA, V_TMA, V_T, V_RES)
 
+    if K_SCALAR and MASK_KIND == 0:
+        # The first loop is the hot one (logits from the integer row max, one FMA each): its rounding
+        # margin holds below HOT_LOGIT_LIMIT. A row whose max got there (huge q and k) is made NaN, never
+        # a silent 0 or a wrapped weight: the nodes' non-finite guard then runs SDPA for the call. A
+        # check per row and program, nothing per tile (working such rows out again from materialized
+        # logits spilled registers on sm90/sm120 whether it ran or not).
+        limit: tl.constexpr = HOT_LOGIT_LIMIT_FP8 if PV_MODE == 2 else HOT_LOGIT_LIMIT
+        l_i = tl.where((tl.abs(m_i) >= limit) & (m_i > float("-inf")), float("nan"), l_i)
     out = finish_rows(acc, l_i, VScale, VMean, bhk, offs_d, D, HAS_VSCALE, HAS_VMEAN)
     d_ok = offs_d < D
     o_ptrs = (Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
@@ -262,11 +315,10 @@ def attention_kernel(
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
 
     if RETURN_LSE:
-        live = l_i > 0  # a fully masked row: LSE -inf, as SDPA
-        # l_i is in units of 2^(shift - P_LOG2): the running max, or INT8 P·V's last shift.
-        shift = sh_i if PV_MODE == 3 else m_i
-        lse = tl.where(live, (shift + tl.math.log2(tl.where(live, l_i, 1.0)) - P_LOG2) * 0.6931471805599453,
-                       float("-inf"))
+        live = l_i != 0  # a fully masked row: LSE -inf, as SDPA (NaN stays NaN)
+        # l_i is in units of 2^(m_i - P_LOG2), or 2^sh_i with INT8 P·V (``_attn_tile``).
+        unit = sh_i if PV_MODE == 3 else m_i - P_LOG2
+        lse = tl.where(live, (unit + tl.math.log2(tl.where(live, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
         if HAS_QBIAS:
             lse += tl.load(QBias + bh.to(tl.int64) * LQ + offs_m, mask=m_ok, other=0.0)
         tl.store(Lse + bh.to(tl.int64) * LQ + offs_m, lse, mask=m_ok)

@@ -30,7 +30,7 @@ and the portable kernel runs.
 """
 from __future__ import annotations
 
-from .attention import finish_rows, int8_p_shift  # Triton functions: Gluon inlines them like its own
+from .attention import HOT_LOGIT_LIMIT, finish_rows, int8_p_shift  # Triton functions: Gluon inlines them
 from .quant import P_OFFSET, mma_operand_order, round_p_offset_int8
 from .tail_split import merge_rows
 
@@ -252,6 +252,9 @@ if AVAILABLE:
                                                      STAGES, True, p_layout, V_RES, C == 0)
 
         l_i = gl.convert_layout(gl.max(l_acc, axis=1), row_o)  # every column holds the row sum
+        if v_smem.dtype == gl.int8:  # INT8 P's shift margin holds below HOT_LOGIT_LIMIT: NaN beyond, for the guard
+            l_i = gl.where(gl.convert_layout((gl.abs(m_i) >= HOT_LOGIT_LIMIT) & (m_i > float("-inf")), row_o),
+                           float("nan"), l_i)
         out = finish_rows(acc, l_i, VScale, VMean, bhk, gl.arange(0, D_PAD, layout=col_o), D, HAS_VSCALE,
                           HAS_VMEAN).to(Out.dtype.element_ty)
         if SPLIT or not V_RES:

@@ -333,7 +333,9 @@ def _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L, k_t
         if V_POW2:  # powers of two keep the scaling exact in fp16
             scale = tl.exp2(tl.ceil(tl.log2(tl.maximum(amax / V_RANGE, 1.0))))
         else:
-            scale = tl.where(amax > 0, amax / V_RANGE, 1.0)
+            # A NaN max keeps its NaN: INT8 V would clamp NaN to a number, and the epilogue's scale is
+            # then what turns that channel NaN in every row, as SDPA.
+            scale = tl.where(amax > 0, amax / V_RANGE, tl.where(amax == amax, 1.0, amax))
         tl.store(dst + final_slot, scale, mask=d_ok)
 
 

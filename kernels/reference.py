@@ -12,8 +12,12 @@ from typing import Optional
 
 import torch
 
-from . import quant
+from . import quant, rotation
 from .arch import FP8_MAX, KernelConfig
+from .footprint import head_dim_padded
+from .rotation import ROTATION_BLOCK, hadamard_block
+
+__all__ = ["cosine", "rel_l1", "exact_attention", "quantized_reference", "hadamard_block", "k_mean"]
 
 _FP8 = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
 INT8_SHIFT_FLOOR = 20.0  # attention.INT8_SHIFT_FLOOR
@@ -44,26 +48,17 @@ def _quantize_groups(x: torch.Tensor, group: int):
     B, H, L, D = x.shape
     pad = (-L) % group
     xp = torch.nn.functional.pad(x, (0, 0, 0, pad))
-    amax = xp.abs().amax(dim=-1).reshape(B, H, -1, group).amax(dim=-1)
+    # As the kernels: a token holding NaN/Inf gets a NaN scale and is left out of its group's max.
+    row_max = xp.abs().amax(dim=-1)
+    bad = ~torch.isfinite(row_max)
+    amax = torch.where(bad, 0.0, row_max).reshape(B, H, -1, group).amax(dim=-1)
     scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
-    scale = scale.repeat_interleave(group, dim=-1)[..., :L]
+    scale = scale.repeat_interleave(group, dim=-1)
+    scale = torch.where(bad, float("nan"), scale)[..., :L]
     # Multiplied by 1/scale as the kernel does: dividing rounds near-ties differently (a whole INT8
     # step, which can move a row's LSE by a few 1e-2 nats when it hits the row's largest logit).
     xi = torch.clamp(torch.round(x * (1.0 / scale[..., None])), -127, 127)
     return xi, scale
-
-
-def hadamard_block(d_pad: int, block: int, dtype=torch.float64) -> torch.Tensor:
-    """The kernels' rotation: block-diagonal Sylvester Hadamard, ``block`` (a power of two) per block, entries
-    ±1/sqrt(block) (entry (i, j): the parity of the bits i and j share). Orthogonal, so Q·Kᵀ is unchanged when
-    both are multiplied by it, while one large channel is spread over the block before INT8 rounding."""
-    i = torch.arange(d_pad)
-    shared = (i[:, None] & i[None, :] & (block - 1))
-    parity = torch.zeros_like(shared)
-    for bit in range(max(block.bit_length() - 1, 0)):
-        parity ^= (shared >> bit) & 1
-    same_block = (i[:, None] // block) == (i[None, :] // block)
-    return torch.where(same_block, (1.0 - 2.0 * parity.to(dtype)) / math.sqrt(block), 0.0).to(dtype)
 
 
 def _rotated(x: torch.Tensor, block: int) -> torch.Tensor:
@@ -83,7 +78,13 @@ def mask_to_additive(attn_mask: Optional[torch.Tensor], dtype=torch.float64) -> 
 
 
 def exact_attention(q, k, v, layout="HND", is_causal=False, sm_scale=None, attn_mask=None):
-    """fp64 SDPA math. Returns (out in the input layout, lse (B, H, Lq))."""
+    """fp64 SDPA math (``torch.nn.functional.scaled_dot_product_attention`` in float64 gives the same
+    numbers). Returns (out in the input layout, lse (B, H, Lq)).
+
+    Softmax as SDPA takes it: the row max subtracted, then normalized by the sum, so a row masked
+    everywhere with -finfo.max (the mask swallows the logits even in float64) averages V. A row with
+    no live key at all (-inf everywhere, or a boolean mask all False) is 0, the pack's convention
+    (torch's math SDPA gives 0 there too; some fused SDPA kernels give NaN)."""
     qh, kh, vh = (to_bhld(t, layout).double() for t in (q, k, v))
     H = qh.shape[1]
     kh, vh = _expand_kv(kh, H), _expand_kv(vh, H)
@@ -95,28 +96,33 @@ def exact_attention(q, k, v, layout="HND", is_causal=False, sm_scale=None, attn_
     add = mask_to_additive(attn_mask)
     if add is not None:
         s = s + add
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
-    out = p @ vh  # fully masked rows: p is all zero, out is 0 (torch SDPA's convention)
+    m = s.amax(dim=-1, keepdim=True)
+    dead = torch.isneginf(m)
+    p = torch.exp(s - torch.where(dead, 0.0, m))
+    total = p.sum(dim=-1, keepdim=True)
+    out = torch.where(dead, 0.0, (p @ vh) / torch.where(dead, 1.0, total))
+    lse = torch.where(dead[..., 0], float("-inf"), m[..., 0] + torch.log(torch.where(dead, 1.0, total))[..., 0])
     return to_bhld(out, layout), lse
 
 
 def rotated_heads(kh: torch.Tensor) -> torch.Tensor:
     """``quant.rotate_head`` per (batch, key head), (B, H_KV) bool: K's widest channel (max - min over
-    every key, or the K mean's sample with ``api.ROTATION_RANGE_SAMPLED``) against ``quant.ROTATE_RATIO``
+    every key, or the K mean's sample with ``rotation.RANGE_SAMPLED``) against ``quant.ROTATE_RATIO``
     times the mean width."""
-    from . import api
-
-    if api.ROTATION_RANGE_SAMPLED:
+    if rotation.RANGE_SAMPLED:
         kh = kh[:, :, _k_sample(kh)]
     width = kh.amax(dim=2) - kh.amin(dim=2)
     return width.amax(dim=-1) > quant.ROTATE_RATIO.value * (width.sum(dim=-1) / kh.shape[-1])
 
 
+def kernel_mask(add: torch.Tensor) -> torch.Tensor:
+    """An additive mask as the kernel applies it in base 2: finite values clamped to -2e38 first, so
+    -finfo.max times log2(e) stays finite (a row masked so everywhere averages V, as in SDPA); -inf stays."""
+    return torch.where(torch.isneginf(add), add, add.clamp_min(-2.0e38)) * math.log2(math.e)
+
+
 def _k_sample(kh: torch.Tensor) -> torch.Tensor:
     """Which keys the statistics pass samples for K's mean (``quant.k_mean_sample``), as a bool mask."""
-    from .api import head_dim_padded
-
     L, d_pad = kh.shape[2], head_dim_padded(kh.shape[3])
     stride, tokens = quant.k_mean_sample(L, d_pad)
     keep = (torch.arange(L, device=kh.device) // quant.stats_block(d_pad)) % stride == 0
@@ -139,11 +145,12 @@ def _int8_pv(s2: torch.Tensor, m: torch.Tensor, vc: torch.Tensor, tile: int, hea
     st = torch.nn.functional.pad(s2, (0, pad), value=float("-inf")).reshape(B, H, LQ, -1, tile)
     t_max = st.amax(dim=-1, keepdim=True)
     # Not below the running max by more than INT8_SHIFT_FLOOR (a masked tile: -inf), as the kernels.
-    running = torch.cummax(torch.nan_to_num(t_max, neginf=-1e30), dim=3).values
-    running = torch.where(running <= -1e30, 0.0, running)
+    running = torch.cummax(t_max, dim=3).values
+    running = torch.where(torch.isneginf(running), 0.0, running)
     shift = torch.maximum(t_max, running - INT8_SHIFT_FLOOR)
     p_int = torch.round(torch.exp2(st - shift) * 255.0)
-    weight = torch.exp2(shift - m[..., None]) / 255.0  # the tile's rescale to the row max
+    # The tile's rescale to the row max; a tile with no live key weighs 0 (its shift may sit far above m).
+    weight = torch.where(torch.isneginf(t_max), 0.0, torch.exp2(shift - m[..., None])) / 255.0
     amax = vc.abs().amax(dim=2, keepdim=True)
     vs = torch.where(amax > 0, amax / 127.0, 1.0)
     v_int = torch.nn.functional.pad(torch.clamp(torch.round(vc / vs), -127, 127), (0, 0, 0, pad))
@@ -164,11 +171,9 @@ def quantized_reference(q, k, v, cfg: KernelConfig, layout="HND", is_causal=Fals
     km = k_mean(kh) if smooth_k else torch.zeros_like(kh[:, :, :1])
     qr, kr = qh, kh - km
     if cfg.qk_rotation:
-        from .api import ROTATION_BLOCK, ROTATION_DETECT, head_dim_padded
-
         d_pad = head_dim_padded(D)
         rq, rk = (_rotated(torch.nn.functional.pad(t, (0, d_pad - D)), min(d_pad, ROTATION_BLOCK)) for t in (qr, kr))
-        if ROTATION_DETECT:  # only the heads ``quant.rotate_head`` picks, the others padded as they were
+        if rotation.DETECT:  # only the heads ``quant.rotate_head`` picks, the others padded as they were
             pick = rotated_heads(kh)[:, :, None, None]
             rq = torch.where(_expand_kv(pick, H), rq, torch.nn.functional.pad(qr, (0, d_pad - D)))
             rk = torch.where(pick, rk, torch.nn.functional.pad(kr, (0, d_pad - D)))
@@ -183,7 +188,7 @@ def quantized_reference(q, k, v, cfg: KernelConfig, layout="HND", is_causal=Fals
         s2 = s2.masked_fill(~keep, float("-inf"))
     add = mask_to_additive(attn_mask, torch.float32)
     if add is not None:
-        s2 = s2 + add * math.log2(math.e)
+        s2 = s2 + kernel_mask(add)
     m = s2.amax(dim=-1, keepdim=True)
     m = torch.where(torch.isinf(m), 0.0, m)
     p = torch.exp2(s2 - m)
@@ -203,7 +208,7 @@ def quantized_reference(q, k, v, cfg: KernelConfig, layout="HND", is_causal=Fals
     else:
         pv_dtype = torch.float16 if q.dtype == torch.float16 or cfg.pv_accum_dtype != "fp32" else torch.bfloat16
         pv = p.to(pv_dtype).float() @ _expand_kv(vc.to(pv_dtype).float(), H)
-    live = row_sum > 0
+    live = row_sum != 0  # 0: no live key (out 0, as SDPA); NaN stays NaN
     out = torch.where(live, pv / torch.where(live, row_sum, 1.0) + _expand_kv(vmean, H), 0.0)
     lse = torch.where(live[..., 0], (m[..., 0] + torch.log2(row_sum[..., 0])) * math.log(2), float("-inf"))
     if smooth_k:

@@ -12,7 +12,7 @@ import weakref
 import pytest
 import torch
 from sagetriton.installer import crosscompile
-from sagetriton.kernels import api, footprint, hopper_gluon, quant
+from sagetriton.kernels import api, footprint, hopper_gluon, quant, rotation
 from sagetriton.kernels.arch import default_config, resolve_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -104,7 +104,7 @@ def test_a_call_allocates_its_output_its_quantized_copies_and_per_head_statistic
     peak, out_bytes, launches, allocations = _peak_of_call(monkeypatch, cfg, B, H, H_KV, L, D, layout)
     assert set(launches) & {"attention_kernel", "shared_kv_attention_kernel", "shared_kv_split_kernel"} == kernels
     copies = footprint.quantized_copy_bytes(B, H, H_KV, L, L, D, v_residual=cfg.v_residual)
-    allowed = _statistics_bytes(B, H_KV, D, cfg.qk_rotation and api.ROTATION_DETECT)
+    allowed = _statistics_bytes(B, H_KV, D, cfg.qk_rotation and rotation.DETECT)
     if "shared_kv_split_kernel" in kernels:
         allowed += footprint.max_split_workspace_bytes(api.sm_count(torch.device("meta")), 3 * hopper_gluon.ROWS,
                                                        hopper_gluon.CONSUMERS)

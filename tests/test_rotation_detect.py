@@ -41,12 +41,12 @@ def test_only_heads_with_outliers_are_rotated(monkeypatch, outlier):
     assert ref.rotated_heads(k.float()).tolist() == [[True, False]]
     detected, lse, cfg = run(q, k, v, rotation=True)
     unrotated, _, _ = run(q, k, v, rotation=False)
-    monkeypatch.setattr(kernels.api, "ROTATION_DETECT", False)
+    monkeypatch.setattr(kernels.rotation, "DETECT", False)
     every_head, _, _ = run(q, k, v, rotation=True)
     # The same bits as the unrotated call on the smooth heads, as rotating every head on the outlier ones.
     assert torch.equal(detected[:, 2:], unrotated[:, 2:]) and not torch.equal(every_head[:, 2:], unrotated[:, 2:])
     assert torch.equal(detected[:, :2], every_head[:, :2])
-    monkeypatch.setattr(kernels.api, "ROTATION_DETECT", True)
+    monkeypatch.setattr(kernels.rotation, "DETECT", True)
     qref, qref_lse = ref.quantized_reference(q, k, v, cfg)
     assert cosine(detected, qref) >= 0.9999 and (lse - qref_lse).abs().max() < 3e-2
     assert cosine(detected[:, :2], ref.exact_attention(q, k, v)[0][:, :2]) >= 0.9995
