@@ -4,13 +4,16 @@ Run under the staged Triton 3.9 (``../shared/tools/stage-triton``). It times the
 (fp8 P·V, the Gluon kernel) at 2x24x8192, 1x24x16384 and 1x12x32768 (hd128, bf16) with the Gluon
 kernels built two ways, interleaved over several rounds (medians), and checks their outputs agree:
 
-  A  3.9 as shipped: its PTX assembled by ``ptxas-blackwell`` (CUDA 13.x), which 3.9 uses for sm90;
-  B  the same PTX assembled by a CUDA 12.x ``ptxas`` (by default the one of the machine's own
-     Triton 3.6 install, found on sys.path behind the staged folder; ``--old-ptxas`` to name one).
+  A  3.9 as shipped: its PTX assembled by ``ptxas-blackwell`` (CUDA 13.x), which 3.9 uses for sm90
+     (the pack before ``triton_compat.sm90_ptxas_scope``);
+  B  the same PTX assembled by a CUDA 12.x ``ptxas``, through ``triton_compat.sm90_ptxas_scope`` (what
+     the pack now does where the 3.9 wheel ships its CUDA 12.9 ``ptxas``; the staged copy has none, so
+     by default the machine's own Triton 3.6 ptxas, found on sys.path behind the staged folder;
+     ``--old-ptxas`` to name one).
 
 Everything else (the quantization kernels, the launches, the PTX itself) is the same in A and B:
-the Gluon kernels of B are a second ``gluon.jit`` of the same functions, compiled while
-``TRITON_PTXAS_BLACKWELL_PATH`` names the older ptxas (Triton's cached ptxas version and LLVM
+the Gluon kernels of B are a second ``gluon.jit`` of the same functions, compiled inside that scope
+(``TRITON_PTXAS_BLACKWELL_PATH`` names the older ptxas; Triton's cached ptxas version and LLVM
 features are reset around it, so B's PTX is written for that ptxas's PTX version).
 bench/NOTES.md ("Triton 3.9: why the Gluon kernel is slower") says what each outcome means.
 
@@ -24,7 +27,7 @@ import itertools
 import os
 import statistics
 import sys
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 
 from common import import_pack
 
@@ -32,7 +35,7 @@ import_pack()
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.testing  # noqa: E402
-from sagetriton.kernels import api, hopper_gluon  # noqa: E402
+from sagetriton.kernels import api, hopper_gluon, triton_compat  # noqa: E402
 from sagetriton.kernels.arch import default_config, detect_arch  # noqa: E402
 from triton.experimental import gluon  # noqa: E402
 
@@ -56,30 +59,6 @@ def find_old_ptxas() -> str | None:
                 return path
     mine = os.path.join(here, "backends", "nvidia", "bin", "ptxas")  # a full 3.9 wheel ships CUDA 12.9's too
     return mine if os.path.isfile(mine) and tool_version(mine).startswith("12.") else None
-
-
-@contextmanager
-def sm90_ptxas(path: str):
-    """Compiles inside use ``path`` for sm90 (Triton 3.9 takes the ptxas-blackwell knob there)."""
-    from triton.backends.nvidia import compiler as nv
-
-    def reset():  # cached per arch / options: the PTX version and the backend's hash follow the ptxas
-        for name in ("get_ptxas_version", "get_features"):
-            fn = getattr(nv, name, None)
-            if hasattr(fn, "cache_clear"):
-                fn.cache_clear()
-
-    before = os.environ.get("TRITON_PTXAS_BLACKWELL_PATH")
-    os.environ["TRITON_PTXAS_BLACKWELL_PATH"] = path
-    reset()
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("TRITON_PTXAS_BLACKWELL_PATH", None)
-        else:
-            os.environ["TRITON_PTXAS_BLACKWELL_PATH"] = before
-        reset()
 
 
 def compiled_facts(jit_fn) -> list:
@@ -113,6 +92,7 @@ def main(argv=None) -> int:
         print("no CUDA 12 ptxas found: name one with --old-ptxas")
         return 2
 
+    triton_compat._sm90_ptxas[:] = [None]  # A: as 3.9 builds it; B: the older ptxas named here, explicitly
     cfg = default_config(detect_arch(torch.device("cuda")), 128)
     originals = (hopper_gluon.shared_kv_attention_kernel, hopper_gluon.shared_kv_split_kernel)
     twins = {k: gluon.jit(k.fn) for k in originals}
@@ -134,7 +114,7 @@ def main(argv=None) -> int:
     outs = {}
     for variant in ("A", "B"):  # compile (B with the older ptxas) and keep one output per shape
         state["variant"] = variant
-        with sm90_ptxas(old) if variant == "B" else nullcontext():
+        with triton_compat.sm90_ptxas_scope(old) if variant == "B" else nullcontext():
             for s in SHAPES:
                 outs[variant, s] = call(*data[s][0]).clone()
         torch.cuda.synchronize()
