@@ -15,7 +15,10 @@ Everything else (the quantization kernels, the launches, the PTX itself) is the 
 the Gluon kernels of B are a second ``gluon.jit`` of the same functions, compiled inside that scope
 (``TRITON_PTXAS_BLACKWELL_PATH`` names the older ptxas; Triton's cached ptxas version and LLVM
 features are reset around it, so B's PTX is written for that ptxas's PTX version).
-bench/NOTES.md ("Triton 3.9: why the Gluon kernel is slower") says what each outcome means.
+Each row also has the device time per call of the Gluon whole kernel, its split (tail) kernel and
+the rest (torch.profiler). Under Triton 3.6 (no staging) the script runs A alone: the baseline in
+the same format, so the two runs show which kernel lost the time. bench/NOTES.md ("Triton 3.9: why
+the Gluon kernel is slower") says what each outcome means.
 
     python bench/gluon39_ab.py [--rounds 7] [--old-ptxas PATH]
 """
@@ -62,13 +65,18 @@ def find_old_ptxas() -> str | None:
 
 
 def compiled_facts(jit_fn) -> list:
+    """Registers, spills and PTX version of what ``jit_fn`` compiled (a report: empty where Triton's
+    caches look otherwise)."""
     out = []
-    for cache in jit_fn.device_caches.values():
-        for ck in cache[0].values():
-            ck._init_handles()
-            ptx = ck.asm.get("ptx", "")
-            ver = ptx[ptx.find(".version"):].split("\n", 1)[0] if ".version" in ptx else "?"
-            out.append(f"{jit_fn.fn.__name__}: {ck.n_regs} regs, {ck.n_spills} spilled, {ver}")
+    try:
+        for cache in jit_fn.device_caches.values():
+            for ck in cache[0].values():
+                ck._init_handles()
+                ptx = ck.asm.get("ptx", "")
+                ver = ptx[ptx.find(".version"):].split("\n", 1)[0] if ".version" in ptx else "?"
+                out.append(f"{jit_fn.fn.__name__}: {ck.n_regs} regs, {ck.n_spills} spilled, {ver}")
+    except Exception as e:  # noqa: BLE001 - facts only
+        out.append(f"{jit_fn.fn.__name__}: ({type(e).__name__}: {e})")
     return out
 
 
@@ -77,22 +85,58 @@ def timed(call, sets) -> float:
     return triton.testing.do_bench(lambda: call(*next(turns)), warmup=25, rep=150, return_mode="median")
 
 
+def sm90_tool_version() -> str:
+    """Version of the ptxas this Triton assembles sm90 with."""
+    from triton.backends.nvidia import compiler
+
+    try:
+        return compiler.get_ptxas(90).version
+    except TypeError:  # a Triton whose get_ptxas takes no arch: one ptxas for every target
+        return compiler.get_ptxas().version
+
+
+def kernel_times(call, q, k, v, n: int = 10) -> dict:
+    """Device µs per call: the Gluon whole kernel, its split (tail) kernel, everything else (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        call(q, k, v)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            call(q, k, v)
+        torch.cuda.synchronize()
+    out = {"whole": 0.0, "split": 0.0, "other": 0.0}
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0) or 0
+        part = ("whole" if "shared_kv_attention" in e.key else "split" if "shared_kv_split" in e.key
+                else "other")
+        out[part] += t / n
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--old-ptxas", default=None, help="a CUDA 12.x ptxas (default: the machine's Triton's)")
     a = ap.parse_args(argv)
     assert torch.cuda.is_available(), "needs the GPU"
-    old = a.old_ptxas or find_old_ptxas()
-    new = triton.knobs.nvidia.ptxas_blackwell.path
-    print(f"triton {triton.__version__} ({os.path.dirname(triton.__file__)}); fp fusion default "
-          f"{os.environ.get('TRITON_DEFAULT_FP_FUSION')}")
-    print(f"A: ptxas {tool_version(new)} {new}\nB: ptxas {tool_version(old) if old else '-'} {old}")
-    if not old:
-        print("no CUDA 12 ptxas found: name one with --old-ptxas")
-        return 2
+    sm90 = sm90_tool_version()
+    print(f"triton {triton.__version__} ({os.path.dirname(triton.__file__)}), sm90 ptxas {sm90}; "
+          f"TRITON_DEFAULT_FP_FUSION={os.environ.get('TRITON_DEFAULT_FP_FUSION')}")
+    variants = "A"
+    old = None
+    if not sm90.startswith("12."):  # Triton 3.9: B is the same PTX through a CUDA 12 ptxas
+        old = a.old_ptxas or find_old_ptxas()
+        if not old:
+            print("no CUDA 12 ptxas found: name one with --old-ptxas")
+            return 2
+        variants = "AB"
+        print(f"B: ptxas {tool_version(old)} {old}")
+    else:  # 3.6-3.8 assemble sm90 with a CUDA 12 ptxas already: A alone, the baseline in the same format
+        print("this Triton assembles sm90 with a CUDA 12 ptxas: A only (the baseline)")
 
-    triton_compat._sm90_ptxas[:] = [None]  # A: as 3.9 builds it; B: the older ptxas named here, explicitly
+    triton_compat._sm90_ptxas[:] = [None]  # A: as this Triton builds it; B: the ptxas named here, explicitly
     cfg = default_config(detect_arch(torch.device("cuda")), 128)
     originals = (hopper_gluon.shared_kv_attention_kernel, hopper_gluon.shared_kv_split_kernel)
     twins = {k: gluon.jit(k.fn) for k in originals}
@@ -112,7 +156,7 @@ def main(argv=None) -> int:
         return api.attention_forward(q, k, v, "HND", False, None, None, False, cfg, True, False)[0]
 
     outs = {}
-    for variant in ("A", "B"):  # compile (B with the older ptxas) and keep one output per shape
+    for variant in variants:  # compile (B with the older ptxas) and keep one output per shape
         state["variant"] = variant
         with triton_compat.sm90_ptxas_scope(old) if variant == "B" else nullcontext():
             for s in SHAPES:
@@ -121,27 +165,33 @@ def main(argv=None) -> int:
     used = [k for k in originals if k in state["ran"]] + [twins[k] for k in originals if twins[k] in state["ran"]]
     for line in (f for k in used for f in compiled_facts(k)):
         print("  ", line)
-    assert all(twins[k] in state["ran"] for k in originals if k in state["ran"]), "B did not run the twins"
+    assert any(k in state["ran"] for k in originals), "the Gluon kernel did not run"
+    assert "B" not in variants or all(twins[k] in state["ran"] for k in originals if k in state["ran"])
 
-    times = {(v, s): [] for v in "AB" for s in SHAPES}
+    times = {(v, s): [] for v in variants for s in SHAPES}
     for r in range(a.rounds):
         for s in SHAPES:
-            for variant in ("AB" if r % 2 == 0 else "BA"):
+            for variant in (variants if r % 2 == 0 else variants[::-1]):
                 state["variant"] = variant
                 times[variant, s].append(timed(call, data[s]))
 
-    print(f"\n{'shape':>22} {'A ms':>7} {'B ms':>7} {'B/A':>6} {'A TOPS':>7} {'B TOPS':>7} {'3.6 TOPS':>8}  "
-          "outputs A vs B")
+    print(f"\n{'shape':>22} {'var':>3} {'ms':>7} {'TOPS':>5} {'vs A':>6} {'3.6 TOPS':>8}  "
+          "device µs/call: whole + split + other   outputs vs A")
     for s in SHAPES:
         B_, H, L, D = s
-        ma, mb = (statistics.median(times[v, s]) for v in "AB")
-        t = [4 * B_ * H * L * L * D / (m * 1e-3) / 1e12 for m in (ma, mb)]
-        oa, ob = outs["A", s].float(), outs["B", s].float()
-        same = "identical" if torch.equal(oa, ob) else (
-            f"max|d| {float((oa - ob).abs().max()):.2e}, cos "
-            f"{float(torch.nn.functional.cosine_similarity(oa.flatten(), ob.flatten(), dim=0)):.6f}")
-        print(f"{str(list(s)):>22} {ma:7.3f} {mb:7.3f} {mb / ma:6.3f} {t[0]:7.0f} {t[1]:7.0f} {T36_TOPS[s]:8d}  {same}")
-    spread = ", ".join(f"{v} {max(times[v, s]) / min(times[v, s]) - 1:.1%}" for s in SHAPES for v in "AB")
+        for variant in variants:
+            state["variant"] = variant
+            ms = statistics.median(times[variant, s])
+            ref = statistics.median(times["A", s])
+            kt = kernel_times(call, *data[s][0])
+            oa, ov = outs["A", s].float(), outs[variant, s].float()
+            same = "identical" if torch.equal(oa, ov) else (
+                f"max|d| {float((oa - ov).abs().max()):.2e}, cos "
+                f"{float(torch.nn.functional.cosine_similarity(oa.flatten(), ov.flatten(), dim=0)):.6f}")
+            print(f"{str(list(s)):>22} {variant:>3} {ms:7.3f} {4 * B_ * H * L * L * D / (ms * 1e-3) / 1e12:5.0f} "
+                  f"{ms / ref:6.3f} {T36_TOPS[s]:8d}  {kt['whole']:7.0f} + {kt['split']:5.0f} + {kt['other']:5.0f}"
+                  f"   {same}")
+    spread = ", ".join(f"{v} {max(times[v, s]) / min(times[v, s]) - 1:.1%}" for s in SHAPES for v in variants)
     print(f"{a.rounds} rounds, medians; max/min - 1 per shape and variant: {spread}")
     return 0
 
