@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -25,6 +25,7 @@ from typing import Optional
 
 from ..kernels.arch import ArchInfo, KernelConfig, arch_from_properties, default_config, triton_version
 from ..kernels.build_errors import root_cause
+from ..kernels.triton_compat import sm90_ptxas_scope
 from .doctor import GpuInfo
 from .progress import progress_bar
 
@@ -222,8 +223,10 @@ _ATTENTION_KERNELS = {"attention_kernel": None, "shared_kv_attention_kernel": "s
 def _compile_one(spec: dict, target: Target) -> dict:
     import triton
 
-    compiled = triton.compile(launch_source(spec, target), target=target.gpu_target(),
-                              options=dict(spec.get("options") or {}))
+    gluon = getattr(spec["fn"], "is_gluon", lambda: False)() and target.name == "sm90"
+    with sm90_ptxas_scope() if gluon else nullcontext():  # the ptxas api builds the Gluon kernels with
+        compiled = triton.compile(launch_source(spec, target), target=target.gpu_target(),
+                                  options=dict(spec.get("options") or {}))
     asm = compiled.asm.get("ptx" if target.backend == "cuda" else "amdgcn", "")
     out = {"asm": asm if isinstance(asm, str) else asm.decode(errors="replace"),
            "shared": compiled.metadata.shared}

@@ -31,6 +31,7 @@ from .build_errors import root_cause
 from .footprint import head_dim_padded
 from .log import logger
 from .rotation import ROTATION_BLOCK, hadamard_block
+from .triton_compat import sm90_ptxas_scope
 
 _FP8_TORCH = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
 # fp16 per-tile accumulation: keep |V| small enough that a tile of BLOCK_N keys sums below 65504.
@@ -651,12 +652,13 @@ def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, v_tile_bias, oh, dims, 
     args = (*g.descriptors(q8, k8, v_t), qs, ks, v_scale, v_mean, v_tile_bias, oh, *oh.stride()[:3], H, H_KV, LQ, LK, D)
     consts = dict(P_LOG2=p_log2, STAGES=g.STAGES, **flags, REGISTERS=g.REGISTERS, V_RES=v_residual)
     try:
-        if n_whole:
-            _launch(g.shared_kv_attention_kernel, (n_whole,), args, consts, num_warps=4, **_pdl_launch(pdl))
-        if n_units:  # launch_pdl: may start while the whole CTAs finish (it reads none of their output)
-            split_consts = dict(consts, STAGES=g.SPLIT_RESIDUAL_STAGES) if v_residual else consts
-            _launch(g.shared_kv_split_kernel, (n_units,), (*args, n_whole, splits, turns, ml), split_consts,
-                    num_warps=4, launch_pdl=bool(n_whole))
+        with sm90_ptxas_scope():  # Triton 3.9: built by a CUDA 12 ptxas, as on 3.6-3.8 (triton_compat)
+            if n_whole:
+                _launch(g.shared_kv_attention_kernel, (n_whole,), args, consts, num_warps=4, **_pdl_launch(pdl))
+            if n_units:  # launch_pdl: may start while the whole CTAs finish (it reads none of their output)
+                split_consts = dict(consts, STAGES=g.SPLIT_RESIDUAL_STAGES) if v_residual else consts
+                _launch(g.shared_kv_split_kernel, (n_units,), (*args, n_whole, splits, turns, ml), split_consts,
+                        num_warps=4, launch_pdl=bool(n_whole))
     except Exception as e:  # noqa: BLE001 - a compiler error must not break the user's run
         if _launch_hook is not None:  # the cross-compile check must see the error
             raise

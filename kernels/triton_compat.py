@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import re
+from contextlib import contextmanager
+from typing import Optional
 
 try:
     import triton
@@ -52,6 +54,71 @@ def ensure_ptxas() -> None:
         return
     if _executable(ptxas):
         os.environ["TRITON_PTXAS_BLACKWELL_PATH"] = ptxas
+
+
+BLACKWELL_PTXAS_KNOB = "TRITON_PTXAS_BLACKWELL_PATH"
+_sm90_ptxas: list = []  # [path or None], worked out once
+
+
+def sm90_ptxas() -> Optional[str]:
+    """The CUDA 12 ``ptxas`` to assemble the sm90 Gluon kernels with, where this Triton would take
+    another: 3.9 assembles sm90 with ``ptxas-blackwell`` (CUDA 13.x), 3.6-3.8 with ``ptxas`` (CUDA 12),
+    and 3.9's wheel still ships that one. None where sm90 gets ``ptxas`` already (3.8 and older), where
+    no CUDA 12 ptxas is at hand, or where the user named the sm90 ptxas (``TRITON_PTXAS_BLACKWELL_PATH``).
+    bench/NOTES.md ("Triton 3.9: why the Gluon kernel is slower") has why."""
+    if not _sm90_ptxas:
+        _sm90_ptxas.append(_find_sm90_ptxas())
+    return _sm90_ptxas[0]
+
+
+def _find_sm90_ptxas() -> Optional[str]:
+    if os.environ.get(BLACKWELL_PTXAS_KNOB):
+        return None
+    try:
+        from triton import knobs
+        from triton.backends.nvidia import compiler
+
+        if compiler.get_ptxas(90).path != knobs.nvidia.ptxas_blackwell.path:
+            return None
+        legacy = knobs.nvidia.ptxas
+        if legacy.path == knobs.nvidia.ptxas_blackwell.path or not legacy.version.startswith("12."):
+            return None
+        return legacy.path
+    except Exception:  # noqa: BLE001 - a Triton laid out otherwise: leave the choice to Triton
+        return None
+
+
+@contextmanager
+def sm90_ptxas_scope(path: Optional[str] = None):
+    """Triton builds inside the block assemble sm90 with ``path`` (default: ``sm90_ptxas()``; nothing
+    changes where that is None). Triton caches the ptxas version (its cache key, the PTX version) and
+    the LLVM features: they are reset on entry and exit, so builds after the block are Triton's own."""
+    path = path or sm90_ptxas()
+    if not path:
+        yield
+        return
+    before = os.environ.get(BLACKWELL_PTXAS_KNOB)
+    os.environ[BLACKWELL_PTXAS_KNOB] = path
+    _reset_ptxas_caches()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(BLACKWELL_PTXAS_KNOB, None)
+        else:
+            os.environ[BLACKWELL_PTXAS_KNOB] = before
+        _reset_ptxas_caches()
+
+
+def _reset_ptxas_caches() -> None:
+    try:
+        from triton.backends.nvidia import compiler
+    except ImportError:
+        return
+    for name in ("get_ptxas_version", "get_features"):
+        clear = getattr(getattr(compiler, name, None), "cache_clear", None)
+        if clear is not None:
+            clear()
 
 
 def _executable(path) -> bool:

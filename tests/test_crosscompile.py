@@ -73,12 +73,12 @@ def triton_of(version: str) -> tuple:
 # ("Triton 3.9") the measurements.
 SPILLS_ALLOWED = {
     # The Gluon kernels, fp8 (the default) and fp8+residual. Triton 3.6: the whole kernel 4 (2 values
-    # stored), the build measured on the H200 (855-980 TOPS at 8K-32K, docs/RESULTS.md). 3.9: one or two
-    # 4-byte values stored at kernel entry and reloaded outside the main loops (SASS read). 3.8: none.
-    ("sm90", "shared_kv_attention_kernel", "fp8"): [((3, 6), 4, 2), ((3, 7), 0, 0), ((3, 9), 11, 2)],
-    ("sm90", "shared_kv_split_kernel", "fp8"): [((3, 9), 15, 1)],
-    ("sm90", "shared_kv_attention_kernel", "fp8+residual"): [((3, 6), 4, 2), ((3, 7), 0, 0), ((3, 9), 11, 2)],
-    ("sm90", "shared_kv_split_kernel", "fp8+residual"): [((3, 9), 15, 1)],
+    # stored), the build measured on the H200 (855-980 TOPS at 8K-32K, docs/RESULTS.md); 3.8: none.
+    # Triton 3.9, assembled by the CUDA 12 ptxas as on 3.6-3.8 (triton_compat.sm90_ptxas_scope): fp8's
+    # whole kernel two 4-byte values stored at kernel entry and reloaded outside the main loops (SASS read;
+    # 11 and 15 with 3.9's own CUDA 13 ptxas), fp8+residual none.
+    ("sm90", "shared_kv_attention_kernel", "fp8"): [((3, 6), 4, 2), ((3, 7), 0, 0), ((3, 9), 4, 2)],
+    ("sm90", "shared_kv_attention_kernel", "fp8+residual"): [((3, 6), 4, 2), ((3, 7), 0, 0)],
     # INT8 P·V (selectable): the Gluon kernels' extra per-row state and V's tile column sums, outside
     # their loops (Triton 3.8, SASS read; the H200's speed is in bench/NOTES.md): the split kernel's
     # share merge 35, the whole kernel 18. Triton 3.9: 33 / 64 with the wait before the row-sum MMA
@@ -106,10 +106,10 @@ def assert_spills_allowed(use: dict, target: str, kernel: str, variant: str, tri
 
 
 def test_spill_allowances_follow_the_triton_version():
-    assert_spills_allowed({"spills": 11, "spill_stores": 1}, "sm90", "shared_kv_attention_kernel", "fp8", "3.9.0")
+    assert_spills_allowed({"spills": 4, "spill_stores": 2}, "sm90", "shared_kv_attention_kernel", "fp8", "3.9.0")
     assert_spills_allowed({"spills": 0}, "sm90", "shared_kv_attention_kernel", "fp8", "3.8.0")
-    for use, triton in (({"spills": 11, "spill_stores": 1}, "3.8.0"), ({"spills": 12, "spill_stores": 1}, "3.9.0"),
-                        ({"spills": 11, "spill_stores": 3}, "3.9.1")):
+    for use, triton in (({"spills": 4, "spill_stores": 1}, "3.8.0"), ({"spills": 5, "spill_stores": 1}, "3.9.0"),
+                        ({"spills": 4, "spill_stores": 3}, "3.9.1")):
         with pytest.raises(AssertionError):
             assert_spills_allowed(use, "sm90", "shared_kv_attention_kernel", "fp8", triton)
     with pytest.raises(AssertionError):
