@@ -135,3 +135,18 @@ def no_install_report(monkeypatch, tmp_path, pack):
     pack.installer.report.invalidate_cache()
     yield
     pack.installer.report.invalidate_cache()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The tiny random-weight models by name (``tiny_models.BUILDERS``), built once per test module."""
+    from tiny_models import BUILDERS
+
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = BUILDERS[name](seed=0)
+        return cache[name]
+
+    return get

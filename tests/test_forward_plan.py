@@ -9,29 +9,9 @@ from sagetriton.nodes.patching import patch_model, patch_state_of
 from sagetriton.nodes.settings import SageSettings
 from tiny_models import BUILDERS, sample
 
-pytestmark = pytest.mark.usefixtures("comfyui_path")
+pytestmark = pytest.mark.usefixtures("comfyui_path", "no_install_report")
 
 TOO_SHORT = SageSettings(min_seq_len=1 << 20)
-
-
-@pytest.fixture(autouse=True)
-def no_install_report(monkeypatch, tmp_path, pack):
-    monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path / "report"))
-    pack.installer.report.invalidate_cache()
-    yield
-    pack.installer.report.invalidate_cache()
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            cache[name] = BUILDERS[name](seed=0)
-        return cache[name]
-
-    return get
 
 
 def count_dispatches(monkeypatch, state) -> list:

@@ -34,18 +34,6 @@ def no_install_report(monkeypatch, tmp_path, pack):
     pack.installer.report.invalidate_cache()
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            cache[name] = BUILDERS[name](seed=0)
-        return cache[name]
-
-    return get
-
-
 def overrides_of(model) -> dict:
     return {k: v for k, v in model.model_options.get("transformer_options", {}).items() if k == OVERRIDE_KEY}
 
