@@ -48,8 +48,9 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=2000)
     ap.add_argument("--profile", action="store_true", help="cProfile the patched calls, by own time")
     args = ap.parse_args(argv)
-    from sagetriton.nodes.dispatch import PatchState, make_attention_override
+    from sagetriton.nodes.dispatch import PatchState
     from sagetriton.nodes.install_report import InstallReport
+    from sagetriton.nodes.override import make_attention_override
     from sagetriton.nodes.settings import SageSettings
 
     null = null_attention()

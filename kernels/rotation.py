@@ -8,7 +8,7 @@ import torch
 ROTATION_BLOCK = 128  # channels one Hadamard block mixes (head dims above 128 get two blocks)
 # The rotation only on heads whose keys have outlier channels or tokens (``quant.rotate_head``); False
 # rotates every head (the code before issue 42, for A/B runs: clear ``replay`` after changing it).
-DETECT = True
+DETECT = False
 # K's range for that choice from the K mean's sample of keys instead of every key (A/B runs: cheaper
 # statistics pass, but an outlier key outside the sample goes unseen).
 RANGE_SAMPLED = False
