@@ -8,10 +8,17 @@ def _train(model, tiny, steps=2, checkpointing=False):
     from comfy_extras.nodes_train import TrainLoraNode
 
     latents = {"samples": torch.randn(tiny.latent.shape, generator=torch.Generator().manual_seed(0))}
-    return TrainLoraNode().train(model, latents, tiny.positive, batch_size=1, steps=steps, grad_accumulation_steps=1,
-                                 learning_rate=1e-3, rank=2, optimizer="AdamW", loss_function="MSE", seed=0,
-                                 training_dtype="bf16", lora_dtype="bf16", algorithm="LoRA",
-                                 gradient_checkpointing=checkpointing, existing_lora="[None]")
+    inputs = dict(model=model, latents=latents, positive=tiny.positive, batch_size=1, steps=steps,
+                  grad_accumulation_steps=1, learning_rate=1e-3, rank=2, optimizer="AdamW", loss_function="MSE",
+                  seed=0, training_dtype="bf16", lora_dtype="bf16", algorithm="LoRA",
+                  gradient_checkpointing=checkpointing, existing_lora="[None]")
+    if hasattr(TrainLoraNode, "train"):  # ComfyUI 0.3.64: a classic node
+        return TrainLoraNode().train(**inputs)
+    # A V3 node from 0.3.75 on: every input arrives as a list (is_input_list), the outputs in a NodeOutput.
+    # Two latents: 0.3.75's node leaves `multi_res` unset when given exactly one.
+    listed = {name: [value] for name, value in inputs.items()}
+    listed["latents"] = [latents, {"samples": latents["samples"].clone()}]
+    return TrainLoraNode.execute(**listed).args
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
