@@ -96,7 +96,7 @@ def test_readme_puts_the_user_first_and_stays_short():
         assert python in install, python  # which Python runs install.py, on each kind of ComfyUI
     assert ".ci/run" not in install  # the contributor's 12 GB test setup is not part of installing
     tests = readme.split("## Run the tests (contributors)")[1].split("\n## ")[0]
-    for cost in ("12 GB", "35-45 minutes", "apt-get install", "COMFYUI_PATH", "ComfyUI/custom_nodes/"):
+    for cost in ("12 GB", "20-45 minutes", "apt-get install", "COMFYUI_PATH", "ComfyUI/custom_nodes/"):
         assert cost in tests, cost
 
 
