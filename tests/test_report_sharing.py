@@ -57,7 +57,7 @@ def test_report_in_a_read_only_pack_folder_is_used(tmp_path):
     if shutil.which("chattr") is None:
         pytest.skip("needs chattr to make a folder read-only for root too")
     copy = tmp_path / "ComfyUI-SageTriton"
-    shutil.copytree(PACK_DIR, copy, ignore=shutil.ignore_patterns(".git", ".sagetriton", "tests", "docs", "bench",
+    shutil.copytree(PACK_DIR, copy, ignore=shutil.ignore_patterns(".*", "tests", "docs", "bench",
                                                                    "web", "workflows", "__pycache__", "*.png"))
     env = {k: v for k, v in os.environ.items() if k not in ("SAGETRITON_REPORT_DIR", "TRITON_INTERPRET")}
     env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
