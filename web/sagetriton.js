@@ -153,6 +153,11 @@ function refreshAll() {
 }
 
 let refreshTimer = null;
+let promptEnded = false; // a prompt finished: every Patch node's run is on the server by now
+function refreshAtPromptEnd() {
+  promptEnded = true;
+  refreshSoon();
+}
 function refreshSoon() {
   // Several events arrive per prompt (run events, success): one status fetch for all of them.
   clearTimeout(refreshTimer);
@@ -164,7 +169,11 @@ async function afterRun() {
   // A node shows its own run: the one the server recorded under its id, once its summary came to
   // this tab (the run event goes only to the tab that queued the prompt).
   for (const node of ranPatchNodes) node.sageRun = status?.runs_by_node?.[String(node.id)] ?? node.sageRun;
-  ranPatchNodes.clear();
+  // A run event can come before the server has recorded that run: keep the nodes until the prompt ends.
+  if (promptEnded) {
+    ranPatchNodes.clear();
+    promptEnded = false;
+  }
   refreshAll();
   // Downgraded settings ("fp8 → fp16 on this GPU") are said once, visibly.
   for (const note of status?.last_run?.notes ?? []) {
@@ -201,8 +210,8 @@ app.registerExtension({
   async setup() {
     await fetchStatus();
     refreshAll();
-    api.addEventListener("execution_success", refreshSoon);
-    api.addEventListener("execution_error", refreshSoon);
+    api.addEventListener("execution_success", refreshAtPromptEnd);
+    api.addEventListener("execution_error", refreshAtPromptEnd);
     // The first-start self-test's progress (nodes/status_route.py SETUP_EVENT); unlistened, the
     // frontend logs every such message as "Unhandled message".
     api.addEventListener("sagetriton.setup", refreshSoon);
