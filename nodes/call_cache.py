@@ -66,6 +66,17 @@ def call_signature(args: tuple, kwargs: dict, tensor=torch.Tensor, passive=PASSI
     return key
 
 
+def put_bounded(entries: dict, key, value, limit: int) -> None:
+    """Store ``value`` under ``key`` unless the key cannot be hashed; a full dict starts over instead of growing."""
+    try:
+        hash(key)
+    except TypeError:
+        return
+    if len(entries) >= limit:
+        entries.clear()
+    entries[key] = value
+
+
 class CallCache:
     """Decisions by call signature, valid for one (settings, earlier override, report generation)."""
 
@@ -79,13 +90,7 @@ class CallCache:
         self.settings, self.previous, self.generation = settings, previous, generation
 
     def put(self, key, decision: Decision) -> None:
-        try:
-            hash(key)
-        except TypeError:
-            return
-        if len(self.entries) >= MAX_ENTRIES:
-            self.entries.clear()
-        self.entries[key] = decision
+        put_bounded(self.entries, key, decision, MAX_ENTRIES)
 
     def __len__(self) -> int:
         return len(self.entries)

@@ -24,7 +24,7 @@ from typing import Optional
 
 import torch
 
-from .call_cache import COMFY
+from .call_cache import COMFY, put_bounded
 from .dispatch import PatchState
 from .nonfinite_guard import REASON as REDO_REASON
 from .override import make_attention_override
@@ -127,13 +127,7 @@ class ForwardPlans:
                     usable = event is not None and event != REDO_REASON and q_shape is not None
                     calls.append((q_shape, k_shape, reasons.index(event)) if usable else None)
             plan = ForwardPlan(whole, calls, reasons)
-        try:
-            hash(key)
-        except TypeError:
-            return
-        if len(self.entries) >= MAX_PLANS:
-            self.entries.clear()
-        self.entries[key] = plan
+        put_bounded(self.entries, key, plan, MAX_PLANS)
 
 
 def _fallback_is_comfy(state: PatchState, x) -> bool:
