@@ -290,10 +290,51 @@ def hostile_mask(lq: int, lk: int) -> torch.Tensor:
     return m
 
 
-def hostile_results(run, d: int, lq: int = 300, lk: int = 333, masks: bool = True) -> dict:
-    """``run(q, k, v, mask=None, scale=None) -> out`` on every hostile input; {case: (ok, detail)}.
+# Huge logits: rows whose winning logit leads the next by more than this (relative) are ones INT8
+# rounding of Q and K cannot reorder; measured with the torch reference, the method reorders rows up
+# to a ~5-10 % lead (bench/NOTES.md, "gpu_check: huge logits").
+RESOLVED_LEAD = 0.1
+# A row "matches" an expectation at this per-row cosine: near one-hot rows that took another winner
+# read ~0, the fp8 P·V rounding of a right one ~0.9998.
+ROW_MATCH = 0.99
+
+
+def huge_logit_rows(out, q, k, v, cfg, mask=None):
+    """(ok, detail) for logits around 1e7 (q, k x3000), where every row is nearly one-hot. Every finite row
+    must be the fp64 answer or the quantized method's (``quantized_reference``: INT8 rounding may pick a
+    near-winner, which SDPA on the rounded inputs would pick too), never a third; rows with a lead INT8
+    cannot reorder must be the fp64 answer (cosine >= 0.999 over them); a non-finite row is all NaN
+    (the one-FMA loop's overflow, for the guard)."""
+    exact = ref.exact_attention(q, k, v, attn_mask=mask)[0]
+    method = ref.quantized_reference(q, k, v, cfg, attn_mask=mask)[0]
+    top = (q.double() @ k.double().transpose(-1, -2)).topk(2, dim=-1).values
+    resolved = (top[..., 0] - top[..., 1]) > RESOLVED_LEAD * top[..., 0].abs()
+    finite = torch.isfinite(out).all(-1)
+
+    def row_cos(a, b):
+        a, b = a.double(), b.double()
+        return (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1)).clamp_min(1e-300)
+
+    as_exact = row_cos(out, exact) >= ROW_MATCH
+    as_method = row_cos(out, method) >= ROW_MATCH
+    third = finite & ~as_exact & ~as_method
+    rows = resolved & finite
+    c = cosine(out[rows], exact[rows]) if rows.any() else 1.0
+    ok = bool((finite | torch.isnan(out).all(-1)).all()) and not bool(third.any()) and c >= 0.999
+    method_only = int((finite & as_method & ~as_exact).sum())
+    return ok, (f"cos={c:.6f} on {int(rows.sum())} finite rows leading by >{RESOLVED_LEAD:.0%}; rows as fp64 "
+                f"{int((finite & as_exact).sum())}, as the method only {method_only}, neither {int(third.sum())}, "
+                f"NaN rows {int((~finite).sum())}")
+
+
+def hostile_results(cfg, d: int, lq: int = 300, lk: int = 333, masks: bool = True) -> dict:
+    """The kernel with ``cfg`` on every hostile input; {case: (ok, detail)}.
     Expectations: fp64 SDPA (``exact_attention``), whose -finfo.max/-1e30 rows average V and whose
-    fully masked rows are 0; NaN/Inf inputs give non-finite output wherever fp64 attention has it."""
+    fully masked rows are 0; NaN/Inf inputs give non-finite output wherever fp64 attention has it.
+    Huge logits: ``huge_logit_rows`` (INT8 rounding may pick another near-winner, as the method does)."""
+    def run(q, k, v, mask=None, scale=None):
+        return _forward(q, k, v, cfg, mask, scale)
+
     res = {}
     g = torch.Generator(device="cuda").manual_seed(39)
 
@@ -321,22 +362,12 @@ def hostile_results(run, d: int, lq: int = 300, lk: int = 333, masks: bool = Tru
         c = cosine(out, exact)
         res["bool mask, empty row"] = (bool((out[:, :, 2] == 0).all()) and c >= 0.999, f"cos={c:.6f}")
     big_q, big_k = (q.float() * 3000).to(q.dtype), (k.float() * 3000).to(k.dtype)
-    exact = ref.exact_attention(big_q, big_k, v)[0]
-    top = (big_q.double() @ big_k.double().transpose(-1, -2)).topk(2, dim=-1).values
-    clear = (top[..., 0] - top[..., 1]) > 0.01 * top[..., 0].abs()
     if masks:  # a (zero) mask: materialized logits, exact at any size
-        out = run(big_q, big_k, v, mask=torch.zeros(lq, lk, device="cuda"))
-        c = cosine(out[clear], exact[clear])
-        res["q, k x3000 (logits ~1e7), masked"] = (bool(torch.isfinite(out).all()) and c >= 0.999,
-                                                  f"cos={c:.6f} on {int(clear.sum())} rows with a clear winner")
+        zero = torch.zeros(lq, lk, device="cuda")
+        res["q, k x3000 (logits ~1e7), masked"] = huge_logit_rows(run(big_q, big_k, v, mask=zero), big_q, big_k, v,
+                                                                 cfg, zero)
     # Unmasked: the one-FMA loop gives NaN rows beyond 2^16 (base 2), for the guard; never a finite wrong row.
-    out = run(big_q, big_k, v)
-    finite = torch.isfinite(out).all(-1)
-    rows = clear & finite
-    c = cosine(out[rows], exact[rows]) if rows.any() else 1.0
-    res["q, k x3000 (logits ~1e7), unmasked"] = (
-        bool((finite | torch.isnan(out).all(-1)).all()) and c >= 0.999,
-        f"cos={c:.6f} on {int(rows.sum())} finite rows with a clear winner, NaN rows {int((~finite).sum())}")
+    res["q, k x3000 (logits ~1e7), unmasked"] = huge_logit_rows(run(big_q, big_k, v), big_q, big_k, v, cfg)
     bq, bk, bv = (t.repeat(3, 1, 1, 1).clone() for t in (q, k, v))
     bq[0, 0, 3, 4] = float("nan")
     bk[1, 1, lk // 2, 2] = float("nan")
@@ -364,8 +395,7 @@ def family_cases() -> list:
             q, k, v = qkv(B=1, H=4, LQ=777, LK=901, D=d)
             c = cosine(_forward(q, k, v, cfg), ref.exact_attention(q, k, v)[0])
             found = {"ordinary": (c >= (RESIDUAL_MIN_COS if cfg.v_residual else 0.999), f"cos={c:.6f}")}
-            found.update(hostile_results(lambda q, k, v, mask=None, scale=None, cfg=cfg: _forward(q, k, v, cfg, mask,
-                                                                                                    scale), d))
+            found.update(hostile_results(cfg, d))
         except Exception as e:  # noqa: BLE001 - a config that does not compile is a failure, not a crash
             found = {"compile/launch": (False, f"{type(e).__name__}: {str(e)[:200]}")}
         for case_name, (ok, detail) in found.items():
@@ -386,8 +416,7 @@ def hostile_fast_path_cases() -> list:
         base = default_config(detect_arch(), d)
         for pv in ("fp8", "int8"):
             cfg = base.with_pv_choice(pv).replace(shared_kv_min_len=0)
-            for case_name, (ok, detail) in hostile_results(
-                    lambda q, k, v, mask=None, scale=None, cfg=cfg: _forward(q, k, v, cfg, mask, scale), d).items():
+            for case_name, (ok, detail) in hostile_results(cfg, d).items():
                 print(f"{'ok ' if ok else 'BAD'} {f'this GPU d{d} {pv}: {case_name}':60s} {detail}", flush=True)
                 results.append(ok)
     cfg = default_config(detect_arch(), 128)
@@ -400,9 +429,7 @@ def hostile_fast_path_cases() -> list:
         for pv in ("fp8", "int8"):
             c_run = cfg.with_pv_choice(pv)
             ran.clear()
-            found = hostile_results(lambda q, k, v, mask=None, scale=None, c_run=c_run: _forward(q, k, v, c_run, mask,
-                                                                                                  scale),
-                                    128, lq=cfg.shared_kv_min_len + 77, lk=cfg.shared_kv_min_len + 129,
+            found = hostile_results(c_run, 128, lq=cfg.shared_kv_min_len + 77, lk=cfg.shared_kv_min_len + 129,
                                     masks=False)  # masked calls never reach the Gluon kernel
             used = bool(ran) and all(ran)
             for case_name, (ok, detail) in found.items():
