@@ -3,6 +3,7 @@
     python bench/gpu_check.py                  # everything (a few minutes on an H200)
     python bench/gpu_check.py --only families  # every GPU family's configs on ordinary and hostile inputs
     python bench/gpu_check.py --only hostile   # the same hostile inputs on this GPU's own fast paths
+    python bench/gpu_check.py --only core      # every feature on ordinary and non-finite inputs, Gluon, replays
 
 ``families`` runs the portable kernel with each arch table entry's default and selectable configs
 (Ampere, Ada, Blackwell datacenter and consumer, RDNA3, RDNA4, CDNA3: tiles, warps, stages, P·V
@@ -441,19 +442,8 @@ def hostile_fast_path_cases() -> list:
     return results
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", choices=("families", "hostile"), help="run only this part")
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        sys.exit("gpu_check.py needs a GPU")
-    print(environment())
-    t0 = time.time()
-    if args.only:
-        results = family_cases() if args.only == "families" else hostile_fast_path_cases()
-        print(f"gpu_check ({args.only}, {time.time() - t0:.0f} s): {sum(results)} passed, "
-              f"{len(results) - sum(results)} failed")
-        return 0 if all(results) else 1
+def core_cases() -> list:
+    """Every kernel feature on ordinary inputs, the non-finite inputs, the Gluon kernel and direct launches."""
     results = []
     for gran, pv, acc in itertools.product(("per_block", "per_warp", "per_thread"),
                                            ("fp16", "fp8", "fp8+residual", "int8"), ("fp32", "fp16+fp32")):
@@ -493,9 +483,26 @@ def main(argv=None):
     results += nonfinite_cases()
     results += shared_kv_cases()
     results += replay_cases()
-    results += hostile_fast_path_cases()
-    results += family_cases()
-    print(f"gpu_check ({time.time() - t0:.0f} s): {sum(results)} passed, {len(results) - sum(results)} failed")
+    return results
+
+
+PARTS = {"core": core_cases, "hostile": hostile_fast_path_cases, "families": family_cases}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", choices=tuple(PARTS), help="run only this part")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("gpu_check.py needs a GPU")
+    print(environment())
+    t0 = time.time()
+    results = []
+    for name, part in PARTS.items():
+        if args.only in (None, name):
+            results += part()
+    label = f" ({args.only})" if args.only else ""
+    print(f"gpu_check{label} ({time.time() - t0:.0f} s): {sum(results)} passed, {len(results) - sum(results)} failed")
     return 0 if all(results) else 1
 
 
