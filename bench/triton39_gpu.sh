@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Issue 38 item 5 (and 39's gpu_check) on the H200 with a staged Triton 3.9, in calls made back to back
+# (the machine keeps /tmp ~30 s after a call). From the repository root:
+#
+#   call 1, carry [".triton-stage/part-aa"]:                               bash bench/triton39_gpu.sh stage
+#   call 2, carry [".triton-stage/part-ab", ".triton-stage/amd-py.tar.xz"]: bash bench/triton39_gpu.sh check
+#   call 3, nothing carried:                                               bash bench/triton39_gpu.sh speed
+#   call 4, nothing carried:                                               bash bench/triton39_gpu.sh families
+#
+# The staged wheel has no CUDA 12 ptxas (stage-triton keeps only ptxas-blackwell); the PyPI wheel ships
+# CUDA 12.9's as bin/ptxas, which the pack assembles the sm90 Gluon kernels with
+# (triton_compat.sm90_ptxas_scope). Here that slot gets the machine's own Triton 3.6 ptxas (CUDA 12.8),
+# so the staged 3.9 behaves as an installed one. Logs and JSON go to $OUT (or bench/results).
+set -u
+DEST="$(realpath -m "${OUT:-bench/results}")"
+mkdir -p "$DEST"
+export PYTHONUNBUFFERED=1
+STAGED=/tmp/triton-staged
+t39() {  # run a command under the staged Triton 3.9
+  PYTHONPATH="$STAGED${PYTHONPATH:+:$PYTHONPATH}" TRITON_DEFAULT_FP_FUSION=1 TRITON_CACHE_DIR=/tmp/triton-staged-cache "$@"
+}
+case "${1:?stage|check|speed|families}" in
+stage) bash ../shared/tools/stage-triton put .triton-stage ;;
+check)
+  bash ../shared/tools/stage-triton put .triton-stage || exit 1
+  own=$(python3 -c "import os, triton; print(os.path.dirname(triton.__file__))")
+  ln -sf "$own/backends/nvidia/bin/ptxas" "$STAGED/triton/backends/nvidia/bin/ptxas"
+  t39 python3 -c "import triton; from sagetriton_import import import_pack; import_pack(run_init=False)
+from sagetriton.kernels import triton_compat as t; print('triton', triton.__version__, 'sm90 Gluon ptxas:', t.sm90_ptxas())"
+  t39 timeout 330 python3 bench/gpu_check.py --only core > "$DEST/sm90_gpu_check_core_triton39.log" 2>&1
+  tail -1 "$DEST/sm90_gpu_check_core_triton39.log"; grep -c "^BAD" "$DEST/sm90_gpu_check_core_triton39.log"
+  t39 timeout 150 python3 bench/gpu_check.py --only hostile > "$DEST/sm90_gpu_check_hostile_triton39.log" 2>&1
+  tail -1 "$DEST/sm90_gpu_check_hostile_triton39.log"; grep "^BAD" "$DEST"/sm90_gpu_check_*_triton39.log | head -20 ;;
+speed)
+  test -d "$STAGED" || { echo "no staged Triton: run stage and check first"; exit 1; }
+  for round in 1 2; do  # 3.6 and 3.9 alternating: drift of the machine falls on both
+    timeout 100 python3 bench/gluon39_ab.py --rounds 5 > "$DEST/sm90_gluon39_ab_triton36_r$round.log" 2>&1
+    t39 timeout 130 python3 bench/gluon39_ab.py --rounds 5 > "$DEST/sm90_gluon39_ab_triton39_r$round.log" 2>&1
+  done
+  tail -n 12 "$DEST"/sm90_gluon39_ab_*.log
+  t39 timeout 120 python3 bench/bench_kernels.py --dispatch-only --table-crossover --dtypes bfloat16 \
+    --shapes 2x24x8192x128,1x24x16384x128,1x12x32768x128 --out "$DEST/sm90_kernels_triton39_final.json" \
+    > "$DEST/sm90_kernels_triton39_final.log" 2>&1; tail -n 14 "$DEST/sm90_kernels_triton39_final.log"
+  timeout 100 python3 bench/bench_kernels.py --dispatch-only --table-crossover --dtypes bfloat16 \
+    --shapes 2x24x8192x128,1x24x16384x128,1x12x32768x128 --out "$DEST/sm90_kernels_triton36_final.json" \
+    > "$DEST/sm90_kernels_triton36_final.log" 2>&1; tail -n 14 "$DEST/sm90_kernels_triton36_final.log" ;;
+families)
+  test -d "$STAGED" || { echo "no staged Triton"; exit 1; }
+  t39 timeout 330 python3 bench/gpu_check.py --only families > "$DEST/sm90_gpu_check_families_triton39.log" 2>&1
+  tail -1 "$DEST/sm90_gpu_check_families_triton39.log"; grep "^BAD" "$DEST/sm90_gpu_check_families_triton39.log" | head ;;
+*) echo "usage: bench/triton39_gpu.sh stage|check|speed|families"; exit 2 ;;
+esac
