@@ -20,9 +20,9 @@ t39() {  # run a command under the staged Triton 3.9
   PYTHONPATH="$STAGED${PYTHONPATH:+:$PYTHONPATH}" TRITON_DEFAULT_FP_FUSION=1 TRITON_CACHE_DIR=/tmp/triton-staged-cache "$@"
 }
 case "${1:?stage|check|speed|families}" in
-stage) bash ../shared/tools/stage-triton put .triton-stage ;;
+stage) bash .triton-stage/stage-triton put .triton-stage ;;
 check)
-  bash ../shared/tools/stage-triton put .triton-stage || exit 1
+  bash .triton-stage/stage-triton put .triton-stage || exit 1
   own=$(python3 -c "import os, triton; print(os.path.dirname(triton.__file__))")
   ln -sf "$own/backends/nvidia/bin/ptxas" "$STAGED/triton/backends/nvidia/bin/ptxas"
   t39 python3 -c "import triton; from sagetriton_import import import_pack; import_pack(run_init=False)

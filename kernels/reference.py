@@ -65,7 +65,7 @@ def _rotated(x: torch.Tensor, block: int) -> torch.Tensor:
     """``quant._rotate``: rows divided by their max |x|, rounded to fp16, times the ±1 Hadamard signs."""
     r = x.abs().amax(dim=-1, keepdim=True)
     r = torch.where(r > 0, r, 1.0)
-    signs = hadamard_block(x.shape[-1], block, torch.float64) * math.sqrt(block)
+    signs = hadamard_block(x.shape[-1], block, torch.float64).to(x.device) * math.sqrt(block)
     return ((x / r).half().double() @ signs).float() * (r / math.sqrt(block))
 
 
