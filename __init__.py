@@ -6,7 +6,7 @@ plain library (``from <pack>.kernels import sageattn``).
 """
 import importlib.util
 
-from .nodes.stats import attention_stats
+from .nodes.reporting.stats import attention_stats
 
 WEB_DIRECTORY = "./web"
 NODE_CLASS_MAPPINGS: dict = {}
@@ -18,9 +18,9 @@ def _comfyui_present() -> bool:
 
 
 if _comfyui_present():
-    from .nodes.registry import NODE_CLASS_MAPPINGS as _CLASSIC_NODES
-    from .nodes.registry import NODE_DISPLAY_NAME_MAPPINGS  # noqa: F811
-    from .nodes.v3_nodes import make_extension, node_mappings, v3_node_classes
+    from .nodes.ui.registry import NODE_CLASS_MAPPINGS as _CLASSIC_NODES
+    from .nodes.ui.registry import NODE_DISPLAY_NAME_MAPPINGS  # noqa: F811
+    from .nodes.ui.v3_nodes import make_extension, node_mappings, v3_node_classes
 
     # V3 node classes (comfy_api.latest) where this ComfyUI has that API, the classic ones elsewhere; both
     # present the same definitions. ComfyUI reads NODE_CLASS_MAPPINGS first; comfy_entrypoint is for
@@ -41,7 +41,7 @@ if _comfyui_present():
         logging.getLogger("SageTriton").warning("[SageTriton] not registered as a ComfyUI attention backend: %s", _e)
 
     try:  # the status page and the one-time background self-test must never stop the nodes from loading
-        from .nodes.status_route import attach_to_server
+        from .nodes.reporting.status_route import attach_to_server
 
         attach_to_server()
     except Exception as _e:  # noqa: BLE001

@@ -12,10 +12,10 @@ import bench_models as bm  # noqa: F401  (sets ComfyUI up, CPU mode with --tiny)
 import comfy.model_patcher  # noqa: E402
 import torch
 from common import RESULTS, cosine, environment, write_json
-from sagetriton.nodes.alt_backends import BACKENDS, unavailable_reason  # noqa: E402
+from sagetriton.nodes.backends.alt_backends import BACKENDS, unavailable_reason  # noqa: E402
+from sagetriton.nodes.config.settings import SageSettings  # noqa: E402
 from sagetriton.nodes.patching import patch_model, patch_state_of  # noqa: E402
-from sagetriton.nodes.run_summary import finish_run  # noqa: E402
-from sagetriton.nodes.settings import SageSettings  # noqa: E402
+from sagetriton.nodes.reporting.run_summary import finish_run  # noqa: E402
 
 
 def main(argv=None):

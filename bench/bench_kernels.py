@@ -144,8 +144,9 @@ def override_methods(attention, crossovers):
     """(label, fn, None) rows: ComfyUI's attention unpatched, and the same call through the Patch node's
     override (``optimized_attention_override(func, q, k, v, heads, ...)`` from ``wrap_attn``) with the
     default settings and the crossovers measured here, i.e. what a patched model gets; and its state."""
-    from sagetriton.nodes.dispatch import PatchState, make_attention_override
-    from sagetriton.nodes.install_report import NoReport
+    from sagetriton.nodes.config.install_report import NoReport
+    from sagetriton.nodes.routing.dispatch import PatchState
+    from sagetriton.nodes.routing.override import make_attention_override
 
     class Measured(NoReport):  # the crossovers measured by this run, as install.py's report would give them
         def crossover(self, arch, cfg, head_dim=128):

@@ -40,10 +40,10 @@ import comfy.model_management  # noqa: E402
 import comfy.model_patcher  # noqa: E402
 import comfy.sample  # noqa: E402
 import comfy.supported_models  # noqa: E402
-from sagetriton.nodes.alt_backends import available_backends  # noqa: E402
+from sagetriton.nodes.backends.alt_backends import available_backends  # noqa: E402
+from sagetriton.nodes.config.settings import SageSettings  # noqa: E402
 from sagetriton.nodes.patching import patch_model  # noqa: E402
-from sagetriton.nodes.settings import SageSettings  # noqa: E402
-from sagetriton.nodes.stats import attention_stats  # noqa: E402
+from sagetriton.nodes.reporting.stats import attention_stats  # noqa: E402
 
 WAN_1_3B = dict(image_model="wan2.1", model_type="t2v", patch_size=(1, 2, 2), text_len=512, in_dim=16, dim=1536,
                 ffn_dim=8960, freq_dim=256, text_dim=4096, out_dim=16, num_heads=12, num_layers=30,

@@ -23,9 +23,9 @@ import comfy.ldm.wan.model as wan  # noqa: E402
 import torch  # noqa: E402
 from common import RESULTS, cosine, environment, write_json  # noqa: E402
 from current_comfy import Holder, current_wrap_attn  # noqa: E402
+from sagetriton.nodes.config.settings import SageSettings  # noqa: E402
 from sagetriton.nodes.patching import patch_model  # noqa: E402
-from sagetriton.nodes.settings import SageSettings  # noqa: E402
-from sagetriton.nodes.stats import attention_stats  # noqa: E402
+from sagetriton.nodes.reporting.stats import attention_stats  # noqa: E402
 
 MIB = 1 << 20
 WAN_14B_2_BLOCKS = dict(bm.WAN_1_3B, dim=5120, ffn_dim=13824, num_heads=40, num_layers=2)

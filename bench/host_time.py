@@ -75,8 +75,9 @@ def comfy_attention():
 
 
 def override_for(settings, arch=None):
-    from sagetriton.nodes.dispatch import PatchState, make_attention_override
-    from sagetriton.nodes.install_report import InstallReport
+    from sagetriton.nodes.config.install_report import InstallReport
+    from sagetriton.nodes.routing.dispatch import PatchState
+    from sagetriton.nodes.routing.override import make_attention_override
 
     state = PatchState(settings, arch=arch, report=InstallReport())
     state.begin_run()
@@ -160,7 +161,7 @@ def count_launches(fn) -> int:
 
 
 def bench_shape(label, b, h, n, d, skip_reshape, attention, null, device, dtype, calls, sync, cpu: bool):
-    from sagetriton.nodes.settings import SageSettings
+    from sagetriton.nodes.config.settings import SageSettings
 
     HOPPER = simulated_h200()
 

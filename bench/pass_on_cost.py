@@ -48,10 +48,10 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=2000)
     ap.add_argument("--profile", action="store_true", help="cProfile the patched calls, by own time")
     args = ap.parse_args(argv)
-    from sagetriton.nodes.dispatch import PatchState
-    from sagetriton.nodes.install_report import InstallReport
-    from sagetriton.nodes.override import make_attention_override
-    from sagetriton.nodes.settings import SageSettings
+    from sagetriton.nodes.config.install_report import InstallReport
+    from sagetriton.nodes.config.settings import SageSettings
+    from sagetriton.nodes.routing.dispatch import PatchState
+    from sagetriton.nodes.routing.override import make_attention_override
 
     null = null_attention()
     from host_time import simulated_h200
@@ -99,7 +99,7 @@ def main(argv=None) -> None:
 
 def planned(state, q, k, v):
     """The Patch node's override inside a forward whose plan sends every call to ComfyUI's attention."""
-    from sagetriton.nodes.forward_plan import ForwardPlan, ForwardPlans, _Forward, make_planned_override
+    from sagetriton.nodes.routing.forward_plan import ForwardPlan, ForwardPlans, _Forward, make_planned_override
 
     plans = ForwardPlans(state)
     plan = ForwardPlan(None, [(q.shape, k.shape, 0)] * (1 << 16), ["key length < 8192"])

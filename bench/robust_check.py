@@ -24,9 +24,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from sagetriton.installer import report as rep  # noqa: E402
 from sagetriton.kernels.arch import detect_arch  # noqa: E402
-from sagetriton.nodes import dispatch  # noqa: E402
-from sagetriton.nodes.dispatch import NEEDS_GRAD, PatchState  # noqa: E402
-from sagetriton.nodes.settings import SageSettings  # noqa: E402
+from sagetriton.nodes.config.settings import SageSettings  # noqa: E402
+from sagetriton.nodes.routing import dispatch  # noqa: E402
+from sagetriton.nodes.routing.dispatch import NEEDS_GRAD, PatchState  # noqa: E402
 
 
 def comfy_attention(q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False, skip_output_reshape=False,

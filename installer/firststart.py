@@ -472,7 +472,7 @@ def setup_status() -> dict:
     return _state.snapshot()
 
 
-# The run summary agrees (nodes/run_summary.py): "0 kernel, N fallback; fallbacks run on ComfyUI's ...".
+# The run summary agrees (nodes/reporting/run_summary.py): "0 kernel, N fallback; fallbacks run on ComfyUI's ...".
 NO_GPU_LOG = ("[SageTriton] no GPU (or ComfyUI runs with --cpu): the kernel is off; a patched model sends "
               "every attention call to ComfyUI's own attention")
 

@@ -1,13 +1,15 @@
-"""ComfyUI integration.
+"""ComfyUI integration, grouped by role; imports run one way, top to bottom here.
 
-Thin node classes (``settings_node``, ``patch_node``, ``registry``) over plain-function modules that
-import without ComfyUI: ``settings`` (the user's choices), ``planner`` (kernel config and thresholds
-per GPU and head size), ``dispatch`` (argument binding, the fallback decision, running it),
-``fallback`` (ComfyUI's own attention, SDPA, chunked math-only SDPA), ``schedule`` (full-precision
-steps), ``run_summary`` (per-run report), ``install_report`` (install.py's measurements), ``stats``
-(counters, per-run bookkeeping), ``containers`` (current ComfyUI's single-owner q/k/v holders),
-``override`` (the function ComfyUI calls, over ``dispatch`` and ``containers``),
-``alt_backends`` (Sage Settings' backend choice). ``patching`` touches ComfyUI objects, importing it
-lazily, as do ``core_backends`` (ComfyUI's attention registry, what a patch replaced) and ``v3_nodes``
-(the nodes in ComfyUI's V3 schema).
+- ``ui/``: the node classes (classic and V3), their registration and the figures their tooltips quote.
+- ``patching`` (a patched clone of a MODEL) and ``core_backends`` (core's attention registry, what a patch
+  replaced): where the layers below are wired onto ComfyUI; both import ComfyUI lazily.
+- ``routing/``: per attention call: binding, the kernel-or-fallback decision and its cache, the forward plans,
+  q/k/v containers, the non-finite guard.
+- ``reporting/``: call counters, the per-run summary, ``GET /sage/status``.
+- ``config/``: the user's settings, install.py's measurements, and the kernel plan made from them.
+- ``backends/``: attention other than our kernel: the fallbacks, Sage Settings' alternative backends, layers
+  that name their own.
+
+Everything except ``ui/``, ``patching`` and ``core_backends`` imports without ComfyUI.
+tests/test_import_floors.py holds the order (no import cycle between modules here).
 """

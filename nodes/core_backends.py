@@ -86,7 +86,7 @@ def fallback_served_by(fallback_choice: str, replaced: str) -> str:
 def registered_attention(state) -> Callable:
     """A backend with ComfyUI's signature that runs ``state``'s dispatcher, with ComfyUI's global
     attention as the fallback, and a ``container_function`` for current ComfyUI's holders."""
-    from .containers import comfy_backend, dispatch_containers
+    from .routing.containers import comfy_backend, dispatch_containers
 
     def sagetriton_attention(*args, **kwargs):
         return state.dispatch(comfy_backend(), args, kwargs)
@@ -105,8 +105,8 @@ def register_with_core() -> Optional[str]:
         return None
     if REGISTRY_NAME in getattr(attention, "REGISTERED_ATTENTION_FUNCTIONS", {}):
         return REGISTRY_NAME  # the pack imported a second time under another module name
-    from .dispatch import PatchState
-    from .install_report import InstallReport
+    from .config.install_report import InstallReport
+    from .routing.dispatch import PatchState
 
     _registry_state = PatchState(report=InstallReport())
     func = registered_attention(_registry_state)

@@ -9,17 +9,17 @@ from typing import Optional
 
 from ..kernels.arch import ArchInfo
 from ..kernels.log import logger
-from .alt_backends import DEFAULT_BACKEND, runner_for
+from .backends.alt_backends import DEFAULT_BACKEND, runner_for
+from .backends.preferred_attention import describe, preferred_layers
+from .config.install_report import InstallReport
+from .config.settings import DEFAULT_SETTINGS, SageSettings
 from .core_backends import describe_replaced, fallback_served_by
-from .dispatch import PatchState
-from .forward_plan import WRAPPER_KEY as PLAN_KEY
-from .forward_plan import ForwardPlans, make_forward_wrapper, make_planned_override
-from .install_report import InstallReport
-from .nonfinite_guard import WRAPPER_KEY as GUARD_KEY
-from .nonfinite_guard import make_apply_model_wrapper
-from .preferred_attention import describe, preferred_layers
-from .run_summary import WRAPPER_KEY, make_outer_sample_wrapper
-from .settings import DEFAULT_SETTINGS, SageSettings
+from .reporting.run_summary import WRAPPER_KEY, make_outer_sample_wrapper
+from .routing.dispatch import PatchState
+from .routing.forward_plan import WRAPPER_KEY as PLAN_KEY
+from .routing.forward_plan import ForwardPlans, make_forward_wrapper, make_planned_override
+from .routing.nonfinite_guard import WRAPPER_KEY as GUARD_KEY
+from .routing.nonfinite_guard import make_apply_model_wrapper
 
 OVERRIDE_KEY = "optimized_attention_override"
 MIN_COMFYUI = "0.3.60"

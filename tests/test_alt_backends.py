@@ -13,9 +13,10 @@ import torch
 from attention_cases import exact_attention, random_qkv, reference_backend
 from sagetriton.kernels import api
 from sagetriton.kernels.reference import cosine
-from sagetriton.nodes import alt_backends, run_summary
+from sagetriton.nodes.backends import alt_backends
+from sagetriton.nodes.config.settings import SageSettings
 from sagetriton.nodes.patching import patch_model, patch_state_of
-from sagetriton.nodes.settings import SageSettings
+from sagetriton.nodes.reporting import run_summary
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ import pytest
 import torch
 from attention_cases import comfy_args, random_qkv, reference_backend
 from sagetriton.kernels import api, sageattn
-from sagetriton.nodes import dispatch
-from sagetriton.nodes.dispatch import PatchState
-from sagetriton.nodes.settings import SageSettings
+from sagetriton.nodes.config.settings import SageSettings
+from sagetriton.nodes.routing import dispatch
+from sagetriton.nodes.routing.dispatch import PatchState
 
 
 def _qkv(b=1, h=2, hkv=2, lq=8, lk=8, d=16):

@@ -19,10 +19,10 @@ from attention_cases import comfy_args, exact_attention, random_qkv, reference_b
 from current_comfy import Holder, PreferredAttentionLayer, current_wrap_attn, layer_config_tensor
 from sagetriton.kernels import api
 from sagetriton.kernels.reference import cosine
-from sagetriton.nodes import containers, dispatch
-from sagetriton.nodes.dispatch import PatchState
-from sagetriton.nodes.override import make_attention_override
-from sagetriton.nodes.settings import SageSettings
+from sagetriton.nodes.config.settings import SageSettings
+from sagetriton.nodes.routing import containers, dispatch
+from sagetriton.nodes.routing.dispatch import PatchState
+from sagetriton.nodes.routing.override import make_attention_override
 
 ALWAYS_KERNEL = SageSettings(min_seq_len=0)
 
@@ -156,7 +156,7 @@ def test_layers_with_a_preferred_attention_are_overridden_and_reported(seed, com
     overrides such layers and says so in the run summary."""
     import comfy.model_patcher
     from sagetriton.nodes.patching import patch_model, patch_state_of
-    from sagetriton.nodes.run_summary import finish_run
+    from sagetriton.nodes.reporting.run_summary import finish_run
 
     kitchen_calls = []
 

@@ -11,9 +11,11 @@ import torch
 from attention_cases import exact_attention, random_qkv
 from current_comfy import Holder, current_wrap_attn, set_model_optimized_attention
 from sagetriton.kernels.reference import cosine
-from sagetriton.nodes import containers, core_backends, run_summary, stats
+from sagetriton.nodes import core_backends
+from sagetriton.nodes.config.settings import SageSettings
 from sagetriton.nodes.patching import patch_model, patch_state_of
-from sagetriton.nodes.settings import SageSettings
+from sagetriton.nodes.reporting import run_summary, stats
+from sagetriton.nodes.routing import containers
 
 
 @pytest.fixture

@@ -13,10 +13,12 @@ import torch
 from attention_cases import comfy_args, exact_attention, normalized_mask, random_qkv, reference_backend
 from sagetriton.kernels.arch import arch_from_properties
 from sagetriton.kernels.reference import cosine
-from sagetriton.nodes import dispatch, fallback, stats
-from sagetriton.nodes.dispatch import PatchState, bind_call, kernel_inputs
-from sagetriton.nodes.install_report import NoReport
-from sagetriton.nodes.settings import SageSettings
+from sagetriton.nodes.backends import fallback
+from sagetriton.nodes.config.install_report import NoReport
+from sagetriton.nodes.config.settings import SageSettings
+from sagetriton.nodes.reporting import stats
+from sagetriton.nodes.routing import dispatch
+from sagetriton.nodes.routing.dispatch import PatchState, bind_call, kernel_inputs
 
 ALWAYS_KERNEL = SageSettings(min_seq_len=0)
 RDNA4 = arch_from_properties(SimpleNamespace(name="AMD Radeon RX 9070 XT", gcnArchName="gfx1201:sramecc-:xnack-"),
@@ -402,7 +404,7 @@ def test_a_new_report_decides_again():
 
 
 def test_saving_or_dropping_the_report_changes_its_generation(rep):
-    from sagetriton.nodes.install_report import InstallReport
+    from sagetriton.nodes.config.install_report import InstallReport
 
     before = InstallReport().generation()
     rep.invalidate_cache()
@@ -430,7 +432,7 @@ def test_full_precision_steps_are_decided_per_call_under_one_signature():
 
 
 def test_the_call_cache_is_bounded(monkeypatch):
-    from sagetriton.nodes import call_cache
+    from sagetriton.nodes.routing import call_cache
 
     monkeypatch.setattr(call_cache, "MAX_ENTRIES", 2)
     state = run_state(SageSettings(min_seq_len=100))
@@ -606,7 +608,7 @@ def test_sageattn_takes_a_resolved_config_or_options_not_both(pack):
 
 
 def test_call_signatures_tell_positional_and_keyword_forms_apart():
-    from sagetriton.nodes.call_cache import call_signature
+    from sagetriton.nodes.routing.call_cache import call_signature
 
     q, k, v = random_qkv(lq=8, lk=8, d=16)
     mask = torch.zeros(8, 8)

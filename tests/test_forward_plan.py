@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sagetriton.nodes import stats
+from sagetriton.nodes.config.settings import SageSettings
 from sagetriton.nodes.patching import patch_model, patch_state_of
-from sagetriton.nodes.settings import SageSettings
+from sagetriton.nodes.reporting import stats
 from tiny_models import BUILDERS, sample
 
 pytestmark = pytest.mark.usefixtures("comfyui_path", "no_install_report")
@@ -70,7 +70,7 @@ def test_changed_settings_plan_again(tiny):
 
 def test_a_call_off_the_plan_goes_to_the_dispatcher(tiny, monkeypatch):
     """Calls in another order or shape than the plan's first forward: the shape check hands them on."""
-    from sagetriton.nodes.forward_plan import ForwardPlan, _Forward
+    from sagetriton.nodes.routing.forward_plan import ForwardPlan, _Forward
 
     t = tiny("sd15")
     patched = patch_model(t.patcher, SageSettings(min_seq_len=0))
@@ -94,7 +94,7 @@ def test_a_call_off_the_plan_goes_to_the_dispatcher(tiny, monkeypatch):
 def test_training_forwards_leave_no_plan(comfyui_path):
     """Training forwards send every call to ComfyUI's attention (the kernel has no backward): a plan learnt
     from them would make inference forwards of the same shapes pass the kernel by."""
-    from sagetriton.nodes.dispatch import NEEDS_GRAD
+    from sagetriton.nodes.routing.dispatch import NEEDS_GRAD
     from test_training import _train
 
     t = BUILDERS["wan21"](dtype=torch.bfloat16, seed=0)

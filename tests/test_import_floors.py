@@ -2,9 +2,12 @@
 
 ``kernels/`` is the library alone (no installer, no nodes, no ComfyUI, no processes); ``installer/``
 builds and checks it and never reaches up into the nodes. Read from the sources with ``ast``, so a
-lazy import inside a function counts as much as one at the top.
+lazy import inside a function counts as much as one at the top. Inside ``nodes/`` no two modules import
+each other at module level, and its subpackages (``ui/``, ``routing/``, ...) import one way, lazy imports
+included; pyproject.toml lists every package folder, so a wheel holds them all.
 """
 import ast
+import re
 
 import pytest
 
@@ -33,7 +36,70 @@ def _imports(path):
 
 
 def _floor_files(floor):
-    return sorted((PACK_DIR / floor).glob("*.py"))
+    return sorted((PACK_DIR / floor).rglob("*.py"))
+
+
+def _module_of(path):
+    parts = path.relative_to(PACK_DIR).with_suffix("").parts
+    return parts[:-1] if parts[-1] == "__init__" else parts
+
+
+def _is_module(parts):
+    where = PACK_DIR.joinpath(*parts)
+    return where.with_suffix(".py").is_file() or (where / "__init__.py").is_file()
+
+
+def _pack_imports(path, module_level_only):
+    """The pack modules ``path`` imports (tuples of names below the pack root), relative imports only (the pack
+    imports itself that way). Module level: top-level statements, inside a top-level ``if``/``try``/``with``
+    too; ``if TYPE_CHECKING:`` blocks never run, so they are left out either way."""
+    package = path.parent.relative_to(PACK_DIR).parts
+
+    def walk(statements):
+        for s in statements:
+            if isinstance(s, ast.If) and "TYPE_CHECKING" in ast.unparse(s.test):
+                continue
+            if isinstance(s, ast.ImportFrom) and s.level:
+                base = package[:len(package) - (s.level - 1)]
+                target = (*base, *(s.module.split(".") if s.module else ()))
+                submodules = [(*target, a.name) for a in s.names if _is_module((*target, a.name))]
+                yield from submodules or [target]
+            elif isinstance(s, (ast.If, ast.Try, ast.With)) or (not module_level_only and hasattr(s, "body")):
+                for field in ("body", "orelse", "finalbody"):
+                    yield from walk(getattr(s, field, None) or [])
+                for handler in getattr(s, "handlers", None) or []:
+                    yield from walk(handler.body)
+
+    yield from walk(ast.parse(path.read_text(encoding="utf-8")).body)
+
+
+def _cycles(graph):
+    """Every cycle a depth-first search meets (empty when ``graph`` is acyclic), each as a list of nodes."""
+    state, stack, found = {}, [], []
+
+    def visit(u):
+        state[u] = "open"
+        stack.append(u)
+        for v in sorted(graph.get(u, ())):
+            if state.get(v) == "open":
+                found.append([*stack[stack.index(v):], v])
+            elif v not in state:
+                visit(v)
+        stack.pop()
+        state[u] = "done"
+
+    for u in sorted(graph):
+        if u not in state:
+            visit(u)
+    return found
+
+
+def _nodes_graph(module_level_only):
+    graph = {}
+    for path in _floor_files("nodes"):
+        module = _module_of(path)
+        graph[module] = {t for t in _pack_imports(path, module_level_only) if t[:1] == ("nodes",) and t != module}
+    return graph
 
 
 @pytest.mark.parametrize("floor", FLOORS)
@@ -50,6 +116,35 @@ def test_the_kernel_library_stands_alone():
         modules = {m for _, m in _imports(path) if m}
         assert not modules & COMFYUI_MODULES, f"kernels/{path.name} imports ComfyUI: {modules & COMFYUI_MODULES}"
         assert not modules & {"subprocess", "multiprocessing"}, f"kernels/{path.name} starts processes"
+
+
+def test_no_import_cycle_between_nodes_modules():
+    """Module-level imports inside ``nodes/`` form no cycle (a cycle makes import order matter, and breaks)."""
+    cycles = _cycles(_nodes_graph(module_level_only=True))
+    assert not cycles, ["  ->  ".join(".".join(m) for m in c) for c in cycles]
+
+
+def test_nodes_subpackages_import_one_way():
+    """Between ``nodes/``'s subpackages (and its top-level modules) imports run one way, lazy ones included."""
+    def group(module):  # nodes/<sub>/x.py -> "<sub>"; nodes/x.py -> "x"; nodes/__init__.py -> None
+        return module[1] if len(module) > 1 else None
+
+    packages = {}
+    for module, targets in _nodes_graph(module_level_only=False).items():
+        for target in targets:
+            if None not in (group(module), group(target)) and group(module) != group(target):
+                packages.setdefault(group(module), set()).add(group(target))
+    cycles = _cycles(packages)
+    assert not cycles, ["  ->  ".join(c) for c in cycles]
+
+
+def test_every_package_folder_is_in_the_wheel():
+    """pyproject.toml lists packages by hand: a new subpackage missing there would be missing from the wheel."""
+    text = (PACK_DIR / "pyproject.toml").read_text(encoding="utf-8")
+    listed = set(re.findall(r'"(sagetriton(?:\.\w+)*)"', re.search(r"^packages = \[(.*?)\]", text, re.S | re.M)[1]))
+    folders = {".".join(("sagetriton", *p.parent.relative_to(PACK_DIR).parts))
+               for floor in FLOORS for p in (PACK_DIR / floor).rglob("__init__.py")}
+    assert folders <= listed, sorted(folders - listed)
 
 
 def test_the_root_imports_the_nodes_only():

@@ -16,9 +16,9 @@ import torch
 from model_checks import KernelSpy, assert_calls_close, assert_close, check_every_call, without_masks
 from sagetriton.kernels.arch import arch_from_properties
 from sagetriton.kernels.reference import rel_l1
-from sagetriton.nodes import stats
+from sagetriton.nodes.config.settings import SageSettings
 from sagetriton.nodes.patching import patch_model, patch_state_of
-from sagetriton.nodes.settings import SageSettings
+from sagetriton.nodes.reporting import stats
 from tiny_models import sample
 
 pytestmark = pytest.mark.usefixtures("comfyui_path", "no_install_report")

@@ -1,7 +1,7 @@
 """The two nodes as ComfyUI sees them: ids, display names, sockets, tooltips, defaults."""
 import pytest
-from sagetriton.nodes.registry import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
-from sagetriton.nodes.settings import SageSettings
+from sagetriton.nodes.config.settings import SageSettings
+from sagetriton.nodes.ui.registry import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
 
 SETTINGS_INPUTS = {
     "qk_quant_gran": (["auto", "per_block", "per_warp", "per_thread"], "auto"),

@@ -2,7 +2,7 @@
 attention (one check per forward), counted as a fallback reason on the node and in /sage/status."""
 import pytest
 import torch
-from sagetriton.nodes import stats
+from sagetriton.nodes.reporting import stats
 from tiny_models import BUILDERS, sample
 
 pytestmark = pytest.mark.usefixtures("comfyui_path", "no_install_report")
@@ -10,9 +10,9 @@ pytestmark = pytest.mark.usefixtures("comfyui_path", "no_install_report")
 
 @pytest.mark.parametrize("planted", [float("nan"), float("inf")])
 def test_planted_non_finite_kernel_result_is_redone(pack, monkeypatch, planted):
-    from sagetriton.nodes.nonfinite_guard import REASON
-    from sagetriton.nodes.patch_node import SageTritonPatchModelAttention
-    from sagetriton.nodes.status_route import status_payload
+    from sagetriton.nodes.reporting.status_route import status_payload
+    from sagetriton.nodes.routing.nonfinite_guard import REASON
+    from sagetriton.nodes.ui.patch_node import SageTritonPatchModelAttention
 
     t = BUILDERS["wan21"](seed=0)
     reference = sample(t, steps=2)
@@ -42,9 +42,9 @@ def test_a_redo_on_one_thread_leaves_other_threads_on_the_kernel(pack):
     import threading
 
     from attention_cases import random_qkv, reference_backend
-    from sagetriton.nodes.dispatch import PatchState
-    from sagetriton.nodes.nonfinite_guard import REASON, make_apply_model_wrapper
-    from sagetriton.nodes.settings import SageSettings
+    from sagetriton.nodes.config.settings import SageSettings
+    from sagetriton.nodes.routing.dispatch import PatchState
+    from sagetriton.nodes.routing.nonfinite_guard import REASON, make_apply_model_wrapper
 
     state = PatchState(SageSettings(min_seq_len=0))
     state.begin_run()

@@ -12,10 +12,10 @@ import torch
 from model_checks import KernelSpy, assert_calls_close, check_every_call, without_masks
 from sagetriton.kernels.arch import arch_from_properties
 from sagetriton.kernels.reference import cosine, rel_l1
-from sagetriton.nodes import stats
+from sagetriton.nodes.config.settings import SageSettings
 from sagetriton.nodes.patching import OVERRIDE_KEY, patch_model, patch_state_of
-from sagetriton.nodes.run_summary import WRAPPER_KEY, notify_browser
-from sagetriton.nodes.settings import SageSettings
+from sagetriton.nodes.reporting import stats
+from sagetriton.nodes.reporting.run_summary import WRAPPER_KEY, notify_browser
 from tiny_models import BUILDERS, sample
 
 pytestmark = pytest.mark.usefixtures("comfyui_path")
@@ -67,7 +67,7 @@ def test_patched_model_samples_like_the_original(family, tiny, monkeypatch, pack
 
 
 def test_nodes_through_ksampler(tiny, pack, caplog):
-    from sagetriton.nodes.registry import NODE_CLASS_MAPPINGS
+    from sagetriton.nodes.ui.registry import NODE_CLASS_MAPPINGS
 
     import nodes as comfy_nodes
 
@@ -95,7 +95,7 @@ def test_nodes_through_ksampler(tiny, pack, caplog):
 
 
 def test_patch_node_without_settings_uses_arch_defaults(tiny):
-    from sagetriton.nodes.patch_node import SageTritonPatchModelAttention
+    from sagetriton.nodes.ui.patch_node import SageTritonPatchModelAttention
 
     t = tiny("wan21")
     (patched,) = SageTritonPatchModelAttention().patch(t.patcher)
@@ -221,7 +221,7 @@ def test_install_report_sets_crossover_and_avoids_failed_variants(tiny, no_insta
 def test_a_run_too_short_for_the_kernel_says_to_leave_the_model_unpatched(tiny):
     """Every call shorter than the crossover (SDXL at 1024² on an H200): the patch only costs host time,
     and the run's summary says so; a run where some calls took the kernel does not."""
-    from sagetriton.nodes.run_summary import UNPATCH_HINT
+    from sagetriton.nodes.reporting.run_summary import UNPATCH_HINT
 
     t = tiny("sd15")
     sample(t, patch_model(t.patcher, SageSettings(min_seq_len=1 << 20)), steps=1)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from sagetriton.nodes import v3_nodes
-from sagetriton.nodes.registry import NODE_CLASS_MAPPINGS as CLASSIC
-from sagetriton.nodes.registry import NODE_DISPLAY_NAME_MAPPINGS as NAMES
+from sagetriton.nodes.ui import v3_nodes
+from sagetriton.nodes.ui.registry import NODE_CLASS_MAPPINGS as CLASSIC
+from sagetriton.nodes.ui.registry import NODE_DISPLAY_NAME_MAPPINGS as NAMES
 
 SETTINGS = "SageTritonSettings"
 PATCH = "SageTritonPatchModelAttention"

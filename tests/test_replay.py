@@ -106,8 +106,8 @@ def test_a_recording_keeps_no_tensor_of_its_call_alive(seed, replaying):
 
 def test_the_end_of_a_sampling_run_frees_the_buffers(seed, replaying):
     """Reused buffers are held for a run only: between prompts ComfyUI gets the memory back."""
-    from sagetriton.nodes.dispatch import PatchState
-    from sagetriton.nodes.run_summary import finish_run
+    from sagetriton.nodes.reporting.run_summary import finish_run
+    from sagetriton.nodes.routing.dispatch import PatchState
 
     state = PatchState()
     state.begin_run()

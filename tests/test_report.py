@@ -158,10 +158,10 @@ def test_measured_pv_choice_replaces_the_table_default_only_when_auto(rep, monke
     unconfigured node runs int8 there and says why; an explicit choice, a failed int8 variant or
     another head size keep their own."""
     from sagetriton.kernels.arch import ArchInfo
-    from sagetriton.nodes.install_report import InstallReport
-    from sagetriton.nodes.planner import KernelPlanner
-    from sagetriton.nodes.run_summary import describe_plan
-    from sagetriton.nodes.settings import DEFAULT_SETTINGS
+    from sagetriton.nodes.config.install_report import InstallReport
+    from sagetriton.nodes.config.planner import KernelPlanner
+    from sagetriton.nodes.config.settings import DEFAULT_SETTINGS
+    from sagetriton.nodes.reporting.run_summary import describe_plan
 
     h200 = ArchInfo("nvidia", "sm90", "hopper", "NVIDIA H200", 132, "e4m3fn")
     r = _report(rep, h200, pv_choice={"seq_len": 8192, "batch": 2, "heads": 24, "by_head_dim": {

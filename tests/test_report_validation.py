@@ -69,8 +69,8 @@ def _plant(rep, arch, text):
 @pytest.mark.parametrize("case", list(BROKEN))
 def test_broken_report_is_no_report_for_every_reader(rep, case):
     from sagetriton.kernels.arch import CPU_ARCH, KernelConfig
-    from sagetriton.nodes.install_report import InstallReport
-    from sagetriton.nodes.status_route import _dumps, status_payload
+    from sagetriton.nodes.config.install_report import InstallReport
+    from sagetriton.nodes.reporting.status_route import _dumps, status_payload
 
     _plant(rep, CPU_ARCH, BROKEN[case](rep.report_key(CPU_ARCH)))
     assert rep.load_report(rep.report_key(CPU_ARCH)) is None
@@ -100,8 +100,8 @@ def test_sampling_goes_on_with_a_broken_crossover(rep, comfyui_path):
     """A tiny real Wan 2.1 through the Patch node (crossover from the report: min_seq_len -1)."""
     import torch
     from sagetriton.kernels.arch import CPU_ARCH
-    from sagetriton.nodes import stats
-    from sagetriton.nodes.patch_node import SageTritonPatchModelAttention
+    from sagetriton.nodes.reporting import stats
+    from sagetriton.nodes.ui.patch_node import SageTritonPatchModelAttention
     from tiny_models import BUILDERS, sample
 
     _plant(rep, CPU_ARCH, BROKEN["seq_len_text"](rep.report_key(CPU_ARCH)))
@@ -203,7 +203,7 @@ def test_nodes_panel_says_the_report_was_ignored(rep, tmp_path):
     import subprocess
 
     from sagetriton.kernels.arch import CPU_ARCH
-    from sagetriton.nodes.status_route import _dumps, status_payload
+    from sagetriton.nodes.reporting.status_route import _dumps, status_payload
 
     from sagetriton_import import PACK_DIR
 

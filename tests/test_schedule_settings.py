@@ -1,8 +1,8 @@
 """Step detection for full-precision steps, and the settings' validation (no ComfyUI needed)."""
 import pytest
 import torch
-from sagetriton.nodes.schedule import is_full_precision_step, step_position
-from sagetriton.nodes.settings import SageSettings
+from sagetriton.nodes.config.settings import SageSettings
+from sagetriton.nodes.routing.schedule import is_full_precision_step, step_position
 
 SCHEDULE = torch.tensor([14.6, 6.0, 2.5, 0.9, 0.0])  # 4 steps
 

@@ -154,7 +154,7 @@ def test_incomplete_report_is_retried_on_later_starts_with_a_cap(pack, tmp_path,
     st = fs.setup_status()
     assert st["phase"] == "failed" and f"incomplete after {fs.MAX_SETUP_ATTEMPTS} attempts" in st["message"], st
     assert "exited with code 1" in st["message"] and "install.py --force" in st["message"]
-    from sagetriton.nodes.status_route import status_payload
+    from sagetriton.nodes.reporting.status_route import status_payload
 
     shown = status_payload("cpu")["report"]  # the simulated GPU's report, as the browser gets it
     assert shown["found"] and shown["complete"] is False and shown["attempts"] == fs.MAX_SETUP_ATTEMPTS

@@ -17,8 +17,8 @@ def test_payload_without_server(pack, tmp_path, monkeypatch):
     monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path))
     from sagetriton.installer import report as rep
     from sagetriton.kernels.arch import CPU_ARCH
-    from sagetriton.nodes import stats
-    from sagetriton.nodes.status_route import status_payload
+    from sagetriton.nodes.reporting import stats
+    from sagetriton.nodes.reporting.status_route import status_payload
 
     rep.invalidate_cache()
     p = status_payload("cpu")
@@ -76,7 +76,7 @@ def test_status_route_in_real_comfyui(comfyui_path, tmp_path):
 
 def _status_in_thread(timeout: float = 30.0):
     """status_payload("cpu") on another thread; None when it did not answer within ``timeout``."""
-    from sagetriton.nodes.status_route import status_payload
+    from sagetriton.nodes.reporting.status_route import status_payload
 
     out = []
     t = threading.Thread(target=lambda: out.append(status_payload("cpu")), daemon=True)
@@ -116,7 +116,7 @@ from sagetriton_import import import_pack
 import_pack(run_init=False)
 from sagetriton.installer import report as rep
 from sagetriton.kernels.arch import CPU_ARCH
-from sagetriton.nodes.status_route import _dumps, status_payload
+from sagetriton.nodes.reporting.status_route import _dumps, status_payload
 path = rep.report_path(rep.report_key(CPU_ARCH))
 path.parent.mkdir(parents=True, exist_ok=True)
 os.symlink(sys.argv[1], path)
@@ -150,9 +150,9 @@ def test_status_follows_the_file_and_never_writes(pack, tmp_path, monkeypatch):
     a request creates no folder; the path shown is relative to the pack or home folder, not absolute."""
     from sagetriton.installer import report as rep
     from sagetriton.kernels.arch import CPU_ARCH
-    from sagetriton.nodes.dispatch import PatchState
-    from sagetriton.nodes.install_report import InstallReport
-    from sagetriton.nodes.status_route import status_payload
+    from sagetriton.nodes.config.install_report import InstallReport
+    from sagetriton.nodes.reporting.status_route import status_payload
+    from sagetriton.nodes.routing.dispatch import PatchState
 
     monkeypatch.setattr(rep, "PACK_DIR", tmp_path / "pack")
     (tmp_path / "pack").mkdir()
@@ -200,7 +200,7 @@ def test_a_report_disabling_every_variant_is_logged_once(pack, tmp_path, monkeyp
 
     from sagetriton.installer import report as rep
     from sagetriton.kernels.arch import CPU_ARCH, PV_ACCUM_DTYPES, PV_PRECISIONS
-    from sagetriton.nodes.status_route import status_payload
+    from sagetriton.nodes.reporting.status_route import status_payload
 
     r = rep.new_report(rep.report_key(CPU_ARCH))
     names = [rep.variant_name(*v) for v in itertools.product(("per_warp", "per_thread", "per_block"), PV_PRECISIONS,

@@ -25,10 +25,10 @@ def _train(model, tiny, steps=2, checkpointing=False):
 def test_comfyui_lora_training_through_a_patched_model(rep, comfyui_path, checkpointing):
     """ComfyUI's own TrainLoraNode on a tiny bf16 Wan 2.1: unpatched it trains; patched it must too."""
     import torch
-    from sagetriton.nodes import stats
-    from sagetriton.nodes.dispatch import NEEDS_GRAD
-    from sagetriton.nodes.patch_node import SageTritonPatchModelAttention
     from sagetriton.nodes.patching import patch_state_of
+    from sagetriton.nodes.reporting import stats
+    from sagetriton.nodes.routing.dispatch import NEEDS_GRAD
+    from sagetriton.nodes.ui.patch_node import SageTritonPatchModelAttention
     from tiny_models import BUILDERS, sample
 
     tiny = BUILDERS["wan21"](dtype=torch.bfloat16, seed=0)

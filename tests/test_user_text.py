@@ -12,7 +12,7 @@ def test_no_gpu_start_log_and_run_summary_tell_the_same_story(pack):
     """On a CPU install every call runs on ComfyUI's own attention: the start log, the run summary (log and
     node) must not say "nothing is patched" on one side and "replaced ComfyUI's attention" on the other."""
     from sagetriton.installer.firststart import NO_GPU_LOG
-    from sagetriton.nodes.run_summary import format_summary
+    from sagetriton.nodes.reporting.run_summary import format_summary
 
     own = "ComfyUI's global attention (sub_quad)"  # what describe_replaced names on a CPU ComfyUI
     summary = {"kernel": 0, "fallback": {"cpu device is not a CUDA/ROCm GPU": 4}, "fallback_total": 4,
@@ -26,8 +26,8 @@ def test_no_gpu_start_log_and_run_summary_tell_the_same_story(pack):
 
 
 def _tooltips():
-    from sagetriton.nodes.patch_node import SageTritonPatchModelAttention
-    from sagetriton.nodes.settings_node import SageTritonSettings
+    from sagetriton.nodes.ui.patch_node import SageTritonPatchModelAttention
+    from sagetriton.nodes.ui.settings_node import SageTritonSettings
 
     for cls in (SageTritonSettings, SageTritonPatchModelAttention):
         for group in cls.INPUT_TYPES().values():
@@ -52,14 +52,14 @@ def _figures(text: str) -> set[str]:
 
 def test_readme_settings_table_quotes_the_tooltips_figures(pack):
     """Each Sage Settings row of the README names the same figures as that input's tooltip (both come from
-    nodes/user_figures.py): no "1-5 %" in one place and "2-6 %" in the other."""
+    nodes/ui/user_figures.py): no "1-5 %" in one place and "2-6 %" in the other."""
     tips = dict(_tooltips())
     rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \|(.*)$", README.read_text(), re.M)}
     assert {"pv_precision", "qk_rotation"} <= set(rows), sorted(rows)
     for name, row in rows.items():
         if name in tips:
             assert _figures(row) <= _figures(tips[name]), (name, _figures(row), _figures(tips[name]))
-    from sagetriton.nodes.user_figures import PV_ERROR, QK_ROTATION_COST, QK_ROTATION_GAIN
+    from sagetriton.nodes.ui.user_figures import PV_ERROR, QK_ROTATION_COST, QK_ROTATION_GAIN
 
     quoted = _figures(rows["pv_precision"] + rows["qk_rotation"])
     for figure in (*PV_ERROR.values(), QK_ROTATION_GAIN, QK_ROTATION_COST):

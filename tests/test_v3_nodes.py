@@ -2,7 +2,7 @@
 
 The tested ComfyUI (0.3.64) ships an early ``comfy_api.latest`` with ``io.ComfyNode``, ``io.Schema``
 and ``ComfyExtension``, so the V3 path runs here for real; the classic path is what a ComfyUI without
-that API gets, and what 0.3.64 gets by default (``nodes/v3_nodes.py`` says why); the tests here ask
+that API gets, and what 0.3.64 gets by default (``nodes/ui/v3_nodes.py`` says why); the tests here ask
 for V3 with ``SAGETRITON_NODE_SCHEMA=v3``.
 """
 from __future__ import annotations
@@ -11,11 +11,11 @@ import asyncio
 
 import pytest
 import torch
-from sagetriton.nodes import v3_nodes
+from sagetriton.nodes.config.settings import SageSettings
 from sagetriton.nodes.patching import patch_state_of
-from sagetriton.nodes.registry import NODE_CLASS_MAPPINGS as CLASSIC
-from sagetriton.nodes.registry import NODE_DISPLAY_NAME_MAPPINGS as NAMES
-from sagetriton.nodes.settings import SageSettings
+from sagetriton.nodes.ui import v3_nodes
+from sagetriton.nodes.ui.registry import NODE_CLASS_MAPPINGS as CLASSIC
+from sagetriton.nodes.ui.registry import NODE_DISPLAY_NAME_MAPPINGS as NAMES
 
 
 @pytest.fixture

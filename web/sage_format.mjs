@@ -89,7 +89,7 @@ export function runLines(run, top = 3) {
   const lines = [`last run: ${run.kernel ?? 0} kernel · ${nfb} fallback`];
   if (run.backend && run.backend !== "SageTriton") lines.push(`kernel calls on ${run.backend} (Sage Settings)`);
   // What runs the fallbacks, and the attention this patch took over from when that is another one
-  // (nodes/core_backends.py); the same words as the run summary (nodes/run_summary.py).
+  // (nodes/core_backends.py); the same words as the run summary (nodes/reporting/run_summary.py).
   if (run.replaced) lines.push(fallbackLine(run.replaced, run.fallback_backend));
   for (const [why, n] of fb.slice(0, top)) lines.push(`${n}× ${why}`);
   if (fb.length > top) lines.push(`+${fb.length - top} more fallback reasons`);

@@ -212,10 +212,10 @@ app.registerExtension({
     refreshAll();
     api.addEventListener("execution_success", refreshAtPromptEnd);
     api.addEventListener("execution_error", refreshAtPromptEnd);
-    // The first-start self-test's progress (nodes/status_route.py SETUP_EVENT); unlistened, the
+    // The first-start self-test's progress (nodes/reporting/status_route.py SETUP_EVENT); unlistened, the
     // frontend logs every such message as "Unhandled message".
     api.addEventListener("sagetriton.setup", refreshSoon);
-    // A Patch node ran (nodes/run_summary.py RUN_EVENT, sent to the tab that queued the prompt).
+    // A Patch node ran (nodes/reporting/run_summary.py RUN_EVENT, sent to the tab that queued the prompt).
     api.addEventListener("sagetriton.run", ({ detail }) => {
       const node = app.graph?.getNodeById?.(detail?.node);
       if ((node?.comfyClass ?? node?.type) !== PATCH_NODE) return;

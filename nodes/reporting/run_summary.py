@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from ..kernels import replay
-from ..kernels.log import logger
-from .dispatch import PatchState
-from .planner import KernelPlan
-from .preferred_attention import describe
+from ...kernels import replay
+from ...kernels.log import logger
+from ..backends.preferred_attention import describe
 from .stats import LENGTH_REASONS, RunTally, set_last_run
+
+if TYPE_CHECKING:  # annotations only: routing imports reporting (stats), not the other way round
+    from ..config.planner import KernelPlan
+    from ..routing.dispatch import PatchState
 
 WRAPPER_KEY = "sagetriton_run_summary"
 

@@ -1,7 +1,7 @@
 """Patch Model Attention node: a clone of the MODEL whose attention runs on the SageTriton kernel."""
 from __future__ import annotations
 
-from .patching import patch_model
+from ..patching import patch_model
 from .settings_node import SETTINGS_TYPE, settings_input_problem
 
 

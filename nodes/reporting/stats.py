@@ -9,7 +9,7 @@ import threading
 from collections import Counter
 from typing import Optional
 
-from ..kernels.log import logger
+from ...kernels.log import logger
 
 # Fallback reasons that are routing policy, not problems: logged at INFO, the others at WARNING.
 # The first two mean "too short for the kernel here" (``run_summary``'s hint to leave a model unpatched).

@@ -11,7 +11,7 @@ import inspect
 import os
 from typing import Optional
 
-from ..kernels.log import logger
+from ...kernels.log import logger
 
 # The V3 names this module uses; a ComfyUI whose comfy_api.latest lacks any of them gets the classic nodes.
 _V3_NAMES = ("ComfyNode", "Schema", "NodeOutput", "Combo", "Boolean", "Int", "Model", "Custom", "Hidden")

@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from ..kernels.arch import ArchInfo
+from ...kernels.arch import ArchInfo
 
 # Bytes the score matrix of one chunk may take (fp32 scores plus their softmax).
 DEFAULT_SCORE_BUDGET = 512 * 1024 * 1024

@@ -1,8 +1,8 @@
 """Sage Settings node: the user's kernel choices as a SAGE_SETTINGS value."""
 from __future__ import annotations
 
-from .alt_backends import BACKENDS, DEFAULT_BACKEND, available_backends
-from .settings import (
+from ..backends.alt_backends import BACKENDS, DEFAULT_BACKEND, available_backends
+from ..config.settings import (
     FALLBACK_CHOICES,
     PV_ACCUM_DTYPE_CHOICES,
     PV_PRECISION_CHOICES,

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..installer.report import CROSSOVER_BATCH, CROSSOVER_HEADS
-from ..kernels.arch import ArchInfo, KernelConfig, resolve_config
-from ..kernels.log import logger
+from ...installer.report import CROSSOVER_BATCH, CROSSOVER_HEADS
+from ...kernels.arch import ArchInfo, KernelConfig, resolve_config
+from ...kernels.log import logger
 from .install_report import NoReport
 from .settings import DEFAULT_SETTINGS, MIN_SEQ_LEN_MEASURED, SageSettings
 

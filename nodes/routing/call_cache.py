@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from .planner import KernelPlan
+from ..config.planner import KernelPlan
 
 # Keywords that never change a decision (full-precision steps read transformer_options separately).
 PASSIVE_KWARGS = frozenset({"transformer_options", "_inside_attn_wrapper"})

@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..kernels.log import logger
-from . import stats
+from ...kernels.log import logger
+from ..reporting import stats
 from .dispatch import PatchState
 
 WRAPPER_KEY = "sagetriton_nonfinite_guard"

@@ -40,7 +40,7 @@ def _take(args: tuple) -> tuple:
 
 def _taking_allowed(call, key) -> bool:
     """Eager, no autograd, within the grid limit, and a variant already run once with the floats kept."""
-    from ..kernels.api import GRID_Y_LIMIT
+    from ...kernels.api import GRID_Y_LIMIT
 
     return (key in _proven_variants and not torch.compiler.is_compiling() and not call.q.requires_grad
             and call.batch * call.heads <= GRID_Y_LIMIT)
@@ -61,7 +61,7 @@ def run_fallback(state: PatchState, args: tuple, kwargs: dict, call, backend: Op
 
 
 def _run_kernel_taking(state: PatchState, call, plan, mask, args: tuple) -> torch.Tensor:
-    from ..kernels.api import attention_forward_taking
+    from ...kernels.api import attention_forward_taking
 
     for c in args[:3]:
         c.take()  # the containers let go; ``call`` holds the tensors

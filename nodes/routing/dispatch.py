@@ -15,17 +15,17 @@ from typing import Any, Optional
 
 import torch
 
-from ..kernels.arch import ArchInfo, arch_for_device, interpreter_enabled
-from ..kernels.build_errors import root_cause
-from ..kernels.log import logger
+from ...kernels.arch import ArchInfo, arch_for_device, interpreter_enabled
+from ...kernels.build_errors import root_cause
+from ...kernels.log import logger
+from ..backends import fallback as fb
+from ..config.install_report import NoReport
+from ..config.planner import KernelPlan, KernelPlanner
+from ..config.settings import DEFAULT_SETTINGS, SageSettings
+from ..reporting.stats import RunLog, RunTally
 from . import call_cache
-from . import fallback as fb
 from .call_cache import BOUND, BOUND_MATH, COMFY, COMFY_MATH, KERNEL, CallCache, Decision, call_signature
-from .install_report import NoReport
-from .planner import KernelPlan, KernelPlanner
 from .schedule import is_full_precision_step
-from .settings import DEFAULT_SETTINGS, SageSettings
-from .stats import RunLog, RunTally
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
@@ -318,7 +318,7 @@ class PatchState:
 
     # --- running -----------------------------------------------------------------------------------
     def run_kernel(self, call: AttentionCall, plan: KernelPlan, mask) -> torch.Tensor:
-        from ..kernels import sageattn  # imported on first use: keeps node import cheap
+        from ...kernels import sageattn  # imported on first use: keeps node import cheap
 
         q, k, v, layout = kernel_inputs(call)
         # Written straight in the memory order ComfyUI returns, so comfy_output is a view: Flux's

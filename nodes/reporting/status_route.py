@@ -5,7 +5,7 @@ it to ComfyUI's ``PromptServer`` and is a no-op when there is none (tests import
 """
 from __future__ import annotations
 
-from ..kernels.log import logger
+from ...kernels.log import logger
 
 _planner = None  # one for every request: a downgrade (every variant off) is logged once, not per GET
 _planner_generation = None
@@ -22,7 +22,7 @@ def comfy_device():
 
 
 def _versions() -> dict:
-    from ..installer.report import pack_version
+    from ...installer.report import pack_version
 
     out = {"pack": pack_version()}
     try:
@@ -43,12 +43,12 @@ def _versions() -> dict:
 
 
 def status_payload(device=None) -> dict:
-    from ..installer import report as rep
-    from ..installer.firststart import setup_status
-    from ..kernels.arch import default_config, detect_arch, interpreter_enabled, supported_choices
+    from ...installer import report as rep
+    from ...installer.firststart import setup_status
+    from ...kernels.arch import default_config, detect_arch, interpreter_enabled, supported_choices
+    from ..config.install_report import InstallReport
+    from ..config.planner import KernelPlanner
     from . import stats
-    from .install_report import InstallReport
-    from .planner import KernelPlanner
 
     if device is None:
         device = comfy_device()
@@ -111,7 +111,7 @@ def notify_setup(state: dict) -> None:
 
 def attach_to_server() -> None:
     """Inside a running ComfyUI server: serve ``/sage/status`` and start the one-time background self-test."""
-    from ..installer.firststart import start_background_setup
+    from ...installer.firststart import start_background_setup
 
     if register_routes():  # not when tests import the pack
         start_background_setup(device_fn=comfy_device, notify=notify_setup)
@@ -144,6 +144,6 @@ def register_routes() -> bool:
 
 
 def _dumps(obj) -> str:
-    from ..installer.report import dumps
+    from ...installer.report import dumps
 
     return dumps(obj)  # strict JSON: no NaN/Infinity, which the browser cannot parse

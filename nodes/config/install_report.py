@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..installer import report
-from ..kernels.arch import ArchInfo, KernelConfig
-from ..kernels.log import logger
+from ...installer import report
+from ...kernels.arch import ArchInfo, KernelConfig
+from ...kernels.log import logger
 
 
 class NoReport:

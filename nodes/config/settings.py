@@ -8,8 +8,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..kernels.arch import PV_ACCUM_DTYPES, PV_PRECISIONS, QK_QUANT_GRANS
-from .alt_backends import BACKENDS, DEFAULT_BACKEND
+from ...kernels.arch import PV_ACCUM_DTYPES, PV_PRECISIONS, QK_QUANT_GRANS
+from ..backends.alt_backends import BACKENDS, DEFAULT_BACKEND
 
 AUTO = "auto"
 QK_QUANT_GRAN_CHOICES = (AUTO, *QK_QUANT_GRANS)
