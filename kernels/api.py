@@ -263,7 +263,7 @@ def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, 
             PARTS_PAD=quant.STATS_PARTS, PDL=pdl, ROTATE=rotate, INTERPRETER=interpreter_enabled(),
             ROTATE_DETECT=bool(rotate and rotate_detect),
             ROTATE_SPLIT=rotation.split_slices(method, d_pad, rotate) if rotate and not rotate_detect else 1),
-            num_warps=8 if rotate and method == "dot" else 4,
+            num_warps=rotation.quant_warps(method, block, d_pad) if rotate else 4,
             **_pdl_launch(pdl and after))
     return out, scale
 

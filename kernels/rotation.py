@@ -19,15 +19,23 @@ RANGE_SAMPLED = False
 #  "split2": H_128 = H_2 (x) H_64: two 64-column slices loaded apart, each times the 64x64 signs, then one fp32
 #            butterfly; unrotated configuration, a quarter of the signs' bytes and half the MMA work
 #  "split4": H_4 (x) H_32 the same way: four 32-column slices, 2 KB of signs, two butterfly stages
-METHODS = ("dot", "narrow", "split2", "split4")
+#  "split4w": "split4" with 8 warps on tiles of 128+ rows (the K launch: 187 registers at 4 warps on sm90)
+METHODS = ("dot", "narrow", "split2", "split4", "split4w")
 METHOD = "dot"
 
 
 def split_slices(method: str, d_pad: int, block: int) -> int:
     """Column slices a method multiplies apart (1: one dot over the whole row). Split only where the row is
     one Hadamard block whose slices still make 16-wide dots; "narrow" otherwise."""
-    slices = {"split2": 2, "split4": 4}.get(method, 1)
+    slices = {"split2": 2, "split4": 4, "split4w": 4}.get(method, 1)
     return slices if d_pad == block and block // slices >= 16 else 1
+
+
+def quant_warps(method: str, rows: int, d_pad: int) -> int:
+    """Warps of a rotating quantization launch of ``rows`` x ``d_pad`` tiles (4 without the rotation)."""
+    if method == "dot" or (method == "split4w" and rows * d_pad >= 128 * 128):
+        return 8
+    return 4
 
 
 def hadamard_block(d_pad: int, block: int, dtype=torch.float64) -> torch.Tensor:
