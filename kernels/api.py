@@ -233,7 +233,7 @@ def _rotation_signs(d_pad: int, block: int, device) -> torch.Tensor:
 
 def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, stats=None, kv_div=1,
                  bias=None, bias_mult=1.0, per_block=False, finalize=None, pdl=False, after=True, rotate=0,
-                 rotate_detect=False):
+                 rotate_detect=False, method="dot"):
     """INT8 copy (B*H, L, D_PAD) and scales: one per block with ``per_block`` (group == block), else
     one per token (the group's scale repeated).
 
@@ -244,7 +244,8 @@ def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, 
     ``pdl``: the call's launches are chained (``KernelConfig.pdl``); ``after``: this is not the
     call's first launch, so it may start before the one before it ends.
     ``rotate``: block size of the Hadamard rotation applied before rounding (0: none); ``rotate_detect``:
-    only on the heads ``quant.rotate_head`` picks (the statistics hold K's range, ``final`` the flags).
+    only on the heads ``quant.rotate_head`` picks (the statistics hold K's range, ``final`` the flags);
+    ``method``: how (``rotation.METHOD``).
     """
     B, H, L, D = x.shape
     out = torch.empty((B * H, L, d_pad), dtype=torch.int8, device=x.device)
@@ -260,8 +261,9 @@ def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, 
     ), dict(BLOCK=block, GROUP=group, D_PAD=d_pad, MEAN_MODE=mean_mode, SCALE_PER_BLOCK=per_block,
             FINALIZE=finalize is not None, K_SUM=k_sum, V_STATS=v_stats, V_RANGE=v_range, V_POW2=v_pow2,
             PARTS_PAD=quant.STATS_PARTS, PDL=pdl, ROTATE=rotate, INTERPRETER=interpreter_enabled(),
-            ROTATE_DETECT=bool(rotate and rotate_detect)),
-            num_warps=8 if rotate else 4,
+            ROTATE_DETECT=bool(rotate and rotate_detect),
+            ROTATE_SPLIT=rotation.split_slices(method, d_pad, rotate) if rotate and not rotate_detect else 1),
+            num_warps=rotation.quant_warps(method, block, d_pad) if rotate else 4,
             **_pdl_launch(pdl and after))
     return out, scale
 
@@ -533,6 +535,7 @@ def _quantize(plan: _CallPlan, cfg: KernelConfig, smooth_k: bool, smooth_v: bool
     rotate = min(d_pad, ROTATION_BLOCK) if cfg.qk_rotation else 0
     v_stats = _v_stats_needed(cfg, smooth_v)
     detect = bool(rotate) and rotation.DETECT
+    method = rotation.METHOD if rotate else "dot"
     parts, n_parts, k_tokens = _kv_stats(kh, vh, smooth_k, v_stats, d_pad, pdl, k_range=detect)
     stats = final = None
     if parts is not None:
@@ -544,12 +547,12 @@ def _quantize(plan: _CallPlan, cfg: KernelConfig, smooth_k: bool, smooth_v: bool
     # granularity allows, which saves a multiply per logit in the inner loop.
     qbias = torch.empty((B * H, LQ), dtype=torch.float32, device=qh.device) if (smooth_k and return_lse) else None
     # Rotating Q: 128 rows per program, the signs' load shared by more rows (scales stay per token).
-    q_block = max(cfg.block_m, 128) if rotate else cfg.block_m
+    q_block = max(cfg.block_m, 128) if rotate and method == "dot" else cfg.block_m
     q8, qs = _quantize_qk(qh, q_group, q_block, d_pad, plan.sm_scale * quant.LOG2E,
                           quant.MEAN_DOT if qbias is not None else quant.MEAN_NONE, stats, H // H_KV,
                           bias=qbias, bias_mult=plan.sm_scale,
                           finalize=(smooth_k, v_stats, *_v_range(cfg)) if stats is not None else None,
-                          pdl=pdl, after=parts is not None, rotate=rotate, rotate_detect=detect)
+                          pdl=pdl, after=parts is not None, rotate=rotate, rotate_detect=detect, method=method)
     if stats is not None:
         # The Q launch has reduced the partials into ``final``, which every later launch reads. Freed
         # now, they are not part of the call's peak: the allocator hands the block only to work queued
@@ -559,7 +562,7 @@ def _quantize(plan: _CallPlan, cfg: KernelConfig, smooth_k: bool, smooth_v: bool
     if release:
         qh = plan.qh = None
     k8, ks = _quantize_qk(kh, k_group, cfg.block_n, d_pad, 1.0, quant.MEAN_SUBTRACT if smooth_k else quant.MEAN_NONE,
-                          stats, per_block=plan.k_scalar, pdl=pdl, rotate=rotate, rotate_detect=detect)
+                          stats, per_block=plan.k_scalar, pdl=pdl, rotate=rotate, rotate_detect=detect, method=method)
     if release:
         kh = plan.kh = None
     v_op, v_strides, v_scale, v_mean, pv_mode, p_scale, tile_bias = _prepare_v(vh, cfg, smooth_v, d_pad, final, pdl)

@@ -12,6 +12,30 @@ DETECT = False
 # K's range for that choice from the K mean's sample of keys instead of every key (A/B runs: cheaper
 # statistics pass, but an outlier key outside the sample goes unseen).
 RANGE_SAMPLED = False
+# How the quantization launches rotate (issue 42 item 2, A/B in bench/rotation_cost_ab.py; clear ``replay`` after
+# changing it). All apply the same Hadamard to the same fp16-rounded rows; only the fp32 sum order differs.
+#  "dot":    one 128x128 fp16 tl.dot, 8 warps, Q programs of >= 128 rows (the default until measured)
+#  "narrow": the same dot in the unrotated launch's configuration (4 warps, the config's block rows)
+#  "split2": H_128 = H_2 (x) H_64: two 64-column slices loaded apart, each times the 64x64 signs, then one fp32
+#            butterfly; unrotated configuration, a quarter of the signs' bytes and half the MMA work
+#  "split4": H_4 (x) H_32 the same way: four 32-column slices, 2 KB of signs, two butterfly stages
+#  "split4w": "split4" with 8 warps on tiles of 128+ rows (the K launch: 187 registers at 4 warps on sm90)
+METHODS = ("dot", "narrow", "split2", "split4", "split4w")
+METHOD = "dot"
+
+
+def split_slices(method: str, d_pad: int, block: int) -> int:
+    """Column slices a method multiplies apart (1: one dot over the whole row). Split only where the row is
+    one Hadamard block whose slices still make 16-wide dots; "narrow" otherwise."""
+    slices = {"split2": 2, "split4": 4, "split4w": 4}.get(method, 1)
+    return slices if d_pad == block and block // slices >= 16 else 1
+
+
+def quant_warps(method: str, rows: int, d_pad: int) -> int:
+    """Warps of a rotating quantization launch of ``rows`` x ``d_pad`` tiles (4 without the rotation)."""
+    if method == "dot" or (method == "split4w" and rows * d_pad >= 128 * 128):
+        return 8
+    return 4
 
 
 def hadamard_block(d_pad: int, block: int, dtype=torch.float64) -> torch.Tensor:

@@ -1,0 +1,137 @@
+"""What the Q/K rotation costs per launch variant (``rotation.METHOD``, issue 42 item 2); one GPU, one process.
+
+    python bench/rotation_cost_ab.py --out bench/results/sm90_rotation_cost_ab.json [--rounds 5]
+
+For 2x24x8192x128, 1x24x16384x128 and 1x12x32768x128 bf16 (random inputs): whole ``sageattn`` calls
+(do_bench medians per round, rounds interleaved with a rotating start, then the median over rounds) and the Q
+and K quantization launches alone (device time per kernel from torch.profiler, L2 flushed before each call),
+for no rotation, today's rotation ("dot") and each variant. Accuracy: each variant's output against "dot"
+on the same inputs (cosine >= 0.99999 expected), and on the massive-channel and outlier-key cases against
+fp32 math attention (cosine >= 0.9995). Targets: rotation <= 1 % of a call at 8K; >= 1.47x / 1.55x SDPA.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton.testing
+from accuracy_cases import make_case
+from common import RESULTS, cosine, environment, import_pack, write_json
+
+import_pack()
+from sagetriton.kernels import api, replay, rotation  # noqa: E402
+from sagetriton.kernels.arch import default_config, detect_arch  # noqa: E402
+
+SHAPES = [(2, 24, 8192, 128), (1, 24, 16384, 128), (1, 12, 32768, 128)]
+BASE = "no rotation"
+
+
+def variants(D: int) -> dict:
+    cfg = default_config(detect_arch(torch.device("cuda")), D)
+    plain, rot = cfg.replace(qk_rotation=False), cfg.replace(qk_rotation=True)
+
+    def make(c, method):
+        def run(q, k, v):
+            if rotation.METHOD != method:
+                rotation.METHOD = method
+                replay.clear()
+            return api.attention_forward(q, k, v, "HND", False, None, None, False, c, True, False)[0]
+        return run
+    return {BASE: make(plain, "dot"), **{m: make(rot, m) for m in rotation.METHODS}}
+
+
+def quant_us(fn, qkv, calls: int = 10) -> dict:
+    """Median device µs of the call's Q and K quantization launches (the first and second
+    ``quantize_int8_kernel`` of each call), each call after an L2 flush."""
+    flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+    fn(*qkv)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            flush.zero_()
+            fn(*qkv)
+        torch.cuda.synchronize()
+    events = sorted((e for e in prof.events() if "quantize_int8_kernel" in e.name
+                     and e.device_type == torch.autograd.DeviceType.CUDA), key=lambda e: e.time_range.start)
+    durs = [e.time_range.elapsed_us() for e in events]
+    if len(durs) != 2 * calls:
+        return {"q_us": None, "k_us": None, "launches": len(durs)}
+    q, k = durs[0::2], durs[1::2]
+    return {"q_us": statistics.median(q), "k_us": statistics.median(k),
+            "qk_us": statistics.median(a + b for a, b in zip(q, k, strict=True))}
+
+
+def speed(rounds: int) -> list:
+    rows = []
+    for shape in SHAPES:
+        B, H, L, D = shape
+        qkv = tuple(torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        fns = {"sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v), **variants(D)}
+        ref_out = fns["dot"](*qkv).float()
+        check = {}
+        for name in rotation.METHODS:
+            out = fns[name](*qkv).float()
+            check[name] = dict(cos_vs_dot=cosine(out, ref_out), max_abs_vs_dot=(out - ref_out).abs().max().item())
+        quant = {name: quant_us(fn, qkv) for name, fn in fns.items() if name != "sdpa"}
+        times = {name: [] for name in fns}
+        for r in range(rounds):
+            names = list(fns)[r % len(fns):] + list(fns)[:r % len(fns)]
+            for name in names:
+                times[name].append(triton.testing.do_bench(lambda f=fns[name], x=qkv: f(*x), warmup=25, rep=150,
+                                                           return_mode="median"))
+        ms = {name: statistics.median(t) for name, t in times.items()}
+        tops = {name: 4 * B * H * L * L * D / (m * 1e-3) / 1e12 for name, m in ms.items()}
+        row = dict(shape="x".join(map(str, shape)), ms=ms, per_round=times, tops=tops,
+                   x_sdpa={n: ms["sdpa"] / m for n, m in ms.items()},
+                   pct_vs_no_rotation={n: 100.0 * (ms[n] / ms[BASE] - 1.0) for n in ms if n != "sdpa"},
+                   quant=quant, check=check)
+        rows.append(row)
+        print(f"\n{row['shape']}  (sdpa {ms['sdpa']:.3f} ms)")
+        print(f"{'variant':12} {'TOPS':>7} {'x SDPA':>7} {'% vs none':>9} {'Q µs':>7} {'K µs':>7} {'cos vs dot':>11}")
+        for n in [BASE, *rotation.METHODS]:
+            qu, c = quant[n], check.get(n, {})
+            fmt = lambda x: f"{x:7.1f}" if x is not None else "      ?"  # noqa: E731
+            print(f"{n:12} {tops[n]:7.1f} {row['x_sdpa'][n]:7.3f} {row['pct_vs_no_rotation'][n]:+9.2f} "
+                  f"{fmt(qu.get('q_us'))} {fmt(qu.get('k_us'))} {c.get('cos_vs_dot', float('nan')):11.7f}", flush=True)
+        del qkv
+    return rows
+
+
+def accuracy() -> list:
+    rows = []
+    fns = variants(128)
+    for case in ("massive_channels", "outlier_key", "randn"):
+        q, k, v = make_case(case, device="cuda")
+        exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+        row = {"case": case}
+        for name, fn in fns.items():
+            row[name] = cosine(fn(q, k, v).float(), exact)
+        rows.append(row)
+        print(case, {n: f"{c:.5f}" for n, c in row.items() if n != "case"}, flush=True)
+    return rows
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    rotation.DETECT = False
+    payload = {"env": environment(), "methods": list(rotation.METHODS)}
+    print(payload["env"], flush=True)
+    payload["accuracy"] = accuracy()
+    payload["speed"] = speed(args.rounds)
+    rotation.METHOD = "dot"
+    payload["seconds"] = time.perf_counter() - t0
+    arch = detect_arch(torch.device("cuda")).arch
+    write_json(Path(args.out) if args.out else RESULTS / f"{arch}_rotation_cost_ab.json", payload)
+    print(f"{payload['seconds']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
