@@ -2,10 +2,14 @@
 # Issue 38 item 5 (and 39's gpu_check) on the H200 with a staged Triton 3.9, in calls made back to back
 # (the machine keeps /tmp ~30 s after a call). From the repository root:
 #
-#   call 1, carry [".triton-stage/part-aa"]:                               bash bench/triton39_gpu.sh stage
-#   call 2, carry [".triton-stage/part-ab", ".triton-stage/amd-py.tar.xz"]: bash bench/triton39_gpu.sh check
+#   call 1, carry [".triton-stage/part-aa", ".triton-stage/stage-triton"]:  bash bench/triton39_gpu.sh stage
+#   call 2, carry [".triton-stage/part-ab", ".triton-stage/amd-py.tar.xz", ".triton-stage/stage-triton"]:
+#                                                                          bash bench/triton39_gpu.sh check
+#   (.triton-stage/stage-triton: a copy of ../shared/tools/stage-triton, which the GPU machine lacks)
 #   call 3, nothing carried:                                               bash bench/triton39_gpu.sh speed
 #   call 4, nothing carried:                                               bash bench/triton39_gpu.sh families
+#   or, after stage + check: `checks` (hostile and families parts on 3.9 and 3.6 at once: correctness only,
+#   the processes share the GPU) and `speed8k` (bench_kernels at 2x24x8192x128, 3.6 and 3.9 alternating).
 #
 # The staged wheel has no CUDA 12 ptxas (stage-triton keeps only ptxas-blackwell); the PyPI wheel ships
 # CUDA 12.9's as bin/ptxas, which the pack assembles the sm90 Gluon kernels with
@@ -20,11 +24,14 @@ t39() {  # run a command under the staged Triton 3.9
   PYTHONPATH="$STAGED${PYTHONPATH:+:$PYTHONPATH}" TRITON_DEFAULT_FP_FUSION=1 TRITON_CACHE_DIR=/tmp/triton-staged-cache "$@"
 }
 case "${1:?stage|check|speed|families}" in
-stage) bash .triton-stage/stage-triton put .triton-stage ;;
-check)
+stage)  # each call puts the parts it carries; once all are there, the CUDA 12 ptxas goes into its slot
   bash .triton-stage/stage-triton put .triton-stage || exit 1
-  own=$(python3 -c "import os, triton; print(os.path.dirname(triton.__file__))")
-  ln -sf "$own/backends/nvidia/bin/ptxas" "$STAGED/triton/backends/nvidia/bin/ptxas"
+  if [ -d "$STAGED/triton" ]; then
+    own=$(python3 -c "import os, triton; print(os.path.dirname(triton.__file__))")
+    ln -sf "$own/backends/nvidia/bin/ptxas" "$STAGED/triton/backends/nvidia/bin/ptxas"
+  fi ;;
+check)
+  bash "$0" stage || exit 1
   t39 python3 -c "import triton; from sagetriton_import import import_pack; import_pack(run_init=False)
 from sagetriton.kernels import triton_compat as t; print('triton', triton.__version__, 'sm90 Gluon ptxas:', t.sm90_ptxas())"
   t39 timeout 330 python3 bench/gpu_check.py --only core > "$DEST/sm90_gpu_check_core_triton39.log" 2>&1
@@ -48,5 +55,23 @@ families)
   test -d "$STAGED" || { echo "no staged Triton"; exit 1; }
   t39 timeout 330 python3 bench/gpu_check.py --only families > "$DEST/sm90_gpu_check_families_triton39.log" 2>&1
   tail -1 "$DEST/sm90_gpu_check_families_triton39.log"; grep "^BAD" "$DEST/sm90_gpu_check_families_triton39.log" | head ;;
-*) echo "usage: bench/triton39_gpu.sh stage|check|speed|families"; exit 2 ;;
+checks)
+  test -d "$STAGED" || { echo "no staged Triton"; exit 1; }
+  for part in hostile families; do
+    t39 timeout 420 python3 bench/gpu_check.py --only $part > "$DEST/sm90_gpu_check_${part}_triton39.log" 2>&1 &
+    timeout 420 python3 bench/gpu_check.py --only $part > "$DEST/sm90_gpu_check_${part}_triton36.log" 2>&1 &
+  done
+  wait
+  for f in "$DEST"/sm90_gpu_check_{hostile,families}_triton3{6,9}.log; do echo "$f: $(grep '^gpu_check' "$f")"; done
+  grep -h "^BAD" "$DEST"/sm90_gpu_check_{hostile,families}_triton3{6,9}.log | head -20 ;;
+speed8k)
+  test -d "$STAGED" || { echo "no staged Triton"; exit 1; }
+  for round in 1 2; do
+    for v in 36 39; do
+      run=(); [ $v = 39 ] && run=(t39)
+      "${run[@]}" timeout 100 python3 bench/bench_kernels.py --dispatch-only --table-crossover --dtypes bfloat16 \
+        --shapes 2x24x8192x128 --out "$DEST/sm90_kernels_8k_triton${v}_r$round.json" 2>&1 | grep "sage default"
+    done
+  done ;;
+*) echo "usage: bench/triton39_gpu.sh stage|check|speed|families|checks|speed8k"; exit 2 ;;
 esac
