@@ -57,16 +57,18 @@ families)
   tail -1 "$DEST/sm90_gpu_check_families_triton39.log"; grep "^BAD" "$DEST/sm90_gpu_check_families_triton39.log" | head ;;
 checks)
   test -d "$STAGED" || { echo "no staged Triton"; exit 1; }
-  for part in hostile families; do
+  for part in ${PARTS39-hostile families}; do  # PARTS39 / PARTS36: the parts run on each Triton
     t39 timeout 420 python3 bench/gpu_check.py --only $part > "$DEST/sm90_gpu_check_${part}_triton39.log" 2>&1 &
+  done
+  for part in ${PARTS36-hostile families}; do
     timeout 420 python3 bench/gpu_check.py --only $part > "$DEST/sm90_gpu_check_${part}_triton36.log" 2>&1 &
   done
   wait
-  for f in "$DEST"/sm90_gpu_check_{hostile,families}_triton3{6,9}.log; do echo "$f: $(grep '^gpu_check' "$f")"; done
-  grep -h "^BAD" "$DEST"/sm90_gpu_check_{hostile,families}_triton3{6,9}.log | head -20 ;;
+  for f in "$DEST"/sm90_gpu_check_*_triton3?.log; do echo "$f: $(grep '^gpu_check' "$f")"; done
+  grep -h "^BAD" "$DEST"/sm90_gpu_check_*_triton3?.log | head -20 ;;
 speed8k)
   test -d "$STAGED" || { echo "no staged Triton"; exit 1; }
-  for round in 1 2; do
+  for round in $(seq "${ROUNDS:-2}"); do
     for v in 36 39; do
       run=(); [ $v = 39 ] && run=(t39)
       "${run[@]}" timeout 100 python3 bench/bench_kernels.py --dispatch-only --table-crossover --dtypes bfloat16 \
