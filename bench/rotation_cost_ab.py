@@ -1,6 +1,7 @@
 """What the Q/K rotation costs per launch variant (``rotation.METHOD``, issue 42 item 2); one GPU, one process.
 
     python bench/rotation_cost_ab.py --out bench/results/sm90_rotation_cost_ab.json [--rounds 5]
+    python bench/rotation_cost_ab.py --kernels --out ...   # where a whole 8K call's time goes, clock and power
 
 For 2x24x8192x128, 1x24x16384x128 and 1x12x32768x128 bf16 (random inputs): whole ``sageattn`` calls
 (do_bench medians per round, rounds interleaved with a rotating start, then the median over rounds) and the Q
@@ -65,6 +66,46 @@ def quant_us(fn, qkv, calls: int = 10) -> dict:
             "qk_us": statistics.median(a + b for a, b in zip(q, k, strict=True))}
 
 
+def kernel_breakdown(shape=(2, 24, 8192, 128), names=(BASE, "dot", "split2"), calls: int = 20) -> dict:
+    """Where a whole call's time goes, per variant: device µs per call of each kernel (torch.profiler, L2
+    flushed before each call), and the SM clock and power drawn (nvidia-smi every 100 ms) over 3 s of
+    back-to-back calls: a slower attention kernel on rotated operands would show up here."""
+    import subprocess
+
+    qkv = tuple(torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    fns = variants(shape[3])
+    flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+    out = {}
+    for name in names:
+        fn = fns[name]
+        fn(*qkv)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                flush.zero_()
+                fn(*qkv)
+            torch.cuda.synchronize()
+        per = {}
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA and "zero" not in e.name and "fill" not in e.name:
+                per[e.name[:48]] = per.get(e.name[:48], 0.0) + e.time_range.elapsed_us() / calls
+        smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                                "-lms", "100"], stdout=subprocess.PIPE, text=True)
+        t_end = time.time() + 3.0
+        while time.time() < t_end:
+            fn(*qkv)
+        torch.cuda.synchronize()
+        smi.terminate()
+        samples = [tuple(float(x) for x in line.split(",")) for line in smi.communicate()[0].splitlines()
+                   if line.count(",") == 1]
+        clock = statistics.median(c for c, _ in samples) if samples else None
+        power = statistics.median(p for _, p in samples) if samples else None
+        out[name] = dict(kernels_us=per, sm_clock_mhz=clock, power_w=power)
+        print(f"{name:12} clock {clock} MHz, power {power} W; "
+              + ", ".join(f"{k} {v:.1f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1])), flush=True)
+    return out
+
+
 def speed(rounds: int) -> list:
     rows = []
     for shape in SHAPES:
@@ -118,14 +159,18 @@ def accuracy() -> list:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--kernels", action="store_true", help="only the per-kernel breakdown, clock and power at 8K")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     rotation.DETECT = False
     payload = {"env": environment(), "methods": list(rotation.METHODS)}
     print(payload["env"], flush=True)
-    payload["accuracy"] = accuracy()
-    payload["speed"] = speed(args.rounds)
+    if args.kernels:
+        payload["kernels"] = kernel_breakdown()
+    else:
+        payload["accuracy"] = accuracy()
+        payload["speed"] = speed(args.rounds)
     rotation.METHOD = "dot"
     payload["seconds"] = time.perf_counter() - t0
     arch = detect_arch(torch.device("cuda")).arch
