@@ -45,9 +45,8 @@ def variants(D: int) -> dict:
     return {BASE: make(plain, "dot"), **{m: make(rot, m) for m in rotation.METHODS}}
 
 
-def quant_us(fn, qkv, calls: int = 10) -> dict:
-    """Median device µs of the call's Q and K quantization launches (the first and second
-    ``quantize_int8_kernel`` of each call), each call after an L2 flush."""
+def device_events(fn, qkv, calls: int) -> list:
+    """The GPU kernels of ``calls`` calls of ``fn`` (torch.profiler), each call after an L2 flush."""
     flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
     fn(*qkv)
     torch.cuda.synchronize()
@@ -56,8 +55,14 @@ def quant_us(fn, qkv, calls: int = 10) -> dict:
             flush.zero_()
             fn(*qkv)
         torch.cuda.synchronize()
-    events = sorted((e for e in prof.events() if "quantize_int8_kernel" in e.name
-                     and e.device_type == torch.autograd.DeviceType.CUDA), key=lambda e: e.time_range.start)
+    return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def quant_us(fn, qkv, calls: int = 10) -> dict:
+    """Median device µs of the call's Q and K quantization launches (the first and second
+    ``quantize_int8_kernel`` of each call), each call after an L2 flush."""
+    events = sorted((e for e in device_events(fn, qkv, calls) if "quantize_int8_kernel" in e.name),
+                    key=lambda e: e.time_range.start)
     durs = [e.time_range.elapsed_us() for e in events]
     if len(durs) != 2 * calls:
         return {"q_us": None, "k_us": None, "launches": len(durs)}
@@ -74,20 +79,12 @@ def kernel_breakdown(shape=(2, 24, 8192, 128), names=(BASE, "dot", "split2"), ca
 
     qkv = tuple(torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     fns = variants(shape[3])
-    flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
     out = {}
     for name in names:
         fn = fns[name]
-        fn(*qkv)
-        torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(calls):
-                flush.zero_()
-                fn(*qkv)
-            torch.cuda.synchronize()
         per = {}
-        for e in prof.events():
-            if e.device_type == torch.autograd.DeviceType.CUDA and "zero" not in e.name and "fill" not in e.name:
+        for e in device_events(fn, qkv, calls):
+            if "zero" not in e.name and "fill" not in e.name:  # the L2 flush
                 per[e.name[:48]] = per.get(e.name[:48], 0.0) + e.time_range.elapsed_us() / calls
         smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
                                 "-lms", "100"], stdout=subprocess.PIPE, text=True)
