@@ -137,8 +137,11 @@ def _attn_tile(
         # A row masked so far has max -inf: shift by 0 instead, so exp2 gives 0 rather than NaN.
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         if PV_MODE == 3:
-            base = int8_p_shift(t_max, m_use) - P_LOG2
-            alpha = tl.math.exp2(sh_i - base)
+            # sh_i carries the shift itself here (base + P_LOG2): the operations and their order of
+            # before issue 39, which ptxas schedules better on sm90 (bench/NOTES.md, "INT8 P·V after issue 39").
+            shift = int8_p_shift(t_max, m_use)
+            alpha = tl.math.exp2(sh_i - shift)
+            base = shift - P_LOG2
         else:
             base = m_use - P_LOG2
             alpha = tl.math.exp2(m_i - m_use)
@@ -193,7 +196,10 @@ def _attn_tile(
         pv = tl.dot(mma_operand_order(p8, BLOCK_N), v)  # int32, exact: (P - 128)·V
         acc += (pv + tl.load(tb_base + (start_n // BLOCK_N) * D_PAD + offs_d)[None, :]).to(tl.float32)
     if PV_MODE == 3:
-        sh_i = base
+        if K_SCALAR and MASK_KIND == 0:
+            sh_i = shift
+        else:
+            sh_i = base
     return acc, l_i, m_new, sh_i
 
 
@@ -277,7 +283,7 @@ def attention_kernel(
     mask_base = Mask + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    sh_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # INT8 P·V: the base the sums are in units of
+    sh_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # INT8 P·V: the base (or shift) of the sums' unit
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
 
@@ -306,8 +312,14 @@ def attention_kernel(
         # a silent 0 or a wrapped weight: the nodes' non-finite guard then runs SDPA for the call. A
         # check per row and program, nothing per tile (working such rows out again from materialized
         # logits spilled registers on sm90/sm120 whether it ran or not).
-        limit: tl.constexpr = HOT_LOGIT_LIMIT_FP8 if PV_MODE == 2 else HOT_LOGIT_LIMIT
-        l_i = tl.where((tl.abs(m_i) >= limit) & (m_i > float("-inf")), float("nan"), l_i)
+        if PV_MODE == 3:
+            # From the last shift, not m_i: sh_i is within 20 of m_i (``int8_p_shift``; -20 for a row with no
+            # live key), so this flags every row the check on m_i would, and a few 2^21-sized ones more.
+            # Reading m_i after the loops cost sm90's hot loop 5 register moves (Triton 3.6, bench/NOTES.md).
+            l_i = tl.where(tl.abs(sh_i) >= HOT_LOGIT_LIMIT - 32.0, float("nan"), l_i)
+        else:
+            limit: tl.constexpr = HOT_LOGIT_LIMIT_FP8 if PV_MODE == 2 else HOT_LOGIT_LIMIT
+            l_i = tl.where((tl.abs(m_i) >= limit) & (m_i > float("-inf")), float("nan"), l_i)
     out = finish_rows(acc, l_i, VScale, VMean, bhk, offs_d, D, HAS_VSCALE, HAS_VMEAN)
     d_ok = offs_d < D
     o_ptrs = (Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
@@ -316,8 +328,12 @@ def attention_kernel(
 
     if RETURN_LSE:
         live = l_i != 0  # a fully masked row: LSE -inf, as SDPA (NaN stays NaN)
-        # l_i is in units of 2^(m_i - P_LOG2), or 2^sh_i with INT8 P·V (``_attn_tile``).
-        unit = sh_i if PV_MODE == 3 else m_i - P_LOG2
+        # l_i is in units of 2^(m_i - P_LOG2), or with INT8 P·V 2^sh_i, sh_i less P_LOG2 where it holds the
+        # hot path's shift (``_attn_tile``).
+        if PV_MODE == 3:
+            unit = sh_i - P_LOG2 if K_SCALAR and MASK_KIND == 0 else sh_i
+        else:
+            unit = m_i - P_LOG2
         lse = tl.where(live, (unit + tl.math.log2(tl.where(live, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
         if HAS_QBIAS:
             lse += tl.load(QBias + bh.to(tl.int64) * LQ + offs_m, mask=m_ok, other=0.0)
