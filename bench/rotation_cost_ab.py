@@ -13,6 +13,7 @@ fp32 math attention (cosine >= 0.9995). Targets: rotation <= 1 % of a call at 8K
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 from pathlib import Path
@@ -31,8 +32,9 @@ SHAPES = [(2, 24, 8192, 128), (1, 24, 16384, 128), (1, 12, 32768, 128)]
 BASE = "no rotation"
 
 
-def variants(D: int) -> dict:
+def variants(D: int, pdl: bool = True) -> dict:
     cfg = default_config(detect_arch(torch.device("cuda")), D)
+    cfg = cfg if pdl else cfg.replace(pdl=False)
     plain, rot = cfg.replace(qk_rotation=False), cfg.replace(qk_rotation=True)
 
     def make(c, method):
@@ -72,16 +74,18 @@ def quant_us(fn, qkv, calls: int = 10) -> dict:
 
 
 def kernel_breakdown(shape=(2, 24, 8192, 128), names=(BASE, "dot", "split2"), calls: int = 20) -> dict:
-    """Where a whole call's time goes, per variant: device µs per call of each kernel (torch.profiler, L2
-    flushed before each call), and the SM clock and power drawn (nvidia-smi every 100 ms) over 3 s of
-    back-to-back calls: a slower attention kernel on rotated operands would show up here."""
+    """Where a whole call's time goes, per variant, with and without PDL (which lets a launch start while the
+    one before it ends, so a profiled launch time includes its wait): device µs per call of each kernel
+    (torch.profiler, L2 flushed before each call), the call's median, and the SM clock and power drawn
+    (nvidia-smi every 100 ms) over 3 s of back-to-back calls: a slower attention kernel on rotated operands
+    would show up here."""
     import subprocess
 
     qkv = tuple(torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    fns = variants(shape[3])
     out = {}
-    for name in names:
-        fn = fns[name]
+    for pdl, name in itertools.product((True, False), names):
+        fn = variants(shape[3], pdl)[name]
+        name = f"{name}{'' if pdl else ', no PDL'}"
         per = {}
         for e in device_events(fn, qkv, calls):
             if "zero" not in e.name and "fill" not in e.name:  # the L2 flush
@@ -97,8 +101,9 @@ def kernel_breakdown(shape=(2, 24, 8192, 128), names=(BASE, "dot", "split2"), ca
                    if line.count(",") == 1]
         clock = statistics.median(c for c, _ in samples) if samples else None
         power = statistics.median(p for _, p in samples) if samples else None
-        out[name] = dict(kernels_us=per, sm_clock_mhz=clock, power_w=power)
-        print(f"{name:12} clock {clock} MHz, power {power} W; "
+        ms = triton.testing.do_bench(lambda f=fn: f(*qkv), warmup=25, rep=150, return_mode="median")
+        out[name] = dict(kernels_us=per, call_ms=ms, sm_clock_mhz=clock, power_w=power)
+        print(f"{name:21} call {ms * 1e3:7.1f} µs, clock {clock} MHz, power {power} W; "
               + ", ".join(f"{k} {v:.1f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1])), flush=True)
     return out
 
