@@ -23,9 +23,9 @@ from functools import cache
 from pathlib import Path
 from typing import Optional
 
-from ..kernels.arch import ArchInfo, KernelConfig, arch_from_properties, default_config, triton_version
+from ..kernels.arch import ArchInfo, KernelConfig, arch_from_properties, default_config
 from ..kernels.build_errors import root_cause
-from ..kernels.triton_compat import sm90_ptxas_scope
+from ..kernels.triton_compat import TRITON_VERSION, sm90_ptxas_scope
 from .doctor import GpuInfo
 from .progress import progress_bar
 
@@ -270,7 +270,7 @@ def compile_target(target: Target, head_dim: int = 128, specs_for: Optional[Call
     arch = target.arch_info()
     cfg = default_config(arch, head_dim)
     result = {"ok": False, "instructions": [], "arch": arch.arch, "family": arch.family,
-              "config": cfg.as_dict(), "head_dim": head_dim, "triton": ".".join(map(str, triton_version()))}
+              "config": cfg.as_dict(), "head_dim": head_dim, "triton": ".".join(map(str, TRITON_VERSION))}
     try:
         specs = (specs_for or compile_specs)(cfg, head_dim)
         found: set = set()

@@ -221,14 +221,6 @@ def arch_for_device(device) -> ArchInfo:
     return info
 
 
-def triton_version() -> tuple:
-    """(major, minor) of the installed Triton, (0, 0) without one (reports, and tiles that would have to
-    differ between Triton versions: none today, bench/NOTES.md "Triton 3.9")."""
-    from .triton_compat import TRITON_VERSION
-
-    return TRITON_VERSION
-
-
 def tma_available() -> bool:
     """Host-side tensor descriptors exist in triton >= 3.4 (torch >= 2.8)."""
     try:
