@@ -7,9 +7,10 @@
 #                                                                          bash bench/triton39_gpu.sh check
 #   (.triton-stage/stage-triton: a copy of ../shared/tools/stage-triton, which the GPU machine lacks)
 #   call 3, nothing carried:                                               bash bench/triton39_gpu.sh speed
-#   call 4, nothing carried:                                               bash bench/triton39_gpu.sh families
-#   or, after stage + check: `checks` (hostile and families parts on 3.9 and 3.6 at once: correctness only,
-#   the processes share the GPU) and `speed8k` (bench_kernels at 2x24x8192x128, 3.6 and 3.9 alternating).
+#   then, nothing carried: `checks` (gpu_check's hostile and families parts on 3.9 and 3.6 at once:
+#   correctness only, the processes share the GPU; PARTS39 / PARTS36 pick the parts, e.g. PARTS39=families
+#   PARTS36= for the families on 3.9 alone) and `speed8k` (bench_kernels at 2x24x8192x128, 3.6 and 3.9
+#   alternating, ROUNDS times).
 #
 # The staged wheel has no CUDA 12 ptxas (stage-triton keeps only ptxas-blackwell); the PyPI wheel ships
 # CUDA 12.9's as bin/ptxas, which the pack assembles the sm90 Gluon kernels with
@@ -23,7 +24,16 @@ STAGED=/tmp/triton-staged
 t39() {  # run a command under the staged Triton 3.9
   PYTHONPATH="$STAGED${PYTHONPATH:+:$PYTHONPATH}" TRITON_DEFAULT_FP_FUSION=1 TRITON_CACHE_DIR=/tmp/triton-staged-cache "$@"
 }
-case "${1:?stage|check|speed|families}" in
+part() {  # part VERSION(36|39) PART [TIMEOUT]: one gpu_check part on one Triton, logged
+  local run=(); [ "$1" = 39 ] && run=(t39)
+  "${run[@]}" timeout "${3:-420}" python3 bench/gpu_check.py --only "$2" > "$DEST/sm90_gpu_check_$2_triton$1.log" 2>&1
+}
+kernel_rows() {  # kernel_rows VERSION SHAPES NAME: bench_kernels' SDPA / default / dispatch rows
+  local run=(); [ "$1" = 39 ] && run=(t39)
+  "${run[@]}" timeout 120 python3 bench/bench_kernels.py --dispatch-only --table-crossover --dtypes bfloat16 \
+    --shapes "$2" --out "$DEST/sm90_kernels_$3.json" > "$DEST/sm90_kernels_$3.log" 2>&1
+}
+case "${1:?stage|check|speed|checks|speed8k}" in
 stage)  # each call puts the parts it carries; once all are there, the CUDA 12 ptxas goes into its slot
   bash .triton-stage/stage-triton put .triton-stage || exit 1
   if [ -d "$STAGED/triton" ]; then
@@ -34,10 +44,9 @@ check)
   bash "$0" stage || exit 1
   t39 python3 -c "import triton; from sagetriton_import import import_pack; import_pack(run_init=False)
 from sagetriton.kernels import triton_compat as t; print('triton', triton.__version__, 'sm90 Gluon ptxas:', t.sm90_ptxas())"
-  t39 timeout 330 python3 bench/gpu_check.py --only core > "$DEST/sm90_gpu_check_core_triton39.log" 2>&1
-  tail -1 "$DEST/sm90_gpu_check_core_triton39.log"; grep -c "^BAD" "$DEST/sm90_gpu_check_core_triton39.log"
-  t39 timeout 150 python3 bench/gpu_check.py --only hostile > "$DEST/sm90_gpu_check_hostile_triton39.log" 2>&1
-  tail -1 "$DEST/sm90_gpu_check_hostile_triton39.log"; grep "^BAD" "$DEST"/sm90_gpu_check_*_triton39.log | head -20 ;;
+  part 39 core 330; tail -1 "$DEST/sm90_gpu_check_core_triton39.log"
+  part 39 hostile 150; tail -1 "$DEST/sm90_gpu_check_hostile_triton39.log"
+  grep "^BAD" "$DEST"/sm90_gpu_check_*_triton39.log | head -20 ;;
 speed)
   test -d "$STAGED" || { echo "no staged Triton: run stage and check first"; exit 1; }
   for round in 1 2; do  # 3.6 and 3.9 alternating: drift of the machine falls on both
@@ -45,24 +54,14 @@ speed)
     t39 timeout 130 python3 bench/gluon39_ab.py --rounds 5 > "$DEST/sm90_gluon39_ab_triton39_r$round.log" 2>&1
   done
   tail -n 12 "$DEST"/sm90_gluon39_ab_*.log
-  t39 timeout 120 python3 bench/bench_kernels.py --dispatch-only --table-crossover --dtypes bfloat16 \
-    --shapes 2x24x8192x128,1x24x16384x128,1x12x32768x128 --out "$DEST/sm90_kernels_triton39_final.json" \
-    > "$DEST/sm90_kernels_triton39_final.log" 2>&1; tail -n 14 "$DEST/sm90_kernels_triton39_final.log"
-  timeout 100 python3 bench/bench_kernels.py --dispatch-only --table-crossover --dtypes bfloat16 \
-    --shapes 2x24x8192x128,1x24x16384x128,1x12x32768x128 --out "$DEST/sm90_kernels_triton36_final.json" \
-    > "$DEST/sm90_kernels_triton36_final.log" 2>&1; tail -n 14 "$DEST/sm90_kernels_triton36_final.log" ;;
-families)
-  test -d "$STAGED" || { echo "no staged Triton"; exit 1; }
-  t39 timeout 330 python3 bench/gpu_check.py --only families > "$DEST/sm90_gpu_check_families_triton39.log" 2>&1
-  tail -1 "$DEST/sm90_gpu_check_families_triton39.log"; grep "^BAD" "$DEST/sm90_gpu_check_families_triton39.log" | head ;;
+  for v in 39 36; do
+    kernel_rows $v 2x24x8192x128,1x24x16384x128,1x12x32768x128 "triton${v}_final"
+    tail -n 14 "$DEST/sm90_kernels_triton${v}_final.log"
+  done ;;
 checks)
   test -d "$STAGED" || { echo "no staged Triton"; exit 1; }
-  for part in ${PARTS39-hostile families}; do  # PARTS39 / PARTS36: the parts run on each Triton
-    t39 timeout 420 python3 bench/gpu_check.py --only $part > "$DEST/sm90_gpu_check_${part}_triton39.log" 2>&1 &
-  done
-  for part in ${PARTS36-hostile families}; do
-    timeout 420 python3 bench/gpu_check.py --only $part > "$DEST/sm90_gpu_check_${part}_triton36.log" 2>&1 &
-  done
+  for p in ${PARTS39-hostile families}; do part 39 "$p" & done  # PARTS39 / PARTS36: the parts run on each
+  for p in ${PARTS36-hostile families}; do part 36 "$p" & done  # Triton (empty: none)
   wait
   for f in "$DEST"/sm90_gpu_check_*_triton3?.log; do echo "$f: $(grep '^gpu_check' "$f")"; done
   grep -h "^BAD" "$DEST"/sm90_gpu_check_*_triton3?.log | head -20 ;;
@@ -70,10 +69,8 @@ speed8k)
   test -d "$STAGED" || { echo "no staged Triton"; exit 1; }
   for round in $(seq "${ROUNDS:-2}"); do
     for v in 36 39; do
-      run=(); [ $v = 39 ] && run=(t39)
-      "${run[@]}" timeout 100 python3 bench/bench_kernels.py --dispatch-only --table-crossover --dtypes bfloat16 \
-        --shapes 2x24x8192x128 --out "$DEST/sm90_kernels_8k_triton${v}_r$round.json" 2>&1 | grep "sage default"
+      kernel_rows $v 2x24x8192x128 "8k_triton${v}_r$round"; grep "sage default" "$DEST/sm90_kernels_8k_triton${v}_r$round.log"
     done
   done ;;
-*) echo "usage: bench/triton39_gpu.sh stage|check|speed|families|checks|speed8k"; exit 2 ;;
+*) echo "usage: bench/triton39_gpu.sh stage|check|speed|checks|speed8k"; exit 2 ;;
 esac
