@@ -32,7 +32,7 @@ import statistics
 import sys
 from contextlib import nullcontext
 
-from common import import_pack
+from common import environment, import_pack
 
 import_pack()
 import torch  # noqa: E402
@@ -122,6 +122,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     assert torch.cuda.is_available(), "needs the GPU"
     sm90 = sm90_tool_version()
+    print(environment())
     print(f"triton {triton.__version__} ({os.path.dirname(triton.__file__)}), sm90 ptxas {sm90}; "
           f"TRITON_DEFAULT_FP_FUSION={os.environ.get('TRITON_DEFAULT_FP_FUSION')}")
     variants = "A"
