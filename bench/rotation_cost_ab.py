@@ -88,7 +88,7 @@ def kernel_breakdown(shape=(2, 24, 8192, 128), names=(BASE, "dot", "split2"), ca
         name = f"{name}{'' if pdl else ', no PDL'}"
         per = {}
         for e in device_events(fn, qkv, calls):
-            if "zero" not in e.name and "fill" not in e.name:  # the L2 flush
+            if "elementwise" not in e.name and "fill" not in e.name:  # the L2 flush (a torch fill kernel)
                 per[e.name[:48]] = per.get(e.name[:48], 0.0) + e.time_range.elapsed_us() / calls
         smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
                                 "-lms", "100"], stdout=subprocess.PIPE, text=True)
@@ -108,18 +108,21 @@ def kernel_breakdown(shape=(2, 24, 8192, 128), names=(BASE, "dot", "split2"), ca
     return out
 
 
-def speed(rounds: int) -> list:
+def speed(rounds: int, methods: list) -> list:
     rows = []
     for shape in SHAPES:
         B, H, L, D = shape
         qkv = tuple(torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        fns = {"sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v), **variants(D)}
+        fns = {"sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+               **{n: f for n, f in variants(D).items() if n in (BASE, *methods)}}
+        alone = variants(D, pdl=False)
         ref_out = fns["dot"](*qkv).float()
         check = {}
-        for name in rotation.METHODS:
+        for name in methods:
             out = fns[name](*qkv).float()
             check[name] = dict(cos_vs_dot=cosine(out, ref_out), max_abs_vs_dot=(out - ref_out).abs().max().item())
-        quant = {name: quant_us(fn, qkv) for name, fn in fns.items() if name != "sdpa"}
+        # without PDL each launch's time is its own (with it, a launch's time includes its wait for the one before)
+        quant = {name: quant_us(alone[name], qkv) for name in fns if name != "sdpa"}
         times = {name: [] for name in fns}
         for r in range(rounds):
             names = list(fns)[r % len(fns):] + list(fns)[:r % len(fns)]
@@ -135,7 +138,7 @@ def speed(rounds: int) -> list:
         rows.append(row)
         print(f"\n{row['shape']}  (sdpa {ms['sdpa']:.3f} ms)")
         print(f"{'variant':12} {'TOPS':>7} {'x SDPA':>7} {'% vs none':>9} {'Q µs':>7} {'K µs':>7} {'cos vs dot':>11}")
-        for n in [BASE, *rotation.METHODS]:
+        for n in [BASE, *methods]:
             qu, c = quant[n], check.get(n, {})
             fmt = lambda x: f"{x:7.1f}" if x is not None else "      ?"  # noqa: E731
             print(f"{n:12} {tops[n]:7.1f} {row['x_sdpa'][n]:7.3f} {row['pct_vs_no_rotation'][n]:+9.2f} "
@@ -144,9 +147,9 @@ def speed(rounds: int) -> list:
     return rows
 
 
-def accuracy() -> list:
+def accuracy(methods: list) -> list:
     rows = []
-    fns = variants(128)
+    fns = {n: f for n, f in variants(128).items() if n in (BASE, *methods)}
     for case in ("massive_channels", "outlier_key", "randn"):
         q, k, v = make_case(case, device="cuda")
         exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
@@ -162,18 +165,23 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--kernels", action="store_true", help="only the per-kernel breakdown, clock and power at 8K")
+    ap.add_argument("--methods", default=",".join(rotation.METHODS), help="comma-separated rotation.METHODS")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    methods = args.methods.split(",")
+    unknown = set(methods) - set(rotation.METHODS)
+    if unknown or "dot" not in methods:
+        ap.error(f"--methods: unknown {sorted(unknown)} (choose from {rotation.METHODS}); 'dot' is the reference")
     t0 = time.perf_counter()
     rotation.DETECT = False
-    payload = {"env": environment(), "methods": list(rotation.METHODS)}
+    payload = {"env": environment(), "methods": methods}
     print(payload["env"], flush=True)
     if args.kernels:
-        payload["kernels"] = kernel_breakdown()
+        payload["kernels"] = kernel_breakdown(names=(BASE, *methods))
     else:
-        payload["accuracy"] = accuracy()
-        payload["speed"] = speed(args.rounds)
-    rotation.METHOD = "dot"
+        payload["accuracy"] = accuracy(methods)
+        payload["speed"] = speed(args.rounds, methods)
+    rotation.METHOD = "auto"
     payload["seconds"] = time.perf_counter() - t0
     arch = detect_arch(torch.device("cuda")).arch
     write_json(Path(args.out) if args.out else RESULTS / f"{arch}_rotation_cost_ab.json", payload)

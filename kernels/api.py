@@ -156,7 +156,7 @@ def check_config(cfg) -> KernelConfig:
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"config.{name}={value!r} must be an integer >= {low}")
-    for name in ("use_tma", "v_residual", "pdl", "qk_rotation"):
+    for name in ("use_tma", "v_residual", "pdl", "qk_rotation", "rotation_tiles"):
         if not isinstance(getattr(cfg, name), bool):
             raise TypeError(f"config.{name} must be True or False, got {getattr(cfg, name)!r}")
     if cfg.v_residual and cfg.pv_precision != "fp8":
@@ -223,11 +223,12 @@ def _kv_stats(k, v, k_sum: bool, v_stats: int, d_pad: int, pdl: bool = False, k_
 _signs: dict = {}
 
 
-def _rotation_signs(d_pad: int, block: int, device) -> torch.Tensor:
-    """``rotation.hadamard_block`` times sqrt(block) as fp16 (±1 and 0), made once per device and size."""
-    key = (d_pad, block, device)  # torch.device hashes fast; str(device) cost ~20 µs a call
+def _rotation_signs(d_pad: int, block: int, device, dtype=torch.float16) -> torch.Tensor:
+    """``rotation.hadamard_block`` times sqrt(block) (±1 and 0, exact in any float dtype), made once per device,
+    size and dtype."""
+    key = (d_pad, block, device, dtype)  # torch.device hashes fast; str(device) cost ~20 µs a call
     if key not in _signs:
-        _signs[key] = (hadamard_block(d_pad, block) * math.sqrt(block)).round().to(torch.float16).to(device)
+        _signs[key] = (hadamard_block(d_pad, block) * math.sqrt(block)).round().to(dtype).to(device)
     return _signs[key]
 
 
@@ -253,17 +254,26 @@ def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, 
     parts, n_parts, l_kv, k_tokens, final = stats if stats is not None else (scale, 0, 0, 0, scale)
     slots = (parts[0].numel(), final[0].numel()) if stats is not None else (0, 0)
     k_sum, v_stats, v_range, v_pow2 = finalize or (False, quant.V_NONE, 1.0, False)
-    grid = (_cdiv(L, block), B * H)
+    tiles = rotation.tiles(method, B * H * _cdiv(L, block), sm_count(x.device)) if rotate and not rotate_detect else 0
+    grid = (_cdiv(_cdiv(L, block), max(tiles, 1)), B * H)
+    if rotate and not rotate_detect and rotation.unnormalised(method):
+        scale_mult = scale_mult / math.sqrt(rotate)
+    signs_dtype = x.dtype if rotation.mode(method) == 1 else torch.float16
     _launch(quant.quantize_int8_kernel, grid, (
         x, *x.stride(), parts, slots[0], final, slots[1],
-        out, scale, bias if bias is not None else scale, _rotation_signs(d_pad, rotate, x.device) if rotate else scale,
+        out, scale, bias if bias is not None else scale,
+        _rotation_signs(d_pad, rotate, x.device, signs_dtype) if rotate else scale,
         H, kv_div, L, l_kv, k_tokens, D, n_parts, scale_mult, bias_mult,
     ), dict(BLOCK=block, GROUP=group, D_PAD=d_pad, MEAN_MODE=mean_mode, SCALE_PER_BLOCK=per_block,
             FINALIZE=finalize is not None, K_SUM=k_sum, V_STATS=v_stats, V_RANGE=v_range, V_POW2=v_pow2,
             PARTS_PAD=quant.STATS_PARTS, PDL=pdl, ROTATE=rotate, INTERPRETER=interpreter_enabled(),
             ROTATE_DETECT=bool(rotate and rotate_detect),
-            ROTATE_SPLIT=rotation.split_slices(method, d_pad, rotate) if rotate and not rotate_detect else 1),
+            ROTATE_SPLIT=rotation.split_slices(method, d_pad, rotate) if rotate and not rotate_detect else 1,
+            ROTATE_MODE=rotation.mode(method) if rotate and not rotate_detect else 0,
+            ROTATE_TILES=tiles, ROTATE_PIPE=rotation.pipe(method) if tiles else 0),
             num_warps=rotation.quant_warps(method, block, d_pad) if rotate else 4,
+            **({"maxnreg": cap} if (cap := rotation.register_cap(method)) and rotate and x.is_cuda
+               and torch.version.hip is None else {}),
             **_pdl_launch(pdl and after))
     return out, scale
 
@@ -535,19 +545,23 @@ def _quantize(plan: _CallPlan, cfg: KernelConfig, smooth_k: bool, smooth_v: bool
     rotate = min(d_pad, ROTATION_BLOCK) if cfg.qk_rotation else 0
     v_stats = _v_stats_needed(cfg, smooth_v)
     detect = bool(rotate) and rotation.DETECT
-    method = rotation.METHOD if rotate else "dot"
+    method = rotation.method_for(cfg.rotation_tiles) if rotate else "dot"
+    if method in rotation.NATIVE_METHODS and not (D == d_pad and qh.dtype == kh.dtype
+                                                  and qh.dtype in (torch.float16, torch.bfloat16)):
+        method = "dot"  # the native product needs 16-bit inputs and no padded channels
     parts, n_parts, k_tokens = _kv_stats(kh, vh, smooth_k, v_stats, d_pad, pdl, k_range=detect)
     stats = final = None
     if parts is not None:
         # K mean, V scale, V mean (and the heads to rotate, ``quant.ROTATE_FLAG_SLOT``)
-        final = torch.empty((4 if detect else 3, B * H_KV, D), dtype=torch.float32, device=qh.device)
+        final = torch.empty((4 if detect or method in rotation.NATIVE_METHODS else 3, B * H_KV, D),
+                            dtype=torch.float32, device=qh.device)
         stats = (parts, n_parts, LK, k_tokens, final)
     # Q first: its launch finalizes the statistics the K and V launches read. Q scales stay per token
     # (a row vector loaded once per program); K scales are one scalar per tile whenever the
     # granularity allows, which saves a multiply per logit in the inner loop.
     qbias = torch.empty((B * H, LQ), dtype=torch.float32, device=qh.device) if (smooth_k and return_lse) else None
     # Rotating Q: 128 rows per program, the signs' load shared by more rows (scales stay per token).
-    q_block = max(cfg.block_m, 128) if rotate and method == "dot" else cfg.block_m
+    q_block = max(cfg.block_m, 128) if rotate and method in ("dot", "native", "ntiles", "npipe") else cfg.block_m
     q8, qs = _quantize_qk(qh, q_group, q_block, d_pad, plan.sm_scale * quant.LOG2E,
                           quant.MEAN_DOT if qbias is not None else quant.MEAN_NONE, stats, H // H_KV,
                           bias=qbias, bias_mult=plan.sm_scale,
@@ -691,17 +705,19 @@ def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: s
                     qk_quant_gran: str, pv_precision: str, pv_accum_dtype: str, fp8_format: str,
                     block_m: int, block_n: int, num_warps: int, num_stages: int, use_tma: bool,
                     max_registers: int, shared_kv_min_len: int, v_residual: bool, pdl: bool, qk_rotation: bool,
-                    smooth_k: bool, smooth_v: bool, out_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+                    rotation_tiles: bool, smooth_k: bool, smooth_v: bool,
+                    out_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
     cfg = KernelConfig(qk_quant_gran, pv_precision, pv_accum_dtype, fp8_format or None,
                        block_m, block_n, num_warps, num_stages, use_tma=use_tma, max_registers=max_registers,
-                       shared_kv_min_len=shared_kv_min_len, v_residual=v_residual, pdl=pdl, qk_rotation=qk_rotation)
+                       shared_kv_min_len=shared_kv_min_len, v_residual=v_residual, pdl=pdl, qk_rotation=qk_rotation,
+                       rotation_tiles=rotation_tiles)
     return attention_forward(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
                              out_layout)
 
 
 def _attention_fake(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, qk_quant_gran, pv_precision,
                     pv_accum_dtype, fp8_format, block_m, block_n, num_warps, num_stages, use_tma, max_registers,
-                    shared_kv_min_len, v_residual, pdl, qk_rotation, smooth_k, smooth_v, out_layout):
+                    shared_kv_min_len, v_residual, pdl, qk_rotation, rotation_tiles, smooth_k, smooth_v, out_layout):
     B, D = q.shape[0], q.shape[3]
     H, LQ = (q.shape[1], q.shape[2]) if layout == "HND" else (q.shape[2], q.shape[1])
     lse_shape = (B, H, LQ) if return_lse else (0,)
@@ -791,7 +807,8 @@ def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: s
                                 bool(return_lse), cfg.qk_quant_gran, cfg.pv_precision, cfg.pv_accum_dtype,
                                 cfg.fp8_format or "", cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages,
                                 cfg.use_tma, cfg.max_registers, cfg.shared_kv_min_len, cfg.v_residual, cfg.pdl,
-                                cfg.qk_rotation, bool(smooth_k), bool(smooth_v), out_layout or tensor_layout)
+                                cfg.qk_rotation, cfg.rotation_tiles, bool(smooth_k), bool(smooth_v),
+                                out_layout or tensor_layout)
     else:
         out, lse = attention_forward(q, k, v, tensor_layout, bool(is_causal), sm_scale, attn_mask,
                                      bool(return_lse), cfg, bool(smooth_k), bool(smooth_v), out_layout)

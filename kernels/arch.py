@@ -70,6 +70,10 @@ class KernelConfig:
     # Multiply Q and K by a block Hadamard matrix before INT8 rounding (exact for Q·Kᵀ): spreads
     # outlier channels and tokens' massive activations over the block.
     qk_rotation: bool = False
+    # Rotate with the 16-bit inputs' own tensor-core product over several tiles per program, the next
+    # tile's rows loaded while this one is multiplied (``quant._quantize_native_tiles``). Needs about
+    # 115 KB of shared memory per program and cp.async: Hopper.
+    rotation_tiles: bool = False
 
     def pv_choice(self) -> str:
         """The user-visible P·V precision this config runs (a ``PV_PRECISIONS`` name)."""
@@ -117,7 +121,8 @@ _FAMILIES = {
     # Hopper: tiles and crossover measured on the H200 (bench/results/sm90_sweep.json, sm90_kernels.json).
     # The crossover is 4,608, not 4K, because wins at 4K were inside the host-time noise (bench/NOTES.md).
     "hopper": ("e4m3fn", dict(pv_precision="fp8", pv_accum_dtype="fp32", block_m=64, block_n=128,
-                              num_warps=4, num_stages=2, min_seq_len=4608, use_tma=True, pdl=True)),
+                              num_warps=4, num_stages=2, min_seq_len=4608, use_tma=True, pdl=True,
+                              rotation_tiles=True)),
     # Tiles checked on sm120 (RTX 50xx); sm100 only checked to compile without spills.
     "blackwell": ("e4m3fn", dict(pv_precision="int8", pv_accum_dtype="fp32", block_m=128, block_n=64, num_warps=8,
                                  num_stages=2, min_seq_len=2048)),

@@ -98,6 +98,37 @@ def _rotate(x, Signs, D_PAD: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _rotate_native(x, Signs, D_PAD: tl.constexpr, INTERPRETER: tl.constexpr):
+    """``x`` (the 16-bit input rows, exact) times the ±1 signs in the same dtype: no rounding before the fp32
+    sums, no row max. Unnormalised: the caller folds 1/sqrt(BLOCK) into the scale. (The interpreter's bf16
+    dot reads the bits as integers: there, the same exact values in fp32.)"""
+    d = tl.arange(0, D_PAD)
+    signs = tl.load(Signs + d[:, None] * D_PAD + d[None, :])
+    if INTERPRETER:
+        return tl.dot(x.to(tl.float32), signs.to(tl.float32))
+    return tl.dot(x, signs)
+
+
+@triton.jit
+def _butterfly(x, S: tl.constexpr, D_PAD: tl.constexpr):
+    """One Hadamard stage: columns c and c + S (bit S of c clear) become their sum and difference."""
+    M: tl.constexpr = x.shape[0]
+    x = tl.permute(tl.reshape(x, (M, D_PAD // (2 * S), 2, S)), (0, 1, 3, 2))
+    a, b = tl.split(x)
+    return tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), (M, D_PAD))
+
+
+@triton.jit
+def _fwht(x, BLOCK: tl.constexpr, D_PAD: tl.constexpr):
+    """``x`` times the unnormalised Sylvester Hadamard of BLOCK columns (block diagonal over D_PAD), in fp32
+    butterflies: exact but for fp32 rounding. The caller folds 1/sqrt(BLOCK) into the scale."""
+    for i in tl.static_range(7):
+        if (1 << i) < BLOCK:
+            x = _butterfly(x, 1 << i, D_PAD)
+    return x
+
+
+@triton.jit
 def _group_max(row_max, BLOCK: tl.constexpr, GROUP: tl.constexpr):
     """Max over consecutive groups of GROUP rows, broadcast back to every row of the group."""
     if GROUP == 1:
@@ -107,8 +138,9 @@ def _group_max(row_max, BLOCK: tl.constexpr, GROUP: tl.constexpr):
 
 
 @triton.jit
-def _load_rows(X, stride_b, stride_h, stride_l, stride_d, bh, H, offs_l, L, D, D_PAD: tl.constexpr):
-    """Rows ``offs_l`` of head ``bh`` of a strided (B, H, L, D) tensor, in fp32, zero-padded to D_PAD
+def _load_rows(X, stride_b, stride_h, stride_l, stride_d, bh, H, offs_l, L, D, D_PAD: tl.constexpr,
+               DTYPE: tl.constexpr = tl.float32):
+    """Rows ``offs_l`` of head ``bh`` of a strided (B, H, L, D) tensor, in DTYPE, zero-padded to D_PAD
     columns (and zero past L). Returns (row_ok, cols, tile)."""
     b = bh // H
     h = bh % H
@@ -116,7 +148,7 @@ def _load_rows(X, stride_b, stride_h, stride_l, stride_d, bh, H, offs_l, L, D, D
     row_ok = offs_l < L
     x = tl.load(X + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
                 + offs_l[:, None].to(tl.int64) * stride_l + offs_d[None, :] * stride_d,
-                mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0).to(tl.float32)
+                mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0).to(DTYPE)
     return row_ok, offs_d, x
 
 
@@ -295,6 +327,11 @@ ROTATE_RATIO = tl.constexpr(4.0)
 K_RANGE_SLOT = tl.constexpr(4)
 # Final's slot of the per-head rotation flag (1.0: rotate), after K mean, V scale and V mean.
 ROTATE_FLAG_SLOT = tl.constexpr(3)
+# How a rotating launch multiplies (``rotation.METHOD``): fp16 dot on rows scaled by their max, 16-bit dot on
+# the inputs as they are, fp32 butterflies.
+ROTATE_DOT, ROTATE_NATIVE, ROTATE_FWHT = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+# Final's slot of K's mean times the rotation's signs (ROTATE_NATIVE: K·H - mean·H), D_PAD per head.
+ROTATED_MEAN_SLOT = tl.constexpr(3)
 
 
 @triton.jit
@@ -337,6 +374,16 @@ def _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L, k_t
             # then what turns that channel NaN in every row, as SDPA.
             scale = tl.where(amax > 0, amax / V_RANGE, tl.where(amax == amax, 1.0, amax))
         tl.store(dst + final_slot, scale, mask=d_ok)
+
+
+@triton.jit
+def _store_rotated_mean(Parts, Final, final_slot, kvh, n_parts, k_tokens, Signs, PARTS_PAD: tl.constexpr,
+                        D_PAD: tl.constexpr):
+    """K's mean for head ``kvh`` times the unnormalised signs, into Final's ROTATED_MEAN_SLOT (D_PAD wide)."""
+    mean = _k_mean(Parts, kvh, n_parts, k_tokens, PARTS_PAD, D_PAD)
+    d = tl.arange(0, D_PAD)
+    signs = tl.load(Signs + d[:, None] * D_PAD + d[None, :]).to(tl.float32)
+    tl.store(Final + ROTATED_MEAN_SLOT * final_slot + kvh * D_PAD + d, tl.sum(mean[:, None] * signs, 0))
 
 
 @triton.jit
@@ -479,7 +526,8 @@ def quantize_int8_kernel(
     SCALE_PER_BLOCK: tl.constexpr, FINALIZE: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr,
     V_RANGE: tl.constexpr, V_POW2: tl.constexpr, PARTS_PAD: tl.constexpr, PDL: tl.constexpr,
     ROTATE: tl.constexpr = 0, INTERPRETER: tl.constexpr = False, ROTATE_DETECT: tl.constexpr = False,
-    ROTATE_SPLIT: tl.constexpr = 1,
+    ROTATE_SPLIT: tl.constexpr = 1, ROTATE_MODE: tl.constexpr = 0, ROTATE_TILES: tl.constexpr = 0,
+    ROTATE_PIPE: tl.constexpr = 0,
 ):
     """Quantize one tile of Q or K. With FINALIZE (the Q launch, which runs right after the
     statistics), the first program of each key/value head also reduces the K/V partials into Final,
@@ -488,7 +536,12 @@ def quantize_int8_kernel(
     K get the same rotation, so their product is unchanged. With ROTATE_DETECT, only the heads ``rotate_head``
     picks: the Q launch (FINALIZE) decides from the partials and writes the flag into Final, the K launch
     reads it there. ROTATE_SPLIT > 1: the rotation by slices (``_quantize_split``)."""
-    if ROTATE_SPLIT > 1:
+    if ROTATE_TILES > 0:
+        _quantize_native_tiles(X, stride_xb, stride_xh, stride_xl, stride_xd, Parts, part_slot, Final, final_slot,
+                               Out, Scale, Bias, Signs, H, H_KV_DIV, L, L_KV, K_TOKENS, D, n_parts, scale_mult,
+                               bias_mult, BLOCK, GROUP, D_PAD, MEAN_MODE, SCALE_PER_BLOCK, FINALIZE, K_SUM, V_STATS,
+                               V_RANGE, V_POW2, PARTS_PAD, PDL, INTERPRETER, ROTATE_TILES, ROTATE_PIPE)
+    elif ROTATE_SPLIT > 1:
         _quantize_split(X, stride_xb, stride_xh, stride_xl, stride_xd, Parts, part_slot, Final, final_slot, Out, Scale,
                         Bias, Signs, H, H_KV_DIV, L, L_KV, K_TOKENS, D, n_parts, scale_mult, bias_mult, BLOCK, GROUP,
                         D_PAD, MEAN_MODE, SCALE_PER_BLOCK, FINALIZE, K_SUM, V_STATS, V_RANGE, V_POW2, PARTS_PAD, PDL,
@@ -497,7 +550,87 @@ def quantize_int8_kernel(
         _quantize_tile(X, stride_xb, stride_xh, stride_xl, stride_xd, Parts, part_slot, Final, final_slot, Out, Scale,
                        Bias, Signs, H, H_KV_DIV, L, L_KV, K_TOKENS, D, n_parts, scale_mult, bias_mult, BLOCK, GROUP,
                        D_PAD, MEAN_MODE, SCALE_PER_BLOCK, FINALIZE, K_SUM, V_STATS, V_RANGE, V_POW2, PARTS_PAD, PDL,
-                       ROTATE, INTERPRETER, ROTATE_DETECT)
+                       ROTATE, INTERPRETER, ROTATE_DETECT, ROTATE_MODE)
+
+
+@triton.jit
+def _quantize_rows(x, Out, Scale, bh, L, offs_l, row_ok, offs_d, tile, scale_mult, BLOCK: tl.constexpr,
+                   GROUP: tl.constexpr, D_PAD: tl.constexpr, SCALE_PER_BLOCK: tl.constexpr,
+                   INTERPRETER: tl.constexpr):
+    """Round fp32 rows to INT8 and store them with their scales (``_quantize_tile``'s epilogue, for tile ``tile``)."""
+    out_ptrs = Out + bh.to(tl.int64) * L * D_PAD + offs_l[:, None].to(tl.int64) * D_PAD + offs_d[None, :]
+    if SCALE_PER_BLOCK:
+        amax = _reduce_nan(_reduce_nan(tl.abs(x), 1, True, INTERPRETER), 0, True, INTERPRETER)
+        ok = amax < float("inf")
+        scale = tl.where(ok & (amax > 0), amax / 127.0, 1.0)
+        tl.store(out_ptrs, round_to_int8(x * (1.0 / scale)), mask=row_ok[:, None])
+        n_tiles = tl.cdiv(L, BLOCK)
+        tl.store(Scale + bh.to(tl.int64) * n_tiles + tile, tl.where(ok, scale * scale_mult, float("nan")),
+                 mask=tile < n_tiles)
+    else:
+        row_max = _reduce_nan(tl.abs(x), 1, True, INTERPRETER)
+        row_bad = ~(row_max < float("inf"))
+        amax = _group_max(tl.where(row_bad, 0.0, row_max), BLOCK, GROUP)
+        scale = tl.where(amax > 0, amax / 127.0, 1.0)
+        tl.store(out_ptrs, round_to_int8(x * (1.0 / scale)[:, None]), mask=row_ok[:, None])
+        tl.store(Scale + bh.to(tl.int64) * L + offs_l, tl.where(row_bad, float("nan"), scale * scale_mult),
+                 mask=row_ok)
+
+
+@triton.jit
+def _quantize_native_tiles(
+    X, stride_xb, stride_xh, stride_xl, stride_xd, Parts, part_slot, Final, final_slot, Out, Scale, Bias, Signs,
+    H, H_KV_DIV, L, L_KV, K_TOKENS, D, n_parts, scale_mult, bias_mult,
+    BLOCK: tl.constexpr, GROUP: tl.constexpr, D_PAD: tl.constexpr, MEAN_MODE: tl.constexpr,
+    SCALE_PER_BLOCK: tl.constexpr, FINALIZE: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr,
+    V_RANGE: tl.constexpr, V_POW2: tl.constexpr, PARTS_PAD: tl.constexpr, PDL: tl.constexpr,
+    INTERPRETER: tl.constexpr, TILES: tl.constexpr, PIPE: tl.constexpr,
+):
+    """The native rotation (``_rotate_native``) over TILES consecutive tiles per program: the signs (and K's
+    rotated mean) are loaded once, and the next tile's rows are loaded before this one is multiplied and
+    stored (PIPE 0: in registers; PIPE > 1: Triton's pipeliner with that many stages)."""
+    bh = tl.program_id(1)
+    first = tl.program_id(0) * TILES
+    rows = tl.arange(0, BLOCK)
+    offs_l = first * BLOCK + rows
+    row_ok, offs_d, x16 = _load_rows(X, stride_xb, stride_xh, stride_xl, stride_xd, bh, H, offs_l, L, D, D_PAD,
+                                     X.dtype.element_ty)
+    pdl_start(PDL)
+    kvh = bh // H_KV_DIV
+    if FINALIZE:
+        if (tl.program_id(0) == 0) & (bh % H_KV_DIV == 0):
+            _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L_KV, K_TOKENS, D, K_SUM, V_STATS,
+                               V_RANGE, V_POW2, PARTS_PAD, D_PAD, INTERPRETER)
+            if K_SUM:
+                _store_rotated_mean(Parts, Final, final_slot, kvh, n_parts, K_TOKENS, Signs, PARTS_PAD, D_PAD)
+    signs = tl.load(Signs + offs_d[:, None] * D_PAD + offs_d[None, :])
+    if MEAN_MODE == 1:
+        mh = tl.load(Final + ROTATED_MEAN_SLOT * final_slot + bh * D_PAD + offs_d)
+    if MEAN_MODE == 2:
+        mean = _k_mean(Parts, kvh, n_parts, K_TOKENS, PARTS_PAD, D_PAD)
+    for i in tl.range(0, TILES, num_stages=max(PIPE, 1)):
+        tile = first + i
+        offs_l = tile * BLOCK + rows
+        if PIPE == 0:  # this tile's rows came with the last iteration; fetch the next tile's now
+            x = x16
+            row_ok = offs_l < L
+            _, _, x16 = _load_rows(X, stride_xb, stride_xh, stride_xl, stride_xd, bh, H, offs_l + BLOCK, L, D,
+                                   D_PAD, X.dtype.element_ty)
+        else:
+            row_ok, _, x = _load_rows(X, stride_xb, stride_xh, stride_xl, stride_xd, bh, H, offs_l, L, D, D_PAD,
+                                      X.dtype.element_ty)
+        if MEAN_MODE == 2:
+            tl.store(Bias + bh.to(tl.int64) * L + offs_l, tl.sum(x.to(tl.float32) * mean[None, :], axis=1) * bias_mult,
+                     mask=row_ok)
+        if INTERPRETER:
+            y = tl.dot(x.to(tl.float32), signs.to(tl.float32))
+        else:
+            y = tl.dot(x, signs)
+        if MEAN_MODE == 1:
+            y = y - mh[None, :]
+        y = tl.where(row_ok[:, None], y, 0.0)
+        _quantize_rows(y, Out, Scale, bh, L, offs_l, row_ok, offs_d, tile, scale_mult, BLOCK, GROUP, D_PAD,
+                       SCALE_PER_BLOCK, INTERPRETER)
 
 
 @triton.jit
@@ -507,10 +640,18 @@ def _quantize_tile(
     BLOCK: tl.constexpr, GROUP: tl.constexpr, D_PAD: tl.constexpr, MEAN_MODE: tl.constexpr,
     SCALE_PER_BLOCK: tl.constexpr, FINALIZE: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr,
     V_RANGE: tl.constexpr, V_POW2: tl.constexpr, PARTS_PAD: tl.constexpr, PDL: tl.constexpr,
-    ROTATE: tl.constexpr, INTERPRETER: tl.constexpr, ROTATE_DETECT: tl.constexpr,
+    ROTATE: tl.constexpr, INTERPRETER: tl.constexpr, ROTATE_DETECT: tl.constexpr, ROTATE_MODE: tl.constexpr,
 ):
     """The unsplit quantization of one tile (``quantize_int8_kernel``)."""
-    bh, offs_l, row_ok, offs_d, x = _row_tile(X, stride_xb, stride_xh, stride_xl, stride_xd, H, L, D, BLOCK, D_PAD)
+    if ROTATE and ROTATE_MODE == ROTATE_NATIVE:
+        bh = tl.program_id(1)
+        offs_l = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        row_ok, offs_d, x16 = _load_rows(X, stride_xb, stride_xh, stride_xl, stride_xd, bh, H, offs_l, L, D, D_PAD,
+                                         X.dtype.element_ty)
+        x = x16.to(tl.float32)
+    else:
+        bh, offs_l, row_ok, offs_d, x = _row_tile(X, stride_xb, stride_xh, stride_xl, stride_xd, H, L, D, BLOCK,
+                                                  D_PAD)
     pdl_start(PDL)
     ld_mask = row_ok[:, None] & (offs_d[None, :] < D)
     kvh = bh // H_KV_DIV  # GQA: query head bh reads key/value head kvh
@@ -518,7 +659,14 @@ def _quantize_tile(
         if (tl.program_id(0) == 0) & (bh % H_KV_DIV == 0):
             _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L_KV, K_TOKENS, D, K_SUM, V_STATS,
                                V_RANGE, V_POW2, PARTS_PAD, D_PAD, INTERPRETER)
+            if ROTATE and K_SUM and ROTATE_MODE == ROTATE_NATIVE:
+                _store_rotated_mean(Parts, Final, final_slot, kvh, n_parts, K_TOKENS, Signs, PARTS_PAD, D_PAD)
 
+    if ROTATE and ROTATE_MODE == ROTATE_NATIVE:
+        y = _rotate_native(x16, Signs, D_PAD, INTERPRETER)
+        if MEAN_MODE == 1:  # (K - mean)·H as K·H - mean·H: the dot's operands stay the exact inputs
+            y = y - tl.load(Final + ROTATED_MEAN_SLOT * final_slot + bh * D_PAD + offs_d)[None, :]
+        y = tl.where(row_ok[:, None], y, 0.0)
     if MEAN_MODE == 1:
         mean = tl.load(Final + bh * D + offs_d, mask=offs_d < D, other=0.0)
         x = tl.where(ld_mask, x - mean[None, :], 0.0)
@@ -539,6 +687,10 @@ def _quantize_tile(
                 rotate = tl.load(Final + ROTATE_FLAG_SLOT * final_slot + kvh) > 0.5
             if rotate:
                 x = _rotate(x, Signs, D_PAD, ROTATE)
+        elif ROTATE_MODE == ROTATE_NATIVE:
+            x = y
+        elif ROTATE_MODE == ROTATE_FWHT:
+            x = _fwht(x, ROTATE, D_PAD)
         else:
             x = _rotate(x, Signs, D_PAD, ROTATE)
 
