@@ -1,5 +1,7 @@
-"""The rotation's launch variants (``rotation.METHOD``, issue 42 item 2) against the default one: the same
-Hadamard on the same fp16 rows, so the same numbers up to the fp32 sums' order."""
+"""The rotation's launch variants (``rotation.METHOD``, issue 42 item 2) against the default one. The
+"same rows" variants apply the same Hadamard to the same fp16 rows, so they give the same numbers up to the
+fp32 sums' order; the exact-product ones (the inputs' own 16-bit product, fp32 butterflies; "tiled" is
+Hopper's default) multiply the unrounded rows, so they are held to the exact rotation instead."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +12,8 @@ from sagetriton.kernels import reference as ref
 from sagetriton.kernels.arch import detect_arch
 from sagetriton.kernels.reference import cosine
 
-VARIANTS = [m for m in kernels.rotation.METHODS if m != "dot"]
+SAME_ROWS = [m for m in kernels.rotation.METHODS if m != "dot" and not kernels.rotation.unnormalised(m)]
+EXACT = [m for m in kernels.rotation.METHODS if kernels.rotation.unnormalised(m)]
 
 
 def qkv(B=1, H=4, H_KV=2, L=144, D=128):
@@ -25,6 +28,8 @@ def qkv(B=1, H=4, H_KV=2, L=144, D=128):
 
 def run(monkeypatch, method, q, k, v, gran, lse=True):
     monkeypatch.setattr(kernels.rotation, "METHOD", method)
+    # one SM: the looping methods take several tiles per program (a partial last one, and past the end)
+    monkeypatch.setattr(kernels.api, "sm_count", lambda device: 1)
     kernels.replay.clear()
     cfg = kernels.api._resolved_config(detect_arch(q.device), q.shape[-1], gran, "int8", None).replace(
         qk_rotation=True)
@@ -32,8 +37,11 @@ def run(monkeypatch, method, q, k, v, gran, lse=True):
     return out, out_lse, cfg
 
 
-@pytest.mark.parametrize("method", VARIANTS)
-@pytest.mark.parametrize("gran,D", [("per_warp", 128), ("per_block", 128), ("per_warp", 96), ("per_block", 64)])
+GRANS = [("per_warp", 128), ("per_block", 128), ("per_warp", 96), ("per_block", 64)]
+
+
+@pytest.mark.parametrize("method", SAME_ROWS)
+@pytest.mark.parametrize("gran,D", GRANS)
 def test_variant_matches_the_default_rotation(monkeypatch, method, gran, D):
     q, k, v = qkv(D=D)
     base, base_lse, cfg = run(monkeypatch, "dot", q, k, v, gran)
@@ -43,7 +51,45 @@ def test_variant_matches_the_default_rotation(monkeypatch, method, gran, D):
     assert cosine(out, ref.exact_attention(q, k, v)[0]) >= 0.9995
 
 
-@pytest.mark.parametrize("method", VARIANTS)
+@pytest.mark.parametrize("method", EXACT)
+@pytest.mark.parametrize("gran,D", GRANS)
+def test_exact_product_is_as_close_as_the_default(monkeypatch, method, gran, D):
+    """Outputs as close to fp64 as the default's, and the LSE (which keeps q·mean(K)) off fp64's by about as
+    much: logits of massive channels reach ~500 here, and INT8 rounding moves the default's LSE by up to 0.8."""
+    q, k, v = qkv(D=D)
+    exact, exact_lse = ref.exact_attention(q, k, v)
+    base, base_lse, cfg = run(monkeypatch, "dot", q, k, v, gran)
+    out, out_lse, _ = run(monkeypatch, method, q, k, v, gran)
+    assert cosine(out, base) >= 0.9999
+    assert 1 - cosine(out, exact) <= 1.5 * (1 - cosine(base, exact))  # INT8 rounding lands elsewhere
+    assert cosine(out, ref.quantized_reference(q, k, v, cfg)[0]) >= 0.9999
+    err, base_err = ((x.double() - exact_lse).abs() for x in (out_lse, base_lse))
+    assert err.mean() <= 1.5 * base_err.mean() + 1e-3 and err.max() <= 2 * base_err.max() + 1e-3
+
+
+@pytest.mark.parametrize("method", EXACT)
+@pytest.mark.parametrize("per_block", [False, True])
+def test_exact_product_quantizes_the_exactly_rotated_rows(monkeypatch, method, per_block):
+    """The launch alone on 16-bit rows: INT8 values and scales of the fp64 rotation of those rows (but for a
+    rare ±1 where fp32 sums land on a rounding boundary)."""
+    monkeypatch.setattr(kernels.api, "sm_count", lambda device: 1)
+    _, k, _ = qkv(L=200)
+    block, group = 64, 64 if per_block else 16
+    out, scale = kernels.api._quantize_qk(k, group, block, 128, 1.0, per_block=per_block, rotate=128, method=method)
+    y = (k.double() @ kernels.rotation.hadamard_block(128, 128)).reshape(k.shape[0] * k.shape[1], -1, 128)
+    rows = y.shape[1]
+    pad = -rows % block
+    amax = torch.nn.functional.pad(y.abs().amax(-1), (0, pad)).reshape(y.shape[0], -1, group).amax(-1)
+    want_scale = amax / 127.0
+    per_row = want_scale.repeat_interleave(group, dim=1)[:, :rows]
+    want = torch.round(y / per_row[..., None]).clamp(-127, 127)
+    diff = (out.double() - want).abs()
+    assert diff.max() <= 1 and (diff > 0).float().mean() < 1e-3
+    got = scale if per_block else scale[:, ::group]
+    assert torch.allclose(got.double(), want_scale[:, :got.shape[1]], rtol=1e-5)
+
+
+@pytest.mark.parametrize("method", SAME_ROWS)
 @pytest.mark.parametrize("per_block", [False, True])
 def test_variant_quantizes_to_the_same_int8(method, per_block):
     """The launch alone: INT8 values equal but for a rare ±1 where a sum lands on a rounding boundary, and
