@@ -335,8 +335,8 @@ def test_fake_tensor_shapes():
         q = torch.empty(2, 100, 4, 64, dtype=torch.bfloat16)
         for out_layout, shape in (("NHD", q.shape), ("HND", (2, 4, 100, 64))):
             out, lse = kernels.api.attention_op(q, q, q, "NHD", False, 0.125, None, True, "per_warp", "fp16",
-                                                "fp32", "", 64, 64, 4, 1, False, 0, 0, False, False, False, True,
-                                                False, out_layout)
+                                                "fp32", "", 64, 64, 4, 1, False, 0, 0, False, False, False, False,
+                                                True, False, out_layout)
             assert out.shape == shape and out.dtype == q.dtype
             assert lse.shape == (2, 4, 100) and lse.dtype == torch.float32
 
