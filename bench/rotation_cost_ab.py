@@ -73,7 +73,7 @@ def quant_us(fn, qkv, calls: int = 10) -> dict:
             "qk_us": statistics.median(a + b for a, b in zip(q, k, strict=True))}
 
 
-def kernel_breakdown(shape=(2, 24, 8192, 128), names=(BASE, "dot", "split2"), calls: int = 20) -> dict:
+def kernel_breakdown(shape=(2, 24, 8192, 128), names=(BASE, "dot", "tiled"), calls: int = 20) -> dict:
     """Where a whole call's time goes, per variant, with and without PDL (which lets a launch start while the
     one before it ends, so a profiled launch time includes its wait): device µs per call of each kernel
     (torch.profiler, L2 flushed before each call), the call's median, and the SM clock and power drawn

@@ -256,24 +256,19 @@ def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, 
     k_sum, v_stats, v_range, v_pow2 = finalize or (False, quant.V_NONE, 1.0, False)
     tiles = rotation.tiles(method, B * H * _cdiv(L, block), sm_count(x.device)) if rotate and not rotate_detect else 0
     grid = (_cdiv(_cdiv(L, block), max(tiles, 1)), B * H)
-    if rotate and not rotate_detect and rotation.unnormalised(method):
+    if tiles:  # the tiled product leaves 1/sqrt(block) to the scales
         scale_mult = scale_mult / math.sqrt(rotate)
-    signs_dtype = x.dtype if rotation.mode(method) == 1 else torch.float16
     _launch(quant.quantize_int8_kernel, grid, (
         x, *x.stride(), parts, slots[0], final, slots[1],
         out, scale, bias if bias is not None else scale,
-        _rotation_signs(d_pad, rotate, x.device, signs_dtype) if rotate else scale,
+        _rotation_signs(d_pad, rotate, x.device, x.dtype if tiles else torch.float16) if rotate else scale,
         H, kv_div, L, l_kv, k_tokens, D, n_parts, scale_mult, bias_mult,
     ), dict(BLOCK=block, GROUP=group, D_PAD=d_pad, MEAN_MODE=mean_mode, SCALE_PER_BLOCK=per_block,
             FINALIZE=finalize is not None, K_SUM=k_sum, V_STATS=v_stats, V_RANGE=v_range, V_POW2=v_pow2,
             PARTS_PAD=quant.STATS_PARTS, PDL=pdl, ROTATE=rotate, INTERPRETER=interpreter_enabled(),
-            ROTATE_DETECT=bool(rotate and rotate_detect),
-            ROTATE_SPLIT=rotation.split_slices(method, d_pad, rotate) if rotate and not rotate_detect else 1,
-            ROTATE_MODE=rotation.mode(method) if rotate and not rotate_detect else 0,
-            ROTATE_TILES=tiles, ROTATE_PIPE=rotation.pipe(method) if tiles else 0),
+            ROTATE_DETECT=bool(rotate and rotate_detect), ROTATE_TILES=tiles, ROTATE_STAGES=rotation.PIPE_STAGES),
             num_warps=rotation.quant_warps(method, block, d_pad) if rotate else 4,
-            **({"maxnreg": cap} if (cap := rotation.register_cap(method)) and rotate and x.is_cuda
-               and torch.version.hip is None else {}),
+            **({"maxnreg": rotation.TILED_MAXNREG} if tiles and x.is_cuda and torch.version.hip is None else {}),
             **_pdl_launch(pdl and after))
     return out, scale
 
@@ -546,14 +541,14 @@ def _quantize(plan: _CallPlan, cfg: KernelConfig, smooth_k: bool, smooth_v: bool
     v_stats = _v_stats_needed(cfg, smooth_v)
     detect = bool(rotate) and rotation.DETECT
     method = rotation.method_for(cfg.rotation_tiles) if rotate else "dot"
-    if method in rotation.NATIVE_METHODS and not (D == d_pad and qh.dtype == kh.dtype
-                                                  and qh.dtype in (torch.float16, torch.bfloat16)):
-        method = "dot"  # the native product needs 16-bit inputs and no padded channels
+    if method == "tiled" and not (D == d_pad and qh.dtype == kh.dtype and qh.dtype in (torch.float16, torch.bfloat16)):
+        method = "dot"  # the tiled product needs 16-bit inputs and no padded channels
     parts, n_parts, k_tokens = _kv_stats(kh, vh, smooth_k, v_stats, d_pad, pdl, k_range=detect)
     stats = final = None
     if parts is not None:
-        # K mean, V scale, V mean (and the heads to rotate, ``quant.ROTATE_FLAG_SLOT``)
-        final = torch.empty((4 if detect or method in rotation.NATIVE_METHODS else 3, B * H_KV, D),
+        # K mean, V scale, V mean (and the heads to rotate, ``quant.ROTATE_FLAG_SLOT``, or the tiled
+        # rotation's mean·H, ``quant.ROTATED_MEAN_SLOT``)
+        final = torch.empty((4 if detect or method == "tiled" else 3, B * H_KV, D),
                             dtype=torch.float32, device=qh.device)
         stats = (parts, n_parts, LK, k_tokens, final)
     # Q first: its launch finalizes the statistics the K and V launches read. Q scales stay per token
@@ -561,7 +556,7 @@ def _quantize(plan: _CallPlan, cfg: KernelConfig, smooth_k: bool, smooth_v: bool
     # granularity allows, which saves a multiply per logit in the inner loop.
     qbias = torch.empty((B * H, LQ), dtype=torch.float32, device=qh.device) if (smooth_k and return_lse) else None
     # Rotating Q: 128 rows per program, the signs' load shared by more rows (scales stay per token).
-    q_block = max(cfg.block_m, 128) if rotate and method in ("dot", "native", "ntiles", "npipe") else cfg.block_m
+    q_block = rotation.q_rows(method, cfg.block_m) if rotate else cfg.block_m
     q8, qs = _quantize_qk(qh, q_group, q_block, d_pad, plan.sm_scale * quant.LOG2E,
                           quant.MEAN_DOT if qbias is not None else quant.MEAN_NONE, stats, H // H_KV,
                           bias=qbias, bias_mult=plan.sm_scale,

@@ -98,37 +98,6 @@ def _rotate(x, Signs, D_PAD: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _rotate_native(x, Signs, D_PAD: tl.constexpr, INTERPRETER: tl.constexpr):
-    """``x`` (the 16-bit input rows, exact) times the ±1 signs in the same dtype: no rounding before the fp32
-    sums, no row max. Unnormalised: the caller folds 1/sqrt(BLOCK) into the scale. (The interpreter's bf16
-    dot reads the bits as integers: there, the same exact values in fp32.)"""
-    d = tl.arange(0, D_PAD)
-    signs = tl.load(Signs + d[:, None] * D_PAD + d[None, :])
-    if INTERPRETER:
-        return tl.dot(x.to(tl.float32), signs.to(tl.float32))
-    return tl.dot(x, signs)
-
-
-@triton.jit
-def _butterfly(x, S: tl.constexpr, D_PAD: tl.constexpr):
-    """One Hadamard stage: columns c and c + S (bit S of c clear) become their sum and difference."""
-    M: tl.constexpr = x.shape[0]
-    x = tl.permute(tl.reshape(x, (M, D_PAD // (2 * S), 2, S)), (0, 1, 3, 2))
-    a, b = tl.split(x)
-    return tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), (M, D_PAD))
-
-
-@triton.jit
-def _fwht(x, BLOCK: tl.constexpr, D_PAD: tl.constexpr):
-    """``x`` times the unnormalised Sylvester Hadamard of BLOCK columns (block diagonal over D_PAD), in fp32
-    butterflies: exact but for fp32 rounding. The caller folds 1/sqrt(BLOCK) into the scale."""
-    for i in tl.static_range(7):
-        if (1 << i) < BLOCK:
-            x = _butterfly(x, 1 << i, D_PAD)
-    return x
-
-
-@triton.jit
 def _group_max(row_max, BLOCK: tl.constexpr, GROUP: tl.constexpr):
     """Max over consecutive groups of GROUP rows, broadcast back to every row of the group."""
     if GROUP == 1:
@@ -327,10 +296,7 @@ ROTATE_RATIO = tl.constexpr(4.0)
 K_RANGE_SLOT = tl.constexpr(4)
 # Final's slot of the per-head rotation flag (1.0: rotate), after K mean, V scale and V mean.
 ROTATE_FLAG_SLOT = tl.constexpr(3)
-# How a rotating launch multiplies (``rotation.METHOD``): fp16 dot on rows scaled by their max, 16-bit dot on
-# the inputs as they are, fp32 butterflies.
-ROTATE_DOT, ROTATE_NATIVE, ROTATE_FWHT = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
-# Final's slot of K's mean times the rotation's signs (ROTATE_NATIVE: K·H - mean·H), D_PAD per head.
+# Final's slot of K's mean times the rotation's signs (``_quantize_rotated_tiles``: K·H - mean·H), D_PAD per head.
 ROTATED_MEAN_SLOT = tl.constexpr(3)
 
 
@@ -387,134 +353,6 @@ def _store_rotated_mean(Parts, Final, final_slot, kvh, n_parts, k_tokens, Signs,
 
 
 @triton.jit
-def _load_cols(X, stride_b, stride_h, stride_l, stride_d, bh, H, offs_l, row_ok, L, D, C0: tl.constexpr,
-               N: tl.constexpr):
-    """Columns C0..C0+N of rows ``offs_l`` of head ``bh`` (``_load_rows`` for one slice), fp32, zero-padded."""
-    offs_d = C0 + tl.arange(0, N)
-    b = bh // H
-    h = bh % H
-    return tl.load(X + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
-                   + offs_l[:, None].to(tl.int64) * stride_l + offs_d[None, :] * stride_d,
-                   mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _smooth_cols(x, Parts, Final, bh, kvh, n_parts, K_TOKENS, D, row_ok, C0: tl.constexpr, N: tl.constexpr,
-                 MEAN_MODE: tl.constexpr, PARTS_PAD: tl.constexpr, D_PAD: tl.constexpr):
-    """One slice of the unsplit path's smoothing: K minus its mean (returns x), or q·mean(K)'s share (bias)."""
-    offs_d = C0 + tl.arange(0, N)
-    bias = tl.zeros((x.shape[0],), tl.float32)
-    if MEAN_MODE == 1:
-        mean = tl.load(Final + bh * D + offs_d, mask=offs_d < D, other=0.0)
-        x = tl.where(row_ok[:, None] & (offs_d[None, :] < D), x - mean[None, :], 0.0)
-    if MEAN_MODE == 2:  # the columns of _k_mean: the same sum over the partials per channel
-        r = tl.arange(0, PARTS_PAD)
-        ptrs = Parts + (kvh.to(tl.int64) * n_parts + r[:, None]) * D_PAD + offs_d[None, :]
-        mean = tl.sum(tl.load(ptrs, mask=r[:, None] < n_parts, other=0.0), axis=0) / K_TOKENS
-        bias = tl.sum(x * mean[None, :], axis=1)
-    return x, bias
-
-
-@triton.jit
-def _hadamard_cols(x, inv_r, Signs, N: tl.constexpr, D_PAD: tl.constexpr):
-    """A slice of ``_rotate``'s fp16 rows times the N x N Sylvester signs (the top-left block of Signs)."""
-    d = tl.arange(0, N)
-    signs = tl.load(Signs + d[:, None] * D_PAD + d[None, :])
-    return tl.dot((x * inv_r[:, None]).to(tl.float16), signs)
-
-
-@triton.jit
-def _store_cols(Out, bh, L, offs_l, row_ok, y, inv_scale, C0: tl.constexpr, N: tl.constexpr, D_PAD: tl.constexpr,
-                PER_ROW: tl.constexpr):
-    ptrs = (Out + bh.to(tl.int64) * L * D_PAD + offs_l[:, None].to(tl.int64) * D_PAD
-            + (C0 + tl.arange(0, N))[None, :])
-    if PER_ROW:
-        tl.store(ptrs, round_to_int8(y * inv_scale[:, None]), mask=row_ok[:, None])
-    else:
-        tl.store(ptrs, round_to_int8(y * inv_scale), mask=row_ok[:, None])
-
-
-@triton.jit
-def _quantize_split(
-    X, stride_xb, stride_xh, stride_xl, stride_xd, Parts, part_slot, Final, final_slot, Out, Scale, Bias, Signs,
-    H, H_KV_DIV, L, L_KV, K_TOKENS, D, n_parts, scale_mult, bias_mult,
-    BLOCK: tl.constexpr, GROUP: tl.constexpr, D_PAD: tl.constexpr, MEAN_MODE: tl.constexpr,
-    SCALE_PER_BLOCK: tl.constexpr, FINALIZE: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr,
-    V_RANGE: tl.constexpr, V_POW2: tl.constexpr, PARTS_PAD: tl.constexpr, PDL: tl.constexpr,
-    ROTATE: tl.constexpr, INTERPRETER: tl.constexpr, SPLIT: tl.constexpr,
-):
-    """``quantize_int8_kernel`` with ROTATE == D_PAD as H_SPLIT (x) H_N (rotation.METHOD "split2"/"split4"):
-    the row's SPLIT slices of N columns are loaded apart, each multiplied by the N x N signs, and mixed by an
-    fp32 butterfly. The fp16 operands are ``_rotate``'s; the sums run in another fp32 order."""
-    N: tl.constexpr = D_PAD // SPLIT
-    bh = tl.program_id(1)
-    offs_l = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    row_ok = offs_l < L
-    x0 = _load_cols(X, stride_xb, stride_xh, stride_xl, stride_xd, bh, H, offs_l, row_ok, L, D, 0, N)
-    x1 = _load_cols(X, stride_xb, stride_xh, stride_xl, stride_xd, bh, H, offs_l, row_ok, L, D, N, N)
-    if SPLIT == 4:
-        x2 = _load_cols(X, stride_xb, stride_xh, stride_xl, stride_xd, bh, H, offs_l, row_ok, L, D, 2 * N, N)
-        x3 = _load_cols(X, stride_xb, stride_xh, stride_xl, stride_xd, bh, H, offs_l, row_ok, L, D, 3 * N, N)
-    pdl_start(PDL)
-    kvh = bh // H_KV_DIV
-    if FINALIZE:
-        if (tl.program_id(0) == 0) & (bh % H_KV_DIV == 0):
-            _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L_KV, K_TOKENS, D, K_SUM, V_STATS,
-                               V_RANGE, V_POW2, PARTS_PAD, D_PAD, INTERPRETER)
-    x0, bias = _smooth_cols(x0, Parts, Final, bh, kvh, n_parts, K_TOKENS, D, row_ok, 0, N, MEAN_MODE, PARTS_PAD,
-                            D_PAD)
-    x1, b1 = _smooth_cols(x1, Parts, Final, bh, kvh, n_parts, K_TOKENS, D, row_ok, N, N, MEAN_MODE, PARTS_PAD,
-                          D_PAD)
-    bias += b1
-    r = tl.maximum(tl.max(tl.abs(x0), 1), tl.max(tl.abs(x1), 1))
-    if SPLIT == 4:
-        x2, b2 = _smooth_cols(x2, Parts, Final, bh, kvh, n_parts, K_TOKENS, D, row_ok, 2 * N, N, MEAN_MODE,
-                              PARTS_PAD, D_PAD)
-        x3, b3 = _smooth_cols(x3, Parts, Final, bh, kvh, n_parts, K_TOKENS, D, row_ok, 3 * N, N, MEAN_MODE,
-                              PARTS_PAD, D_PAD)
-        bias += b2 + b3
-        r = tl.maximum(r, tl.maximum(tl.max(tl.abs(x2), 1), tl.max(tl.abs(x3), 1)))
-    if MEAN_MODE == 2:
-        tl.store(Bias + bh.to(tl.int64) * L + offs_l, bias * bias_mult, mask=row_ok)
-    r = tl.where(r > 0, r, 1.0)
-    inv_r = 1.0 / r
-    z0 = _hadamard_cols(x0, inv_r, Signs, N, D_PAD)
-    z1 = _hadamard_cols(x1, inv_r, Signs, N, D_PAD)
-    back = (r * (1.0 / tl.sqrt(ROTATE * 1.0)))[:, None]
-    if SPLIT == 4:
-        z2 = _hadamard_cols(x2, inv_r, Signs, N, D_PAD)
-        z3 = _hadamard_cols(x3, inv_r, Signs, N, D_PAD)
-        a0, a1, a2, a3 = z0 + z1, z0 - z1, z2 + z3, z2 - z3
-        y0, y1, y2, y3 = (a0 + a2) * back, (a1 + a3) * back, (a0 - a2) * back, (a1 - a3) * back
-        row_max = _max_nan(_max_nan(_reduce_nan(tl.abs(y0), 1, True, INTERPRETER),
-                                    _reduce_nan(tl.abs(y1), 1, True, INTERPRETER)),
-                           _max_nan(_reduce_nan(tl.abs(y2), 1, True, INTERPRETER),
-                                    _reduce_nan(tl.abs(y3), 1, True, INTERPRETER)))
-    else:
-        y0, y1 = (z0 + z1) * back, (z0 - z1) * back
-        row_max = _max_nan(_reduce_nan(tl.abs(y0), 1, True, INTERPRETER), _reduce_nan(tl.abs(y1), 1, True, INTERPRETER))
-    if SCALE_PER_BLOCK:  # as the unsplit path: one scale per block, NaN/Inf found by the max
-        amax = _reduce_nan(row_max, 0, True, INTERPRETER)
-        ok = amax < float("inf")
-        scale = tl.where(ok & (amax > 0), amax / 127.0, 1.0)
-        inv = 1.0 / scale
-        tl.store(Scale + bh.to(tl.int64) * tl.cdiv(L, BLOCK) + tl.program_id(0),
-                 tl.where(ok, scale * scale_mult, float("nan")))
-    else:
-        row_bad = ~(row_max < float("inf"))
-        amax = _group_max(tl.where(row_bad, 0.0, row_max), BLOCK, GROUP)
-        scale = tl.where(amax > 0, amax / 127.0, 1.0)
-        inv = 1.0 / scale
-        tl.store(Scale + bh.to(tl.int64) * L + offs_l, tl.where(row_bad, float("nan"), scale * scale_mult),
-                 mask=row_ok)
-    _store_cols(Out, bh, L, offs_l, row_ok, y0, inv, 0, N, D_PAD, not SCALE_PER_BLOCK)
-    _store_cols(Out, bh, L, offs_l, row_ok, y1, inv, N, N, D_PAD, not SCALE_PER_BLOCK)
-    if SPLIT == 4:
-        _store_cols(Out, bh, L, offs_l, row_ok, y2, inv, 2 * N, N, D_PAD, not SCALE_PER_BLOCK)
-        _store_cols(Out, bh, L, offs_l, row_ok, y3, inv, 3 * N, N, D_PAD, not SCALE_PER_BLOCK)
-
-
-@triton.jit
 def quantize_int8_kernel(
     X, stride_xb, stride_xh, stride_xl, stride_xd,
     Parts, part_slot,  # fp32 (4, B*H_KV, n_parts, D_PAD): kv_stats_kernel's partials
@@ -526,8 +364,7 @@ def quantize_int8_kernel(
     SCALE_PER_BLOCK: tl.constexpr, FINALIZE: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr,
     V_RANGE: tl.constexpr, V_POW2: tl.constexpr, PARTS_PAD: tl.constexpr, PDL: tl.constexpr,
     ROTATE: tl.constexpr = 0, INTERPRETER: tl.constexpr = False, ROTATE_DETECT: tl.constexpr = False,
-    ROTATE_SPLIT: tl.constexpr = 1, ROTATE_MODE: tl.constexpr = 0, ROTATE_TILES: tl.constexpr = 0,
-    ROTATE_PIPE: tl.constexpr = 0,
+    ROTATE_TILES: tl.constexpr = 0, ROTATE_STAGES: tl.constexpr = 2,
 ):
     """Quantize one tile of Q or K. With FINALIZE (the Q launch, which runs right after the
     statistics), the first program of each key/value head also reduces the K/V partials into Final,
@@ -535,29 +372,24 @@ def quantize_int8_kernel(
     With ROTATE (a block size), the tile is multiplied by a block Hadamard matrix (``_rotate``) before rounding; Q and
     K get the same rotation, so their product is unchanged. With ROTATE_DETECT, only the heads ``rotate_head``
     picks: the Q launch (FINALIZE) decides from the partials and writes the flag into Final, the K launch
-    reads it there. ROTATE_SPLIT > 1: the rotation by slices (``_quantize_split``)."""
+    reads it there. ROTATE_TILES > 0: the rotation as ``_quantize_rotated_tiles`` (``KernelConfig.rotation_tiles``)."""
     if ROTATE_TILES > 0:
-        _quantize_native_tiles(X, stride_xb, stride_xh, stride_xl, stride_xd, Parts, part_slot, Final, final_slot,
-                               Out, Scale, Bias, Signs, H, H_KV_DIV, L, L_KV, K_TOKENS, D, n_parts, scale_mult,
-                               bias_mult, BLOCK, GROUP, D_PAD, MEAN_MODE, SCALE_PER_BLOCK, FINALIZE, K_SUM, V_STATS,
-                               V_RANGE, V_POW2, PARTS_PAD, PDL, INTERPRETER, ROTATE_TILES, ROTATE_PIPE)
-    elif ROTATE_SPLIT > 1:
-        _quantize_split(X, stride_xb, stride_xh, stride_xl, stride_xd, Parts, part_slot, Final, final_slot, Out, Scale,
-                        Bias, Signs, H, H_KV_DIV, L, L_KV, K_TOKENS, D, n_parts, scale_mult, bias_mult, BLOCK, GROUP,
-                        D_PAD, MEAN_MODE, SCALE_PER_BLOCK, FINALIZE, K_SUM, V_STATS, V_RANGE, V_POW2, PARTS_PAD, PDL,
-                        ROTATE, INTERPRETER, ROTATE_SPLIT)
+        _quantize_rotated_tiles(X, stride_xb, stride_xh, stride_xl, stride_xd, Parts, part_slot, Final, final_slot,
+                                Out, Scale, Bias, Signs, H, H_KV_DIV, L, L_KV, K_TOKENS, D, n_parts, scale_mult,
+                                bias_mult, BLOCK, GROUP, D_PAD, MEAN_MODE, SCALE_PER_BLOCK, FINALIZE, K_SUM, V_STATS,
+                                V_RANGE, V_POW2, PARTS_PAD, PDL, INTERPRETER, ROTATE_TILES, ROTATE_STAGES)
     else:
         _quantize_tile(X, stride_xb, stride_xh, stride_xl, stride_xd, Parts, part_slot, Final, final_slot, Out, Scale,
                        Bias, Signs, H, H_KV_DIV, L, L_KV, K_TOKENS, D, n_parts, scale_mult, bias_mult, BLOCK, GROUP,
                        D_PAD, MEAN_MODE, SCALE_PER_BLOCK, FINALIZE, K_SUM, V_STATS, V_RANGE, V_POW2, PARTS_PAD, PDL,
-                       ROTATE, INTERPRETER, ROTATE_DETECT, ROTATE_MODE)
+                       ROTATE, INTERPRETER, ROTATE_DETECT)
 
 
 @triton.jit
 def _quantize_rows(x, Out, Scale, bh, L, offs_l, row_ok, offs_d, tile, scale_mult, BLOCK: tl.constexpr,
                    GROUP: tl.constexpr, D_PAD: tl.constexpr, SCALE_PER_BLOCK: tl.constexpr,
                    INTERPRETER: tl.constexpr):
-    """Round fp32 rows to INT8 and store them with their scales (``_quantize_tile``'s epilogue, for tile ``tile``)."""
+    """Round fp32 rows to INT8 and store them with their scales, tile ``tile`` of its head (as ``_quantize_tile``)."""
     out_ptrs = Out + bh.to(tl.int64) * L * D_PAD + offs_l[:, None].to(tl.int64) * D_PAD + offs_d[None, :]
     if SCALE_PER_BLOCK:
         amax = _reduce_nan(_reduce_nan(tl.abs(x), 1, True, INTERPRETER), 0, True, INTERPRETER)
@@ -578,58 +410,53 @@ def _quantize_rows(x, Out, Scale, bh, L, offs_l, row_ok, offs_d, tile, scale_mul
 
 
 @triton.jit
-def _quantize_native_tiles(
+def _quantize_rotated_tiles(
     X, stride_xb, stride_xh, stride_xl, stride_xd, Parts, part_slot, Final, final_slot, Out, Scale, Bias, Signs,
     H, H_KV_DIV, L, L_KV, K_TOKENS, D, n_parts, scale_mult, bias_mult,
     BLOCK: tl.constexpr, GROUP: tl.constexpr, D_PAD: tl.constexpr, MEAN_MODE: tl.constexpr,
     SCALE_PER_BLOCK: tl.constexpr, FINALIZE: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr,
     V_RANGE: tl.constexpr, V_POW2: tl.constexpr, PARTS_PAD: tl.constexpr, PDL: tl.constexpr,
-    INTERPRETER: tl.constexpr, TILES: tl.constexpr, PIPE: tl.constexpr,
+    INTERPRETER: tl.constexpr, TILES: tl.constexpr, STAGES: tl.constexpr,
 ):
-    """The native rotation (``_rotate_native``) over TILES consecutive tiles per program: the signs (and K's
-    rotated mean) are loaded once, and the next tile's rows are loaded before this one is multiplied and
-    stored (PIPE 0: in registers; PIPE > 1: Triton's pipeliner with that many stages)."""
+    """The rotation of TILES consecutive tiles of 16-bit rows per program: each tile's rows, exact as loaded,
+    times the ±1 signs in their own dtype (fp32 sums: no row max, no rounding before the product), K's mean
+    subtracted after it as mean·H (which the finalizing program stores), 1/sqrt(block) left to the scales
+    (``scale_mult``). The signs are loaded once per program and the rows through Triton's pipeliner (STAGES),
+    so the next tile's loads run while this one is multiplied and stored: per tile, the rotating launch
+    otherwise waits on its own load → product → store chain with too little memory traffic in flight."""
     bh = tl.program_id(1)
+    kvh = bh // H_KV_DIV
     first = tl.program_id(0) * TILES
     rows = tl.arange(0, BLOCK)
-    offs_l = first * BLOCK + rows
-    row_ok, offs_d, x16 = _load_rows(X, stride_xb, stride_xh, stride_xl, stride_xd, bh, H, offs_l, L, D, D_PAD,
-                                     X.dtype.element_ty)
+    d = tl.arange(0, D_PAD)
     pdl_start(PDL)
-    kvh = bh // H_KV_DIV
     if FINALIZE:
         if (tl.program_id(0) == 0) & (bh % H_KV_DIV == 0):
             _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L_KV, K_TOKENS, D, K_SUM, V_STATS,
                                V_RANGE, V_POW2, PARTS_PAD, D_PAD, INTERPRETER)
             if K_SUM:
                 _store_rotated_mean(Parts, Final, final_slot, kvh, n_parts, K_TOKENS, Signs, PARTS_PAD, D_PAD)
-    signs = tl.load(Signs + offs_d[:, None] * D_PAD + offs_d[None, :])
+    signs = tl.load(Signs + d[:, None] * D_PAD + d[None, :])
     if MEAN_MODE == 1:
-        mh = tl.load(Final + ROTATED_MEAN_SLOT * final_slot + bh * D_PAD + offs_d)
+        mean_h = tl.load(Final + ROTATED_MEAN_SLOT * final_slot + bh * D_PAD + d)
     if MEAN_MODE == 2:
         mean = _k_mean(Parts, kvh, n_parts, K_TOKENS, PARTS_PAD, D_PAD)
-    for i in tl.range(0, TILES, num_stages=max(PIPE, 1)):
+    for i in tl.range(0, TILES, num_stages=STAGES):
         tile = first + i
         offs_l = tile * BLOCK + rows
-        if PIPE == 0:  # this tile's rows came with the last iteration; fetch the next tile's now
-            x = x16
-            row_ok = offs_l < L
-            _, _, x16 = _load_rows(X, stride_xb, stride_xh, stride_xl, stride_xd, bh, H, offs_l + BLOCK, L, D,
-                                   D_PAD, X.dtype.element_ty)
-        else:
-            row_ok, _, x = _load_rows(X, stride_xb, stride_xh, stride_xl, stride_xd, bh, H, offs_l, L, D, D_PAD,
-                                      X.dtype.element_ty)
-        if MEAN_MODE == 2:
+        row_ok, _, x = _load_rows(X, stride_xb, stride_xh, stride_xl, stride_xd, bh, H, offs_l, L, D, D_PAD,
+                                  X.dtype.element_ty)
+        if MEAN_MODE == 2:  # q·mean(K) for the LSE, from the unrotated rows
             tl.store(Bias + bh.to(tl.int64) * L + offs_l, tl.sum(x.to(tl.float32) * mean[None, :], axis=1) * bias_mult,
                      mask=row_ok)
-        if INTERPRETER:
+        if INTERPRETER:  # its bf16 dot reads the bits as integers: the same exact values in fp32
             y = tl.dot(x.to(tl.float32), signs.to(tl.float32))
         else:
             y = tl.dot(x, signs)
         if MEAN_MODE == 1:
-            y = y - mh[None, :]
+            y = y - mean_h[None, :]
         y = tl.where(row_ok[:, None], y, 0.0)
-        _quantize_rows(y, Out, Scale, bh, L, offs_l, row_ok, offs_d, tile, scale_mult, BLOCK, GROUP, D_PAD,
+        _quantize_rows(y, Out, Scale, bh, L, offs_l, row_ok, d, tile, scale_mult, BLOCK, GROUP, D_PAD,
                        SCALE_PER_BLOCK, INTERPRETER)
 
 
@@ -640,18 +467,10 @@ def _quantize_tile(
     BLOCK: tl.constexpr, GROUP: tl.constexpr, D_PAD: tl.constexpr, MEAN_MODE: tl.constexpr,
     SCALE_PER_BLOCK: tl.constexpr, FINALIZE: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr,
     V_RANGE: tl.constexpr, V_POW2: tl.constexpr, PARTS_PAD: tl.constexpr, PDL: tl.constexpr,
-    ROTATE: tl.constexpr, INTERPRETER: tl.constexpr, ROTATE_DETECT: tl.constexpr, ROTATE_MODE: tl.constexpr,
+    ROTATE: tl.constexpr, INTERPRETER: tl.constexpr, ROTATE_DETECT: tl.constexpr,
 ):
-    """The unsplit quantization of one tile (``quantize_int8_kernel``)."""
-    if ROTATE and ROTATE_MODE == ROTATE_NATIVE:
-        bh = tl.program_id(1)
-        offs_l = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        row_ok, offs_d, x16 = _load_rows(X, stride_xb, stride_xh, stride_xl, stride_xd, bh, H, offs_l, L, D, D_PAD,
-                                         X.dtype.element_ty)
-        x = x16.to(tl.float32)
-    else:
-        bh, offs_l, row_ok, offs_d, x = _row_tile(X, stride_xb, stride_xh, stride_xl, stride_xd, H, L, D, BLOCK,
-                                                  D_PAD)
+    """The quantization of one tile (``quantize_int8_kernel``)."""
+    bh, offs_l, row_ok, offs_d, x = _row_tile(X, stride_xb, stride_xh, stride_xl, stride_xd, H, L, D, BLOCK, D_PAD)
     pdl_start(PDL)
     ld_mask = row_ok[:, None] & (offs_d[None, :] < D)
     kvh = bh // H_KV_DIV  # GQA: query head bh reads key/value head kvh
@@ -659,14 +478,7 @@ def _quantize_tile(
         if (tl.program_id(0) == 0) & (bh % H_KV_DIV == 0):
             _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L_KV, K_TOKENS, D, K_SUM, V_STATS,
                                V_RANGE, V_POW2, PARTS_PAD, D_PAD, INTERPRETER)
-            if ROTATE and K_SUM and ROTATE_MODE == ROTATE_NATIVE:
-                _store_rotated_mean(Parts, Final, final_slot, kvh, n_parts, K_TOKENS, Signs, PARTS_PAD, D_PAD)
 
-    if ROTATE and ROTATE_MODE == ROTATE_NATIVE:
-        y = _rotate_native(x16, Signs, D_PAD, INTERPRETER)
-        if MEAN_MODE == 1:  # (K - mean)·H as K·H - mean·H: the dot's operands stay the exact inputs
-            y = y - tl.load(Final + ROTATED_MEAN_SLOT * final_slot + bh * D_PAD + offs_d)[None, :]
-        y = tl.where(row_ok[:, None], y, 0.0)
     if MEAN_MODE == 1:
         mean = tl.load(Final + bh * D + offs_d, mask=offs_d < D, other=0.0)
         x = tl.where(ld_mask, x - mean[None, :], 0.0)
@@ -687,10 +499,6 @@ def _quantize_tile(
                 rotate = tl.load(Final + ROTATE_FLAG_SLOT * final_slot + kvh) > 0.5
             if rotate:
                 x = _rotate(x, Signs, D_PAD, ROTATE)
-        elif ROTATE_MODE == ROTATE_NATIVE:
-            x = y
-        elif ROTATE_MODE == ROTATE_FWHT:
-            x = _fwht(x, ROTATE, D_PAD)
         else:
             x = _rotate(x, Signs, D_PAD, ROTATE)
 

@@ -1,7 +1,6 @@
-"""The rotation's launch variants (``rotation.METHOD``, issue 42 item 2) against the default one. The
-"same rows" variants apply the same Hadamard to the same fp16 rows, so they give the same numbers up to the
-fp32 sums' order; the exact-product ones (the inputs' own 16-bit product, fp32 butterflies; "tiled" is
-Hopper's default) multiply the unrounded rows, so they are held to the exact rotation instead."""
+"""The rotation's "tiled" launches (Hopper's default, ``KernelConfig.rotation_tiles``) against the portable
+"dot" ones. "dot" rounds each row, divided by its max, to fp16 before the product; "tiled" multiplies the
+16-bit rows as they are, so it is held to fp64 and to the exact rotation's INT8 values."""
 from __future__ import annotations
 
 import pytest
@@ -12,8 +11,7 @@ from sagetriton.kernels import reference as ref
 from sagetriton.kernels.arch import detect_arch
 from sagetriton.kernels.reference import cosine
 
-SAME_ROWS = [m for m in kernels.rotation.METHODS if m != "dot" and not kernels.rotation.unnormalised(m)]
-EXACT = [m for m in kernels.rotation.METHODS if kernels.rotation.unnormalised(m)]
+EXACT = ["tiled"]
 
 
 def qkv(B=1, H=4, H_KV=2, L=144, D=128):
@@ -38,17 +36,6 @@ def run(monkeypatch, method, q, k, v, gran, lse=True):
 
 
 GRANS = [("per_warp", 128), ("per_block", 128), ("per_warp", 96), ("per_block", 64)]
-
-
-@pytest.mark.parametrize("method", SAME_ROWS)
-@pytest.mark.parametrize("gran,D", GRANS)
-def test_variant_matches_the_default_rotation(monkeypatch, method, gran, D):
-    q, k, v = qkv(D=D)
-    base, base_lse, cfg = run(monkeypatch, "dot", q, k, v, gran)
-    out, out_lse, _ = run(monkeypatch, method, q, k, v, gran)
-    assert cosine(out, base) >= 0.99999 and (out_lse - base_lse).abs().max() < 1e-3
-    assert cosine(out, ref.quantized_reference(q, k, v, cfg)[0]) >= 0.9999
-    assert cosine(out, ref.exact_attention(q, k, v)[0]) >= 0.9995
 
 
 @pytest.mark.parametrize("method", EXACT)
@@ -89,26 +76,19 @@ def test_exact_product_quantizes_the_exactly_rotated_rows(monkeypatch, method, p
     assert torch.allclose(got.double(), want_scale[:, :got.shape[1]], rtol=1e-5)
 
 
-@pytest.mark.parametrize("method", SAME_ROWS)
-@pytest.mark.parametrize("per_block", [False, True])
-def test_variant_quantizes_to_the_same_int8(method, per_block):
-    """The launch alone: INT8 values equal but for a rare ±1 where a sum lands on a rounding boundary, and
-    the same scales (their maxima may move by as little)."""
-    q, k, _ = qkv(L=200)
-    x = k.float() - k.float().mean(dim=2, keepdim=True)
-    block = 64
-    outs = {}
-    for method_ in ("dot", method):
-        outs[method_] = kernels.api._quantize_qk(x, 64 if per_block else 16, block, 128, 1.0, per_block=per_block,
-                                                 rotate=128, method=method_)
-    (a, sa), (b, sb) = outs["dot"], outs[method]
-    diff = (a.int() - b.int()).abs()
-    assert diff.max() <= 1 and (diff > 0).float().mean() < 1e-3
-    assert torch.allclose(sa, sb, rtol=1e-5)
-
-
-def test_split_falls_back_where_slices_would_be_too_narrow():
-    assert kernels.rotation.split_slices("split4", 128, 128) == 4
-    assert kernels.rotation.split_slices("split4", 256, 128) == 1  # two Hadamard blocks: unsplit
-    assert kernels.rotation.split_slices("split4", 32, 32) == 1  # 8-wide dots
-    assert kernels.rotation.split_slices("split2", 32, 32) == 2
+def test_auto_follows_the_config_and_falls_back_where_tiles_cannot_run(monkeypatch):
+    """"auto" runs "tiled" only where the config asks for it; fp32 inputs or padded head dims take "dot" (they
+    give the same numbers as "dot" then)."""
+    assert kernels.rotation.method_for(True) == "tiled" and kernels.rotation.method_for(False) == "dot"
+    from sagetriton.kernels.arch import _FAMILIES
+    assert [f for f, (_, d) in _FAMILIES.items() if d.get("rotation_tiles")] == ["hopper"]
+    for D, dtype in ((96, torch.bfloat16), (128, torch.float32)):
+        q, k, v = (t.to(dtype) for t in qkv(D=D, L=80))
+        cfg = kernels.api._resolved_config(detect_arch(q.device), D, "per_warp", "int8", None).replace(
+            qk_rotation=True)
+        outs = []
+        for tiles in (False, True):
+            kernels.replay.clear()
+            outs.append(kernels.attention_forward(q, k, v, "HND", False, None, None, False,
+                                                  cfg.replace(rotation_tiles=tiles), True, False)[0])
+        assert torch.equal(outs[0], outs[1])
