@@ -69,6 +69,11 @@ def _rotated(x: torch.Tensor, block: int) -> torch.Tensor:
     return ((x / r).half().double() @ signs).float() * (r / math.sqrt(block))
 
 
+def _rotated_exactly(x: torch.Tensor, block: int) -> torch.Tensor:
+    """``quant._quantize_rotated_tiles``: the rows times the Hadamard block, no rounding before the sums."""
+    return (x.double() @ hadamard_block(x.shape[-1], block, torch.float64).to(x.device)).float()
+
+
 def mask_to_additive(attn_mask: Optional[torch.Tensor], dtype=torch.float64) -> Optional[torch.Tensor]:
     if attn_mask is None:
         return None
@@ -172,7 +177,10 @@ def quantized_reference(q, k, v, cfg: KernelConfig, layout="HND", is_causal=Fals
     qr, kr = qh, kh - km
     if cfg.qk_rotation:
         d_pad = head_dim_padded(D)
-        rq, rk = (_rotated(torch.nn.functional.pad(t, (0, d_pad - D)), min(d_pad, ROTATION_BLOCK)) for t in (qr, kr))
+        exact = (rotation.method_for(cfg.rotation_tiles) == "tiled" and D == d_pad and q.dtype == k.dtype
+                 and q.dtype in (torch.float16, torch.bfloat16))  # as ``api._quantize`` picks the tiled product
+        rotate = _rotated_exactly if exact else _rotated
+        rq, rk = (rotate(torch.nn.functional.pad(t, (0, d_pad - D)), min(d_pad, ROTATION_BLOCK)) for t in (qr, kr))
         if rotation.DETECT:  # only the heads ``quant.rotate_head`` picks, the others padded as they were
             pick = rotated_heads(kh)[:, :, None, None]
             rq = torch.where(_expand_kv(pick, H), rq, torch.nn.functional.pad(qr, (0, d_pad - D)))
