@@ -429,6 +429,7 @@ def _quantize_rotated_tiles(
     first = tl.program_id(0) * TILES
     rows = tl.arange(0, BLOCK)
     d = tl.arange(0, D_PAD)
+    signs = tl.load(Signs + d[:, None] * D_PAD + d[None, :])  # made by the host once: read while the launch before ends
     pdl_start(PDL)
     if FINALIZE:
         if (tl.program_id(0) == 0) & (bh % H_KV_DIV == 0):
@@ -436,7 +437,6 @@ def _quantize_rotated_tiles(
                                V_RANGE, V_POW2, PARTS_PAD, D_PAD, INTERPRETER)
             if K_SUM:
                 _store_rotated_mean(Parts, Final, final_slot, kvh, n_parts, K_TOKENS, Signs, PARTS_PAD, D_PAD)
-    signs = tl.load(Signs + d[:, None] * D_PAD + d[None, :])
     if MEAN_MODE == 1:
         mean_h = tl.load(Final + ROTATED_MEAN_SLOT * final_slot + bh * D_PAD + d)
     if MEAN_MODE == 2:

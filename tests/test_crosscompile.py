@@ -260,9 +260,9 @@ def test_hopper_launches_chain_and_wait_before_reading_what_the_one_before_wrote
     """With programmatic dependent launch each launch of a call after the first may start while the
     one before it ends (bench/NOTES.md attempt 49). So it must wait (griddepcontrol.wait) before it
     stores anything or reads an earlier launch's output: only the quantization kernels' loads of the
-    user's tensors come first. The first launch waits for nothing of ours and is an ordinary launch;
-    the split last wave reads nothing the whole CTAs write and starts when they have all got past
-    their wait."""
+    user's tensors (or, in the tiled rotation's, of the host's constant signs) come first. The first
+    launch waits for nothing of ours and is an ordinary launch; the split last wave reads nothing the
+    whole CTAs write and starts when they have all got past their wait."""
     facts = gluon_ptx["pdl"]
     assert set(facts) >= {"kv_stats_kernel", "quantize_int8_kernel", "convert_v_kernel", "attention_kernel",
                           "shared_kv_attention_kernel", "shared_kv_split_kernel"}, facts
