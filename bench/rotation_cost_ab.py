@@ -173,7 +173,6 @@ def main(argv=None) -> None:
     if unknown or "dot" not in methods:
         ap.error(f"--methods: unknown {sorted(unknown)} (choose from {rotation.METHODS}); 'dot' is the reference")
     t0 = time.perf_counter()
-    rotation.DETECT = False
     payload = {"env": environment(), "methods": methods}
     print(payload["env"], flush=True)
     if args.kernels:

@@ -35,7 +35,6 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     shape = tuple(int(x) for x in args.shape.split(","))
     t0 = time.perf_counter()
-    rotation.DETECT = False
     qkv = tuple(torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     payload = {"env": environment(), "shape": shape, "rows": []}
     print(payload["env"], flush=True)

@@ -193,16 +193,15 @@ def _pdl_launch(pdl: bool) -> dict:
     return {"launch_pdl": True} if pdl else {}
 
 
-def _kv_stats(k, v, k_sum: bool, v_stats: int, d_pad: int, pdl: bool = False, k_range: bool = False):
+def _kv_stats(k, v, k_sum: bool, v_stats: int, d_pad: int, pdl: bool = False):
     """One pass over K and V (same B, H, L) for the per-channel statistics the quantization needs.
 
     Returns ``(parts, n_parts, k_tokens)``: fp32 (4, B*H, n_parts, D_PAD) partials, slots K sum, V
     min, V max (or max |v| with ``V_ABSMAX``), V sum, which the Q launch reduces
     (``quant._finalize_kv_stats``), and how many keys K's sum covers (``quant.k_mean_sample``).
-    ``None`` when nothing needs statistics. ``k_range``: also K's min and max per channel over every key
-    (slots 4 and 5: which heads the rotation pays on).
+    ``None`` when nothing needs statistics.
     """
-    if not k_sum and v_stats == quant.V_NONE and not k_range:
+    if not k_sum and v_stats == quant.V_NONE:
         return None, 0, 0
     B, H, L, D = k.shape
     block = quant.stats_block(d_pad)
@@ -210,13 +209,11 @@ def _kv_stats(k, v, k_sum: bool, v_stats: int, d_pad: int, pdl: bool = False, k_
     per_part = _cdiv(tiles, quant.STATS_PARTS)
     n_parts = _cdiv(tiles, per_part)  # every chunk holds at least one real token
     k_stride, k_tokens = quant.k_mean_sample(L, d_pad)
-    parts = torch.empty((6 if k_range else 4, B * H, n_parts, d_pad), dtype=torch.float32, device=k.device)
-    slots = parts.unbind(0)
+    parts = torch.empty((4, B * H, n_parts, d_pad), dtype=torch.float32, device=k.device)
     _launch(quant.kv_stats_kernel, (n_parts, B * H), (
-        k, *k.stride(), v, *v.stride(), *slots[:4], *(slots[4:] or slots[:2]), H, L, D, per_part, k_stride,
-        k_stride if rotation.RANGE_SAMPLED else 1,
+        k, *k.stride(), v, *v.stride(), *parts.unbind(0), H, L, D, per_part, k_stride,
     ), dict(BLOCK=block, D_PAD=d_pad, K_SUM=k_sum, V_STATS=v_stats, PDL=pdl,
-            INTERPRETER=interpreter_enabled(), K_RANGE=k_range), num_warps=8)
+            INTERPRETER=interpreter_enabled()), num_warps=8)
     return parts, n_parts, k_tokens
 
 
@@ -234,7 +231,7 @@ def _rotation_signs(d_pad: int, block: int, device, dtype=torch.float16) -> torc
 
 def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, stats=None, kv_div=1,
                  bias=None, bias_mult=1.0, per_block=False, finalize=None, pdl=False, after=True, rotate=0,
-                 rotate_detect=False, method="dot"):
+                 method="dot"):
     """INT8 copy (B*H, L, D_PAD) and scales: one per block with ``per_block`` (group == block), else
     one per token (the group's scale repeated).
 
@@ -244,9 +241,8 @@ def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, 
     into that buffer (the first one after the statistics).
     ``pdl``: the call's launches are chained (``KernelConfig.pdl``); ``after``: this is not the
     call's first launch, so it may start before the one before it ends.
-    ``rotate``: block size of the Hadamard rotation applied before rounding (0: none); ``rotate_detect``:
-    only on the heads ``quant.rotate_head`` picks (the statistics hold K's range, ``final`` the flags);
-    ``method``: how (``rotation.METHOD``).
+    ``rotate``: block size of the Hadamard rotation applied before rounding (0: none); ``method``: how
+    (``rotation.METHOD``).
     """
     B, H, L, D = x.shape
     out = torch.empty((B * H, L, d_pad), dtype=torch.int8, device=x.device)
@@ -254,7 +250,7 @@ def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, 
     parts, n_parts, l_kv, k_tokens, final = stats if stats is not None else (scale, 0, 0, 0, scale)
     slots = (parts[0].numel(), final[0].numel()) if stats is not None else (0, 0)
     k_sum, v_stats, v_range, v_pow2 = finalize or (False, quant.V_NONE, 1.0, False)
-    tiles = rotation.tiles(method, B * H * _cdiv(L, block), sm_count(x.device)) if rotate and not rotate_detect else 0
+    tiles = rotation.tiles(method, B * H * _cdiv(L, block), sm_count(x.device)) if rotate else 0
     grid = (_cdiv(_cdiv(L, block), max(tiles, 1)), B * H)
     if tiles:  # the tiled product leaves 1/sqrt(block) to the scales
         scale_mult = scale_mult / math.sqrt(rotate)
@@ -266,7 +262,7 @@ def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, 
     ), dict(BLOCK=block, GROUP=group, D_PAD=d_pad, MEAN_MODE=mean_mode, SCALE_PER_BLOCK=per_block,
             FINALIZE=finalize is not None, K_SUM=k_sum, V_STATS=v_stats, V_RANGE=v_range, V_POW2=v_pow2,
             PARTS_PAD=quant.STATS_PARTS, PDL=pdl, ROTATE=rotate, INTERPRETER=interpreter_enabled(),
-            ROTATE_DETECT=bool(rotate and rotate_detect), ROTATE_TILES=tiles, ROTATE_STAGES=rotation.PIPE_STAGES),
+            ROTATE_TILES=tiles, ROTATE_STAGES=rotation.PIPE_STAGES),
             num_warps=rotation.quant_warps(method, block, d_pad) if rotate else 4,
             **({"maxnreg": rotation.TILED_MAXNREG} if tiles and x.is_cuda and torch.version.hip is None else {}),
             **_pdl_launch(pdl and after))
@@ -539,16 +535,14 @@ def _quantize(plan: _CallPlan, cfg: KernelConfig, smooth_k: bool, smooth_v: bool
     q_group, k_group = cfg.group_sizes()
     rotate = min(d_pad, ROTATION_BLOCK) if cfg.qk_rotation else 0
     v_stats = _v_stats_needed(cfg, smooth_v)
-    detect = bool(rotate) and rotation.DETECT
     method = rotation.method_for(cfg.rotation_tiles) if rotate else "dot"
     if method == "tiled" and not (D == d_pad and qh.dtype == kh.dtype and qh.dtype in (torch.float16, torch.bfloat16)):
         method = "dot"  # the tiled product needs 16-bit inputs and no padded channels
-    parts, n_parts, k_tokens = _kv_stats(kh, vh, smooth_k, v_stats, d_pad, pdl, k_range=detect)
+    parts, n_parts, k_tokens = _kv_stats(kh, vh, smooth_k, v_stats, d_pad, pdl)
     stats = final = None
     if parts is not None:
-        # K mean, V scale, V mean (and the heads to rotate, ``quant.ROTATE_FLAG_SLOT``, or the tiled
-        # rotation's mean·H, ``quant.ROTATED_MEAN_SLOT``)
-        final = torch.empty((4 if detect or method == "tiled" else 3, B * H_KV, D),
+        # K mean, V scale, V mean (and the tiled rotation's mean·H, ``quant.ROTATED_MEAN_SLOT``)
+        final = torch.empty((4 if method == "tiled" else 3, B * H_KV, D),
                             dtype=torch.float32, device=qh.device)
         stats = (parts, n_parts, LK, k_tokens, final)
     # Q first: its launch finalizes the statistics the K and V launches read. Q scales stay per token
@@ -561,7 +555,7 @@ def _quantize(plan: _CallPlan, cfg: KernelConfig, smooth_k: bool, smooth_v: bool
                           quant.MEAN_DOT if qbias is not None else quant.MEAN_NONE, stats, H // H_KV,
                           bias=qbias, bias_mult=plan.sm_scale,
                           finalize=(smooth_k, v_stats, *_v_range(cfg)) if stats is not None else None,
-                          pdl=pdl, after=parts is not None, rotate=rotate, rotate_detect=detect, method=method)
+                          pdl=pdl, after=parts is not None, rotate=rotate, method=method)
     if stats is not None:
         # The Q launch has reduced the partials into ``final``, which every later launch reads. Freed
         # now, they are not part of the call's peak: the allocator hands the block only to work queued
@@ -571,7 +565,7 @@ def _quantize(plan: _CallPlan, cfg: KernelConfig, smooth_k: bool, smooth_v: bool
     if release:
         qh = plan.qh = None
     k8, ks = _quantize_qk(kh, k_group, cfg.block_n, d_pad, 1.0, quant.MEAN_SUBTRACT if smooth_k else quant.MEAN_NONE,
-                          stats, per_block=plan.k_scalar, pdl=pdl, rotate=rotate, rotate_detect=detect, method=method)
+                          stats, per_block=plan.k_scalar, pdl=pdl, rotate=rotate, method=method)
     if release:
         kh = plan.kh = None
     v_op, v_strides, v_scale, v_mean, pv_mode, p_scale, tile_bias = _prepare_v(vh, cfg, smooth_v, d_pad, final, pdl)

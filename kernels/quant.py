@@ -208,15 +208,13 @@ def kv_stats_kernel(
     K, stride_kb, stride_kh, stride_kl, stride_kd,
     V, stride_vb, stride_vh, stride_vl, stride_vd,
     KSum, VLo, VHi, VSum,  # fp32 (B*H, n_parts, D_PAD) out: partials per chunk of tiles_per_part tiles
-    KLo, KHi,  # the same for K's min and max (K_RANGE), else unused
-    H, L, D, tiles_per_part, k_stride, range_stride,
+    H, L, D, tiles_per_part, k_stride,
     BLOCK: tl.constexpr, D_PAD: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr, PDL: tl.constexpr,
-    INTERPRETER: tl.constexpr = False, K_RANGE: tl.constexpr = False,
+    INTERPRETER: tl.constexpr = False,
 ):
     """Per-channel partials of K's sum over every ``k_stride``-th token block (``k_mean_sample``) and
     of V's max |v| (V_ABSMAX) or min, max and sum (V_MINMAXSUM) over every token, reading each block
-    once. Min/max propagate NaN, as torch.aminmax does. With K_RANGE, also K's min and max over every
-    ``range_stride``-th token block (which heads to rotate: ``rotate_head``; 1 or ``k_stride``)."""
+    once. Min/max propagate NaN, as torch.aminmax does."""
     part = tl.program_id(0)
     bh = tl.program_id(1)
     if PDL:  # the first launch of a call: it waits for what came before it, the Q launch need not
@@ -226,20 +224,10 @@ def kv_stats_kernel(
     vsum = tl.zeros((BLOCK, D_PAD), tl.float32)
     vlo = tl.full((BLOCK, D_PAD), float("inf"), tl.float32)
     vhi = tl.full((BLOCK, D_PAD), float("-inf"), tl.float32)
-    klo = tl.full((BLOCK, D_PAD), float("inf"), tl.float32)
-    khi = tl.full((BLOCK, D_PAD), float("-inf"), tl.float32)
     for i in range(0, tiles_per_part):
         blk = part * tiles_per_part + i
         offs_l = blk * BLOCK + tl.arange(0, BLOCK)
-        if K_RANGE:  # every key by default: one outlier token must not slip past a sample
-            if blk % range_stride == 0:
-                row_ok, _, k = _load_rows(K, stride_kb, stride_kh, stride_kl, stride_kd, bh, H, offs_l, L, D, D_PAD)
-                klo = _min_nan(klo, tl.where(row_ok[:, None], k, float("inf")))
-                khi = _max_nan(khi, tl.where(row_ok[:, None], k, float("-inf")))
-                if K_SUM:
-                    if blk % k_stride == 0:
-                        ksum += k
-        elif K_SUM:
+        if K_SUM:
             if blk % k_stride == 0:
                 _, _, k = _load_rows(K, stride_kb, stride_kh, stride_kl, stride_kd, bh, H, offs_l, L, D, D_PAD)
                 ksum += k
@@ -254,9 +242,6 @@ def kv_stats_kernel(
     dst = (bh.to(tl.int64) * tl.num_programs(0) + part) * D_PAD + tl.arange(0, D_PAD)
     if K_SUM:
         tl.store(KSum + dst, tl.sum(ksum, axis=0))
-    if K_RANGE:
-        tl.store(KLo + dst, _reduce_nan(klo, 0, False, INTERPRETER))
-        tl.store(KHi + dst, _reduce_nan(khi, 0, True, INTERPRETER))
     if V_STATS != 0:
         tl.store(VHi + dst, _reduce_nan(vhi, 0, True, INTERPRETER))
     if V_STATS == 2:
@@ -287,29 +272,9 @@ def _k_mean(Parts, kvh, n_parts, k_tokens, PARTS_PAD: tl.constexpr, D_PAD: tl.co
     return _reduce_parts(Parts, kvh, n_parts, REDUCE_SUM, PARTS_PAD, D_PAD, False) / k_tokens
 
 
-# The Q/K rotation pays only on heads whose keys have outlier channels or tokens (massive activations):
-# a head is rotated when its widest K channel (max - min over every key) is this many times the mean
-# width. Random keys read about 1.1-1.3, massive channels (x30) ~20, one key at 100 in a channel ~13;
-# per-channel offsets do not count (smoothing removes them). bench/NOTES.md, "Rotation where it pays".
-ROTATE_RATIO = tl.constexpr(4.0)
-# Slots of the K/V statistics' partials: 0-3 K sum, V min, V max, V sum (``kv_stats_kernel``), 4-5 K min, max.
-K_RANGE_SLOT = tl.constexpr(4)
-# Final's slot of the per-head rotation flag (1.0: rotate), after K mean, V scale and V mean.
-ROTATE_FLAG_SLOT = tl.constexpr(3)
-# Final's slot of K's mean times the rotation's signs (``_quantize_rotated_tiles``: K·H - mean·H), D_PAD per head.
+# Final's slot of K's mean times the rotation's signs (``_quantize_rotated_tiles``: K·H - mean·H), after K
+# mean, V scale and V mean; D_PAD per head.
 ROTATED_MEAN_SLOT = tl.constexpr(3)
-
-
-@triton.jit
-def rotate_head(Parts, part_slot, kvh, n_parts, D, PARTS_PAD: tl.constexpr, D_PAD: tl.constexpr,
-                INTERPRETER: tl.constexpr):
-    """Whether key/value head ``kvh``'s Q and K are rotated: K's widest channel against the mean width,
-    from the statistics pass's partials (padding channels are 0 wide). The same bits in every program."""
-    lo = _reduce_parts(Parts + K_RANGE_SLOT * part_slot, kvh, n_parts, REDUCE_MIN, PARTS_PAD, D_PAD, INTERPRETER)
-    hi = _reduce_parts(Parts + (K_RANGE_SLOT + 1) * part_slot, kvh, n_parts, REDUCE_MAX, PARTS_PAD, D_PAD,
-                       INTERPRETER)
-    width = hi - lo
-    return tl.max(width, 0) > (tl.sum(width, 0) / D) * ROTATE_RATIO
 
 
 @triton.jit
@@ -356,23 +321,22 @@ def _store_rotated_mean(Parts, Final, final_slot, kvh, n_parts, k_tokens, Signs,
 def quantize_int8_kernel(
     X, stride_xb, stride_xh, stride_xl, stride_xd,
     Parts, part_slot,  # fp32 (4, B*H_KV, n_parts, D_PAD): kv_stats_kernel's partials
-    Final, final_slot,  # fp32 (3, B*H_KV, D): K mean, V scale, V mean
+    Final, final_slot,  # fp32 (3, B*H_KV, D): K mean, V scale, V mean (and ROTATED_MEAN_SLOT with ROTATE_TILES)
     Out, Scale, Bias,  # int8 (B*H, L, D_PAD); fp32 (B*H, L) or (B*H, L/BLOCK); fp32 (B*H, L)
     Signs,  # fp16 (D_PAD, D_PAD): the rotation's signs (ROTATE), else unused
     H, H_KV_DIV, L, L_KV, K_TOKENS, D, n_parts, scale_mult, bias_mult,
     BLOCK: tl.constexpr, GROUP: tl.constexpr, D_PAD: tl.constexpr, MEAN_MODE: tl.constexpr,
     SCALE_PER_BLOCK: tl.constexpr, FINALIZE: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr,
     V_RANGE: tl.constexpr, V_POW2: tl.constexpr, PARTS_PAD: tl.constexpr, PDL: tl.constexpr,
-    ROTATE: tl.constexpr = 0, INTERPRETER: tl.constexpr = False, ROTATE_DETECT: tl.constexpr = False,
+    ROTATE: tl.constexpr = 0, INTERPRETER: tl.constexpr = False,
     ROTATE_TILES: tl.constexpr = 0, ROTATE_STAGES: tl.constexpr = 2,
 ):
     """Quantize one tile of Q or K. With FINALIZE (the Q launch, which runs right after the
     statistics), the first program of each key/value head also reduces the K/V partials into Final,
     which the K and V launches after it read: one reduction per head instead of one per program.
     With ROTATE (a block size), the tile is multiplied by a block Hadamard matrix (``_rotate``) before rounding; Q and
-    K get the same rotation, so their product is unchanged. With ROTATE_DETECT, only the heads ``rotate_head``
-    picks: the Q launch (FINALIZE) decides from the partials and writes the flag into Final, the K launch
-    reads it there. ROTATE_TILES > 0: the rotation as ``_quantize_rotated_tiles`` (``KernelConfig.rotation_tiles``)."""
+    K get the same rotation, so their product is unchanged. ROTATE_TILES > 0: the rotation as
+    ``_quantize_rotated_tiles`` (``KernelConfig.rotation_tiles``)."""
     if ROTATE_TILES > 0:
         _quantize_rotated_tiles(X, stride_xb, stride_xh, stride_xl, stride_xd, Parts, part_slot, Final, final_slot,
                                 Out, Scale, Bias, Signs, H, H_KV_DIV, L, L_KV, K_TOKENS, D, n_parts, scale_mult,
@@ -382,7 +346,7 @@ def quantize_int8_kernel(
         _quantize_tile(X, stride_xb, stride_xh, stride_xl, stride_xd, Parts, part_slot, Final, final_slot, Out, Scale,
                        Bias, Signs, H, H_KV_DIV, L, L_KV, K_TOKENS, D, n_parts, scale_mult, bias_mult, BLOCK, GROUP,
                        D_PAD, MEAN_MODE, SCALE_PER_BLOCK, FINALIZE, K_SUM, V_STATS, V_RANGE, V_POW2, PARTS_PAD, PDL,
-                       ROTATE, INTERPRETER, ROTATE_DETECT)
+                       ROTATE, INTERPRETER)
 
 
 @triton.jit
@@ -467,7 +431,7 @@ def _quantize_tile(
     BLOCK: tl.constexpr, GROUP: tl.constexpr, D_PAD: tl.constexpr, MEAN_MODE: tl.constexpr,
     SCALE_PER_BLOCK: tl.constexpr, FINALIZE: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr,
     V_RANGE: tl.constexpr, V_POW2: tl.constexpr, PARTS_PAD: tl.constexpr, PDL: tl.constexpr,
-    ROTATE: tl.constexpr, INTERPRETER: tl.constexpr, ROTATE_DETECT: tl.constexpr,
+    ROTATE: tl.constexpr, INTERPRETER: tl.constexpr,
 ):
     """The quantization of one tile (``quantize_int8_kernel``)."""
     bh, offs_l, row_ok, offs_d, x = _row_tile(X, stride_xb, stride_xh, stride_xl, stride_xd, H, L, D, BLOCK, D_PAD)
@@ -490,17 +454,7 @@ def _quantize_tile(
         bias = tl.sum(x * mean[None, :], axis=1) * bias_mult
         tl.store(Bias + bh.to(tl.int64) * L + offs_l, bias, mask=row_ok)
     if ROTATE:
-        if ROTATE_DETECT:
-            if FINALIZE:
-                rotate = rotate_head(Parts, part_slot, kvh, n_parts, D, PARTS_PAD, D_PAD, INTERPRETER)
-                if (tl.program_id(0) == 0) & (bh % H_KV_DIV == 0):
-                    tl.store(Final + ROTATE_FLAG_SLOT * final_slot + kvh, rotate.to(tl.float32))
-            else:
-                rotate = tl.load(Final + ROTATE_FLAG_SLOT * final_slot + kvh) > 0.5
-            if rotate:
-                x = _rotate(x, Signs, D_PAD, ROTATE)
-        else:
-            x = _rotate(x, Signs, D_PAD, ROTATE)
+        x = _rotate(x, Signs, D_PAD, ROTATE)
 
     out_ptrs = Out + bh.to(tl.int64) * L * D_PAD + offs_l[:, None].to(tl.int64) * D_PAD + offs_d[None, :]
     if SCALE_PER_BLOCK:

@@ -110,16 +110,6 @@ def exact_attention(q, k, v, layout="HND", is_causal=False, sm_scale=None, attn_
     return to_bhld(out, layout), lse
 
 
-def rotated_heads(kh: torch.Tensor) -> torch.Tensor:
-    """``quant.rotate_head`` per (batch, key head), (B, H_KV) bool: K's widest channel (max - min over
-    every key, or the K mean's sample with ``rotation.RANGE_SAMPLED``) against ``quant.ROTATE_RATIO``
-    times the mean width."""
-    if rotation.RANGE_SAMPLED:
-        kh = kh[:, :, _k_sample(kh)]
-    width = kh.amax(dim=2) - kh.amin(dim=2)
-    return width.amax(dim=-1) > quant.ROTATE_RATIO.value * (width.sum(dim=-1) / kh.shape[-1])
-
-
 def kernel_mask(add: torch.Tensor) -> torch.Tensor:
     """An additive mask as the kernel applies it in base 2: finite values clamped to -2e38 first, so
     -finfo.max times log2(e) stays finite (a row masked so everywhere averages V, as in SDPA); -inf stays."""
@@ -180,12 +170,7 @@ def quantized_reference(q, k, v, cfg: KernelConfig, layout="HND", is_causal=Fals
         exact = (rotation.method_for(cfg.rotation_tiles) == "tiled" and D == d_pad and q.dtype == k.dtype
                  and q.dtype in (torch.float16, torch.bfloat16))  # as ``api._quantize`` picks the tiled product
         rotate = _rotated_exactly if exact else _rotated
-        rq, rk = (rotate(torch.nn.functional.pad(t, (0, d_pad - D)), min(d_pad, ROTATION_BLOCK)) for t in (qr, kr))
-        if rotation.DETECT:  # only the heads ``quant.rotate_head`` picks, the others padded as they were
-            pick = rotated_heads(kh)[:, :, None, None]
-            rq = torch.where(_expand_kv(pick, H), rq, torch.nn.functional.pad(qr, (0, d_pad - D)))
-            rk = torch.where(pick, rk, torch.nn.functional.pad(kr, (0, d_pad - D)))
-        qr, kr = rq, rk
+        qr, kr = (rotate(torch.nn.functional.pad(t, (0, d_pad - D)), min(d_pad, ROTATION_BLOCK)) for t in (qr, kr))
     qi, qs = _quantize_groups(qr, qg)
     ki, ks = _quantize_groups(kr, kg)
     qs = qs * scale * math.log2(math.e)

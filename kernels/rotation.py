@@ -6,12 +6,6 @@ import math
 import torch
 
 ROTATION_BLOCK = 128  # channels one Hadamard block mixes (head dims above 128 get two blocks)
-# The rotation only on heads whose keys have outlier channels or tokens (``quant.rotate_head``); False
-# rotates every head (the code before issue 42, for A/B runs: clear ``replay`` after changing it).
-DETECT = False
-# K's range for that choice from the K mean's sample of keys instead of every key (A/B runs: cheaper
-# statistics pass, but an outlier key outside the sample goes unseen).
-RANGE_SAMPLED = False
 # How the quantization launches rotate (A/B in bench/rotation_cost_ab.py; clear ``replay`` after changing it):
 #  "dot":   each program's rows divided by their max |x|, rounded to fp16, one 128x128 fp16 tl.dot; 8 warps, Q
 #           programs of >= 128 rows. Any dtype and head dim; 64 KB of shared memory.

@@ -12,7 +12,7 @@ import weakref
 import pytest
 import torch
 from sagetriton.installer import crosscompile
-from sagetriton.kernels import api, footprint, hopper_gluon, quant, rotation
+from sagetriton.kernels import api, footprint, hopper_gluon, quant
 from sagetriton.kernels.arch import default_config, resolve_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -65,12 +65,10 @@ def _peak_of_call(monkeypatch, cfg, B, H, H_KV, L, D, layout="HND"):
     return mode.peak, out_bytes, launches, mode.allocations
 
 
-def _statistics_bytes(B, H_KV, D, rotation_detect=False):
-    """K mean / V range partials (``quant.STATS_PARTS`` per head and slot) and their finalized row:
-    per head, not per token (1.6 MB at 2 x 24 heads, head_dim 128). Choosing the heads to rotate adds
-    K's min and max partials and a flag row (2.4 MB there)."""
-    slots, rows = (6, 4) if rotation_detect else (4, 3)
-    return (slots * quant.STATS_PARTS + rows) * B * H_KV * footprint.head_dim_padded(D) * footprint.FP32
+def _statistics_bytes(B, H_KV, D):
+    """K mean / V range partials (4 slots of ``quant.STATS_PARTS`` per head) and their 3 finalized rows:
+    per head, not per token (1.6 MB at 2 x 24 heads, head_dim 128)."""
+    return (4 * quant.STATS_PARTS + 3) * B * H_KV * footprint.head_dim_padded(D) * footprint.FP32
 
 
 CASES = [  # (what, config, B, H, H_KV, L, D, layout, the kernels that run)
@@ -104,7 +102,7 @@ def test_a_call_allocates_its_output_its_quantized_copies_and_per_head_statistic
     peak, out_bytes, launches, allocations = _peak_of_call(monkeypatch, cfg, B, H, H_KV, L, D, layout)
     assert set(launches) & {"attention_kernel", "shared_kv_attention_kernel", "shared_kv_split_kernel"} == kernels
     copies = footprint.quantized_copy_bytes(B, H, H_KV, L, L, D, v_residual=cfg.v_residual)
-    allowed = _statistics_bytes(B, H_KV, D, cfg.qk_rotation and rotation.DETECT)
+    allowed = _statistics_bytes(B, H_KV, D)
     if "shared_kv_split_kernel" in kernels:
         allowed += footprint.max_split_workspace_bytes(api.sm_count(torch.device("meta")), 3 * hopper_gluon.ROWS,
                                                        hopper_gluon.CONSUMERS)
