@@ -352,18 +352,28 @@ def quantize_int8_kernel(
 @triton.jit
 def _quantize_rows(x, Out, Scale, bh, L, offs_l, row_ok, offs_d, tile, scale_mult, BLOCK: tl.constexpr,
                    GROUP: tl.constexpr, D_PAD: tl.constexpr, SCALE_PER_BLOCK: tl.constexpr,
-                   INTERPRETER: tl.constexpr):
+                   INTERPRETER: tl.constexpr, LOOPED: tl.constexpr):
     """Round fp32 rows to INT8 and store them with their scales, tile ``tile`` of its head (as ``_quantize_tile``)."""
     out_ptrs = Out + bh.to(tl.int64) * L * D_PAD + offs_l[:, None].to(tl.int64) * D_PAD + offs_d[None, :]
     if SCALE_PER_BLOCK:
+        # One scale per block (GROUP == BLOCK), reduced straight to a scalar; NaN and Inf are found
+        # by that same max instead of a test per element. The per-row path below (row max, group
+        # max, broadcast back to rows) spilled at 128 rows and took twice as long on an H200
+        # (bench/NOTES.md). A NaN/Inf key poisons its whole block: that changes nothing,
+        # since SDPA turns every query row that sees such a key into NaN anyway.
         amax = _reduce_nan(_reduce_nan(tl.abs(x), 1, True, INTERPRETER), 0, True, INTERPRETER)
-        ok = amax < float("inf")
+        ok = amax < float("inf")  # False for NaN and Inf
         scale = tl.where(ok & (amax > 0), amax / 127.0, 1.0)
         tl.store(out_ptrs, round_to_int8(x * (1.0 / scale)), mask=row_ok[:, None])
-        n_tiles = tl.cdiv(L, BLOCK)
-        tl.store(Scale + bh.to(tl.int64) * n_tiles + tile, tl.where(ok, scale * scale_mult, float("nan")),
-                 mask=tile < n_tiles)
+        scale_ptr = Scale + bh.to(tl.int64) * tl.cdiv(L, BLOCK) + tile
+        if LOOPED:  # a program's tiles may run past the last one
+            tl.store(scale_ptr, tl.where(ok, scale * scale_mult, float("nan")), mask=tile < tl.cdiv(L, BLOCK))
+        else:
+            tl.store(scale_ptr, tl.where(ok, scale * scale_mult, float("nan")))
     else:
+        # Rows holding NaN/Inf are found by their NaN-propagating max and get a NaN scale (their
+        # int8 values then do not matter); the group's shared scale skips them, so the other tokens
+        # of the group stay exact.
         row_max = _reduce_nan(tl.abs(x), 1, True, INTERPRETER)
         row_bad = ~(row_max < float("inf"))
         amax = _group_max(tl.where(row_bad, 0.0, row_max), BLOCK, GROUP)
@@ -421,7 +431,7 @@ def _quantize_rotated_tiles(
             y = y - mean_h[None, :]
         y = tl.where(row_ok[:, None], y, 0.0)
         _quantize_rows(y, Out, Scale, bh, L, offs_l, row_ok, d, tile, scale_mult, BLOCK, GROUP, D_PAD,
-                       SCALE_PER_BLOCK, INTERPRETER)
+                       SCALE_PER_BLOCK, INTERPRETER, True)
 
 
 @triton.jit
@@ -456,30 +466,8 @@ def _quantize_tile(
     if ROTATE:
         x = _rotate(x, Signs, D_PAD, ROTATE)
 
-    out_ptrs = Out + bh.to(tl.int64) * L * D_PAD + offs_l[:, None].to(tl.int64) * D_PAD + offs_d[None, :]
-    if SCALE_PER_BLOCK:
-        # One scale per block (GROUP == BLOCK), reduced straight to a scalar; NaN and Inf are found
-        # by that same max instead of a test per element. The per-row path below (row max, group
-        # max, broadcast back to rows) spilled at 128 rows and took twice as long on an H200
-        # (bench/NOTES.md). A NaN/Inf key poisons its whole block: that changes nothing,
-        # since SDPA turns every query row that sees such a key into NaN anyway.
-        amax = _reduce_nan(_reduce_nan(tl.abs(x), 1, True, INTERPRETER), 0, True, INTERPRETER)
-        ok = amax < float("inf")  # False for NaN and Inf
-        scale = tl.where(ok & (amax > 0), amax / 127.0, 1.0)
-        tl.store(out_ptrs, round_to_int8(x * (1.0 / scale)), mask=row_ok[:, None])
-        tl.store(Scale + bh.to(tl.int64) * tl.cdiv(L, BLOCK) + tl.program_id(0),
-                 tl.where(ok, scale * scale_mult, float("nan")))
-    else:
-        # Rows holding NaN/Inf are found by their NaN-propagating max and get a NaN scale (their
-        # int8 values then do not matter); the group's shared scale skips them, so the other tokens
-        # of the group stay exact.
-        row_max = _reduce_nan(tl.abs(x), 1, True, INTERPRETER)
-        row_bad = ~(row_max < float("inf"))
-        amax = _group_max(tl.where(row_bad, 0.0, row_max), BLOCK, GROUP)
-        scale = tl.where(amax > 0, amax / 127.0, 1.0)
-        tl.store(out_ptrs, round_to_int8(x * (1.0 / scale)[:, None]), mask=row_ok[:, None])
-        tl.store(Scale + bh.to(tl.int64) * L + offs_l, tl.where(row_bad, float("nan"), scale * scale_mult),
-                 mask=row_ok)
+    _quantize_rows(x, Out, Scale, bh, L, offs_l, row_ok, offs_d, tl.program_id(0), scale_mult, BLOCK, GROUP, D_PAD,
+                   SCALE_PER_BLOCK, INTERPRETER, False)
 
 
 # Keys are reordered within chunks of this many (the k-extent of one 8-bit MMA instruction).
