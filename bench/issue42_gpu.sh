@@ -5,8 +5,8 @@
 #
 #   bash bench/issue42_gpu.sh            # results under $OUT (the device's output folder) or bench/results
 #
-# 1. rotation_ab.py: rotation on every head (before) / where it pays (default now) / none / SDPA at
-#    8K, 16K, 32K x 128, and accuracy on bench/accuracy_cases.py at 1x4x8192x128.
+# 1. rotation_cost_ab.py: no rotation / the portable "dot" rotation / Hopper's "tiled" one / SDPA at
+#    8K, 16K, 32K x 128, each quantization launch alone, and accuracy on bench/accuracy_cases.py.
 # 2. pass_on_cost.py: the override's own host cost per passed-on call, dispatcher vs forward plan.
 # 3. bench_models.py --controls: SDXL and SD1.5 (every call short: forwards passed through whole),
 #    41 interleaved runs; Flux with the defaults and without the rotation, 15 runs.
@@ -16,7 +16,7 @@ DEST="$(realpath -m "${OUT:-bench/results}")"
 mkdir -p "$DEST"
 cd bench || exit 1
 echo "== rotation A/B"; date -u
-timeout 150 python rotation_ab.py --rounds 3 --out "$DEST/sm90_rotation_ab_issue42.json"
+timeout 150 python rotation_cost_ab.py --rounds 3 --out "$DEST/sm90_rotation_cost_ab.json"
 echo "== host cost per passed-on call"
 timeout 45 python pass_on_cost.py --rounds 31
 echo "== SDXL, SD1.5"; date -u
