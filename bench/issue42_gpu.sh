@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 42 on one GPU, one call of ~6 minutes on an H200 (at most 8m45 by the timeouts). From the
 # repository root, with ComfyUI 0.3.64 carried as .comfyui (git-ignored: cp -r ~/ComfyUI .comfyui,
-# then run with carry [".comfyui"]):
+# then run with carry [".comfyui", ".whl"], .whl holding the torchsde and trampoline wheels):
 #
 #   bash bench/issue42_gpu.sh            # results under $OUT (the device's output folder) or bench/results
 #
@@ -12,6 +12,8 @@
 #    41 interleaved runs; Flux with the defaults and without the rotation, 15 runs.
 set -u
 export COMFYUI_PATH="${COMFYUI_PATH:-$PWD/.comfyui}"
+# comfy.sample needs torchsde (and trampoline): their wheels carried in the git-ignored .whl/
+ls .whl/*.whl >/dev/null 2>&1 && python -m pip install -q --no-deps .whl/*.whl
 DEST="$(realpath -m "${OUT:-bench/results}")"
 mkdir -p "$DEST"
 cd bench || exit 1
