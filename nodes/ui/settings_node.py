@@ -85,7 +85,7 @@ class SageTritonSettings:
                 "default": "auto",
                 "tooltip": "Rotate Q and K before INT8 rounding (exact for attention): "
                            f"{QK_ROTATION_GAIN} closer to exact on inputs with outlier channels, "
-                           f"{QK_ROTATION_COST} slower. auto = on for GPUs."}),
+                           f"{QK_ROTATION_COST} slower on an H200. auto = on for GPUs."}),
             "backend": (list(BACKENDS), {
                 "default": DEFAULT_BACKEND,
                 "tooltip": "Which attention runs the calls the kernel would take, to compare them in one workflow: "
