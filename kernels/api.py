@@ -535,9 +535,7 @@ def _quantize(plan: _CallPlan, cfg: KernelConfig, smooth_k: bool, smooth_v: bool
     q_group, k_group = cfg.group_sizes()
     rotate = min(d_pad, ROTATION_BLOCK) if cfg.qk_rotation else 0
     v_stats = _v_stats_needed(cfg, smooth_v)
-    method = rotation.method_for(cfg.rotation_tiles) if rotate else "dot"
-    if method == "tiled" and not (D == d_pad and qh.dtype == kh.dtype and qh.dtype in (torch.float16, torch.bfloat16)):
-        method = "dot"  # the tiled product needs 16-bit inputs and no padded channels
+    method = rotation.method_for(cfg.rotation_tiles, qh.dtype, kh.dtype, D, d_pad) if rotate else "dot"
     parts, n_parts, k_tokens = _kv_stats(kh, vh, smooth_k, v_stats, d_pad, pdl)
     stats = final = None
     if parts is not None:

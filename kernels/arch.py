@@ -71,7 +71,7 @@ class KernelConfig:
     # outlier channels and tokens' massive activations over the block.
     qk_rotation: bool = False
     # Rotate with the 16-bit inputs' own tensor-core product over several tiles per program, the next
-    # tile's rows loaded while this one is multiplied (``quant._quantize_native_tiles``). Needs about
+    # tile's rows loaded while this one is multiplied (``quant._quantize_rotated_tiles``). Needs about
     # 115 KB of shared memory per program and cp.async: Hopper.
     rotation_tiles: bool = False
 

@@ -323,7 +323,7 @@ def quantize_int8_kernel(
     Parts, part_slot,  # fp32 (4, B*H_KV, n_parts, D_PAD): kv_stats_kernel's partials
     Final, final_slot,  # fp32 (3, B*H_KV, D): K mean, V scale, V mean (and ROTATED_MEAN_SLOT with ROTATE_TILES)
     Out, Scale, Bias,  # int8 (B*H, L, D_PAD); fp32 (B*H, L) or (B*H, L/BLOCK); fp32 (B*H, L)
-    Signs,  # fp16 (D_PAD, D_PAD): the rotation's signs (ROTATE), else unused
+    Signs,  # (D_PAD, D_PAD) the rotation's signs (ROTATE), fp16 or, with ROTATE_TILES, X's dtype; else unused
     H, H_KV_DIV, L, L_KV, K_TOKENS, D, n_parts, scale_mult, bias_mult,
     BLOCK: tl.constexpr, GROUP: tl.constexpr, D_PAD: tl.constexpr, MEAN_MODE: tl.constexpr,
     SCALE_PER_BLOCK: tl.constexpr, FINALIZE: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr,

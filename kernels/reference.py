@@ -167,9 +167,8 @@ def quantized_reference(q, k, v, cfg: KernelConfig, layout="HND", is_causal=Fals
     qr, kr = qh, kh - km
     if cfg.qk_rotation:
         d_pad = head_dim_padded(D)
-        exact = (rotation.method_for(cfg.rotation_tiles) == "tiled" and D == d_pad and q.dtype == k.dtype
-                 and q.dtype in (torch.float16, torch.bfloat16))  # as ``api._quantize`` picks the tiled product
-        rotate = _rotated_exactly if exact else _rotated
+        tiled = rotation.method_for(cfg.rotation_tiles, q.dtype, k.dtype, D, d_pad) == "tiled"  # as ``api._quantize``
+        rotate = _rotated_exactly if tiled else _rotated
         qr, kr = (rotate(torch.nn.functional.pad(t, (0, d_pad - D)), min(d_pad, ROTATION_BLOCK)) for t in (qr, kr))
     qi, qs = _quantize_groups(qr, qg)
     ki, ks = _quantize_groups(kr, kg)

@@ -21,11 +21,12 @@ PIPE_STAGES = 2  # 3 was slower on the H200 (bench/NOTES.md)
 TILED_MAXNREG = 128
 
 
-def method_for(rotation_tiles: bool) -> str:
-    """The method a call runs: METHOD unless "auto", then what its config says."""
-    if METHOD != "auto":
-        return METHOD
-    return "tiled" if rotation_tiles else "dot"
+def method_for(rotation_tiles: bool, q_dtype, k_dtype, head_dim: int, d_pad: int) -> str:
+    """The method a call runs: METHOD unless "auto", then what its config says; "dot" wherever "tiled" cannot
+    run (inputs not both fp16 or both bf16, or head dims padded to ``d_pad``)."""
+    method = METHOD if METHOD != "auto" else "tiled" if rotation_tiles else "dot"
+    tiled_ok = head_dim == d_pad and q_dtype == k_dtype and q_dtype in (torch.float16, torch.bfloat16)
+    return method if method != "tiled" or tiled_ok else "dot"
 
 
 def tiles(method: str, n_tiles: int, sms: int) -> int:

@@ -79,7 +79,11 @@ def test_exact_product_quantizes_the_exactly_rotated_rows(monkeypatch, method, p
 def test_auto_follows_the_config_and_falls_back_where_tiles_cannot_run(monkeypatch):
     """"auto" runs "tiled" only where the config asks for it; fp32 inputs or padded head dims take "dot" (they
     give the same numbers as "dot" then)."""
-    assert kernels.rotation.method_for(True) == "tiled" and kernels.rotation.method_for(False) == "dot"
+    pick = kernels.rotation.method_for
+    bf16, fp32 = torch.bfloat16, torch.float32
+    assert pick(True, bf16, bf16, 128, 128) == "tiled" and pick(False, bf16, bf16, 128, 128) == "dot"
+    assert pick(True, fp32, fp32, 128, 128) == pick(True, bf16, bf16, 96, 128) == "dot"
+    assert pick(True, bf16, fp32, 128, 128) == "dot"
     from sagetriton.kernels.arch import _FAMILIES
     assert [f for f, (_, d) in _FAMILIES.items() if d.get("rotation_tiles")] == ["hopper"]
     for D, dtype in ((96, torch.bfloat16), (128, torch.float32)):
