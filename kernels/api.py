@@ -405,11 +405,11 @@ def _run(inputs: list, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, 
     """Replay a recorded call, or work the call out in full (recording it where it may be replayed)."""
     key = None
     # A negative scale quantizes a negated copy of q (``_plan_call``), which a replay would not make.
-    if _launch_hook is None and (not release or replay.worth_recording(*inputs)) and not (
+    if _launch_hook is None and replay.worth_recording(*inputs) and not (
             isinstance(sm_scale, (int, float)) and sm_scale < 0):
         key = replay.call_key(*inputs, attn_mask, cfg, (layout, out_layout, is_causal, sm_scale, return_lse,
                                                         smooth_k, smooth_v))
-    if key is None:
+    if key is None or replay.refused(key):
         plan = _forward(inputs, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
                         out_layout, release=release)
         return plan.out, plan.lse

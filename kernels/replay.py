@@ -27,6 +27,10 @@ MAX_BYTES = 96 << 20  # buffers one recording may keep alive (Flux, and Qwen-Ima
 MAX_ENTRIES = 4
 
 _recordings: dict = {}  # key -> Recording, oldest first
+# Keys whose buffers came out too large to keep: their calls skip recording, which costs about as much host
+# time again as the call itself (a direct launch built per launch), for nothing.
+_refused: dict = {}
+MAX_REFUSED = 64
 _local = threading.local()  # .launches: the list the call being recorded appends to
 
 
@@ -61,6 +65,11 @@ def _current_stream() -> int:
 def lookup(key, cfg) -> Optional[Recording]:
     rec = _recordings.get(key)
     return rec if rec is not None and rec.cfg is cfg else None  # id(cfg) in the key: the same object
+
+
+def refused(key) -> bool:
+    """Whether a call with ``key`` was recorded before and its buffers were too large to keep."""
+    return key in _refused
 
 
 def start() -> None:
@@ -174,7 +183,12 @@ def record(key, cfg, launches: list, tensors: tuple, zero: tuple = (), lse=None)
         kept.append((kernel, grid, tuple(held), kwargs))
         direct.append(fast)
     nbytes = sum(buffers.values())
-    if not launches or nbytes > MAX_BYTES:
+    if not launches:
+        return None
+    if nbytes > MAX_BYTES:
+        _refused[key] = None
+        while len(_refused) > MAX_REFUSED:
+            _refused.pop(next(iter(_refused)))
         return None
     rec = Recording(cfg, kept, launch_slots, direct if all(d is not None for d in direct) else None,
                     _alignment(tensors), zero, lse, nbytes)
@@ -188,3 +202,4 @@ def record(key, cfg, launches: list, tensors: tuple, zero: tuple = (), lse=None)
 def clear() -> None:
     """Forget every recording (their buffers are freed with them)."""
     _recordings.clear()
+    _refused.clear()

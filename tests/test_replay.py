@@ -83,6 +83,36 @@ def test_large_calls_keep_no_buffers(seed, replaying, monkeypatch):
     assert not replay._recordings
 
 
+def count_recordings(monkeypatch) -> list:
+    started = []
+    real = replay.start
+    monkeypatch.setattr(replay, "start", lambda: (started.append(1), real())[1])
+    return started
+
+
+def test_calls_too_large_to_keep_are_not_recorded_at_all(seed, replaying, monkeypatch):
+    """Recording builds a direct launch per launch: about the call's own host time again. A call whose
+    buffers would not be kept must not pay it (on an H200 it made 2 x 24 x 6,144 calls host-bound)."""
+    monkeypatch.setattr(replay, "MAX_BYTES", 1000)
+    started = count_recordings(monkeypatch)
+    for _ in range(2):
+        kernels.sageattn(*inputs())
+    assert not started and not replay._recordings
+
+
+def test_a_call_whose_buffers_proved_too_large_is_recorded_once(seed, replaying, monkeypatch):
+    monkeypatch.setattr(replay, "MAX_BYTES", 1000)
+    monkeypatch.setattr(replay, "worth_recording", lambda q, k, v: True)  # the estimate lets it through
+    started = count_recordings(monkeypatch)
+    q, k, v = inputs()
+    first = kernels.sageattn(q, k, v)
+    second = kernels.sageattn(q, k, v)
+    assert len(started) == 1 and not replay._recordings and torch.equal(first, second)
+    replay.clear()  # the end of a sampling run forgets it too
+    kernels.sageattn(q, k, v)
+    assert len(started) == 2
+
+
 def test_a_launch_hook_sees_every_launch(seed, replaying):
     """The cross-compile check records launches through the hook: a recording must not hide them."""
     from sagetriton.installer.crosscompile import record_launches
