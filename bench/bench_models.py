@@ -221,6 +221,43 @@ def host_profile(patcher, x, sigma, kwargs, top: int = 15) -> None:
     pstats.Stats(prof).sort_stats("tottime").print_stats(top)
 
 
+# Kernel-name fragments by what they do, first match wins: where a forward's device time goes.
+KERNEL_KINDS = (("pack attention", ("quantize_int8", "kv_stats", "convert_v", "attention_kernel", "shared_kv")),
+                ("other attention", ("flash", "fmha", "cudnn", "attention", "sdpa")),
+                ("matmul", ("gemm", "xmma", "nvjet", "cutlass", "matmul", "addmm", "linear")),
+                ("copies", ("copy", "cat", "transpose", "contiguous")),
+                ("element-wise", ("elementwise", "vectorized", "reduce", "norm", "mul", "add", "silu", "gelu")))
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, parts in KERNEL_KINDS if any(p in low for p in parts)), "other")
+
+
+def device_profile(patcher, x, sigma, kwargs, top: int = 12) -> dict:
+    """Device time of one forward by kind of kernel (``KERNEL_KINDS``), and its ``top`` kernels: how much
+    of the forward attention is, and what else (RoPE, copies) sits around it. CPU time on the CPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = DEVICE == "cuda"
+    acts = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    with torch.no_grad(), profile(activities=acts) as prof:
+        patcher.model.apply_model(x, sigma, transformer_options=sampling_options(patcher), **kwargs)
+        if cuda:
+            torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if (e.self_device_time_total if cuda else e.self_cpu_time_total) > 0]
+    if cuda:  # CUDA kernels only; CPU-side ops carry no self device time beyond their kernels'
+        events = [e for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
+    else:
+        events = [e for e in events if e.key.startswith("aten::") and e.cpu_children == []]
+    us = {e.key: (e.self_device_time_total if cuda else e.self_cpu_time_total) for e in events}
+    kinds: dict = {}
+    for name, t in us.items():
+        kinds[kernel_kind(name)] = kinds.get(kernel_kind(name), 0.0) + t / 1e3
+    return {"ms_by_kind": {k: round(v, 3) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+            "top": [(name[:90], round(t / 1e3, 3)) for name, t in sorted(us.items(), key=lambda kv: -kv[1])[:top]]}
+
+
 def with_reference_sage(base):
     """A clone that sends every attention call to ComfyUI's ``attention_sage`` (the reference
     ``sageattention`` package), through the same override hook our patch uses; None without it."""
@@ -249,7 +286,7 @@ def control_variants(base) -> dict:
 
 
 def bench_model(name: str, runs: int, profile_host: bool = False, controls: bool = False,
-                only: tuple = ()) -> list:
+                only: tuple = (), profile_device: bool = False) -> list:
     """``only``: starts of the variant labels to time (the unpatched model always is)."""
     base = build(name)
     variants = {"unpatched": base, "patched (defaults)": patch_model(base, SageSettings()),
@@ -272,6 +309,11 @@ def bench_model(name: str, runs: int, profile_host: bool = False, controls: bool
         for label in ("unpatched", "patched (defaults)"):
             print(f"--- host profile, {name}, {label}")
             host_profile(variants[label], x, sigma, kwargs)
+    profiles = {}
+    if profile_device:
+        for label in ("unpatched", "patched (defaults)"):
+            profiles[label] = device_profile(variants[label], x, sigma, kwargs)
+            print(f"--- device profile, {name}, {label}: {profiles[label]}", flush=True)
     timed = time_variants(variants, x, sigma, kwargs, runs)
     ref = timed["unpatched"]
     ref_sample = sample4(base, name)
@@ -283,6 +325,8 @@ def bench_model(name: str, runs: int, profile_host: bool = False, controls: bool
                          paired_speedup=t["paired_speedup"], quartiles=t["quartiles"], runs=runs,
                          peak_gib=t["peak_gib"], calls=t["calls"], cosine_forward=cosine(t["out"], ref["out"]),
                          cosine_4_steps=cosine(sampled, ref_sample), finite=bool(torch.isfinite(t["out"]).all())))
+        if label in profiles:
+            rows[-1]["device_profile"] = profiles[label]
         print(rows[-1], flush=True)
     del base, variants, timed
     gc.collect()
@@ -306,6 +350,8 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=9)
     ap.add_argument("--out", default=None)
     ap.add_argument("--profile-host", action="store_true", help="cProfile one forward, unpatched and patched")
+    ap.add_argument("--profile-device", action="store_true",
+                    help="device time of one forward by kind of kernel, unpatched and patched (in the JSON rows)")
     ap.add_argument("--controls", action="store_true",
                     help="also time the unpatched model twice and a pass-through override (noise and hook cost)")
     ap.add_argument("--variants", default="",
@@ -320,7 +366,7 @@ def main(argv=None):
     print(payload["env"], flush=True)  # the log states its run, like the JSON
     for name in args.models.split(","):
         payload["rows"] += bench_model(name, args.runs, args.profile_host, args.controls,
-                                       tuple(v for v in args.variants.split(",") if v))
+                                       tuple(v for v in args.variants.split(",") if v), args.profile_device)
     print(f"{'model':>6} {'variant':>32} {'s/forward':>10} {'speedup':>8} {'paired':>7} {'peak GiB':>9} {'cos fwd':>8} "
           f"{'cos 4 steps':>11}  calls")
     for r in payload["rows"]:
