@@ -9,4 +9,4 @@ from __future__ import annotations
 PV_ERROR = {"fp8": "0.039", "fp8+residual": "0.028", "int8": "0.017", "fp16": "0.013"}
 # The Q/K rotation: how much closer to exact on inputs with outlier channels, and what it costs in speed.
 QK_ROTATION_GAIN = "1.6-2.6x"
-QK_ROTATION_COST = "2-3 %"
+QK_ROTATION_COST = "1-6 %"
