@@ -124,3 +124,41 @@ def test_pv_choice_times_the_8bit_paths_that_passed_and_picks_the_faster(st):
     # One candidate left (int8 failed its self-test): nothing to choose, nothing timed.
     assert st.measure_pv_choice(cpu, torch.device("cpu"), torch.float16, every - {int8_name}, head_dims=(32,),
                                 seq_len=64, heads=1, batch=1) is None
+
+
+def _row(n, kernel_ms, sdpa_ms):
+    return {"seq_len": n, "kernel_ms": kernel_ms, "sdpa_ms": sdpa_ms, "kernel_tops": 1.0, "sdpa_tops": 1.0}
+
+
+def test_a_row_slower_than_a_longer_length_is_timed_again(st):
+    """One slow row held the crossover above every shorter length: on an H200 a host-bound 6,144 (1.91 ms,
+    longer than 8,192's 1.82) moved it from 4,608 to 8,192, and Flux's calls to SDPA."""
+    asked = []
+
+    def time_length(n):
+        asked.append(n)
+        return _row(n, 1.12, 1.40)
+
+    timings = [_row(4608, 0.69, 0.79), _row(6144, 1.91, 1.35), _row(8192, 1.82, 2.39)]
+    st.retime_implausible(timings, time_length)
+    assert asked == [6144]
+    assert timings[1]["kernel_ms"] == 1.12 and timings[1]["sdpa_ms"] == 1.35 and timings[1]["retimed"]
+    assert "retimed" not in timings[0] and "retimed" not in timings[2]
+    assert st.crossover_from_timings(timings)["seq_len"] == 4608
+    assert "(timed twice)" in st.format_crossover({"timings": timings, "head_dim": 128})
+
+
+def test_a_row_slow_twice_keeps_the_crossover_where_it_was(st):
+    timings = [_row(4608, 0.69, 0.79), _row(6144, 1.91, 1.35), _row(8192, 1.82, 2.39)]
+    st.retime_implausible(timings, lambda n: _row(n, 1.95, 1.34))
+    assert timings[1]["kernel_ms"] == 1.91 and timings[1]["sdpa_ms"] == 1.34
+    assert st.crossover_from_timings(timings)["seq_len"] == 8192
+
+
+def test_a_failed_second_timing_keeps_the_first(st):
+    def fails(n):
+        raise RuntimeError("out of memory")
+
+    timings = [_row(4608, 0.69, 0.79), _row(6144, 1.91, 1.35), {"seq_len": 8192, "error": "x"}, _row(16384, 1.5, 9.0)]
+    st.retime_implausible(timings, fails)
+    assert timings[1]["kernel_ms"] == 1.91 and "retimed" not in timings[1]
