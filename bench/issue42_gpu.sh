@@ -4,6 +4,8 @@
 # then run with carry [".comfyui", ".whl"], .whl holding the torchsde and trampoline wheels):
 #
 #   bash bench/issue42_gpu.sh            # results under $OUT (the device's output folder) or bench/results
+#   bash bench/issue42_gpu.sh flux-profile   # only: Flux's forward by kind of kernel, unpatched and patched,
+#                                            # then 11 interleaved runs with the controls (~4 minutes)
 #
 # 1. rotation_cost_ab.py: no rotation / the portable "dot" rotation / Hopper's "tiled" one / SDPA at
 #    8K, 16K, 32K x 128, each quantization launch alone, and accuracy on bench/accuracy_cases.py.
@@ -17,6 +19,11 @@ ls .whl/*.whl >/dev/null 2>&1 && python -m pip install -q --no-deps .whl/*.whl
 DEST="$(realpath -m "${OUT:-bench/results}")"
 mkdir -p "$DEST"
 cd bench || exit 1
+if [ "${1:-}" = flux-profile ]; then
+  timeout 420 python bench_models.py --models flux --controls --runs 11 --profile-device \
+    --variants "patched (defaults),patched (no Q/K rotation),control" --out "$DEST/sm90_models_flux_profile.json"
+  exit $?
+fi
 echo "== rotation A/B"; date -u
 timeout 150 python rotation_cost_ab.py --rounds 3 --out "$DEST/sm90_rotation_cost_ab.json"
 echo "== host cost per passed-on call"
