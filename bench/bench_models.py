@@ -311,7 +311,7 @@ def bench_model(name: str, runs: int, profile_host: bool = False, controls: bool
             host_profile(variants[label], x, sigma, kwargs)
     profiles = {}
     if profile_device:
-        for label in ("unpatched", "patched (defaults)"):
+        for label in [v for v in ("unpatched", "patched (defaults)") if v in variants]:
             profiles[label] = device_profile(variants[label], x, sigma, kwargs)
             print(f"--- device profile, {name}, {label}: {profiles[label]}", flush=True)
     timed = time_variants(variants, x, sigma, kwargs, runs)
