@@ -253,7 +253,8 @@ def device_profile(patcher, x, sigma, kwargs, top: int = 12) -> dict:
     us = {e.key: (e.self_device_time_total if cuda else e.self_cpu_time_total) for e in events}
     kinds: dict = {}
     for name, t in us.items():
-        kinds[kernel_kind(name)] = kinds.get(kernel_kind(name), 0.0) + t / 1e3
+        kind = kernel_kind(name)
+        kinds[kind] = kinds.get(kind, 0.0) + t / 1e3
     return {"ms_by_kind": {k: round(v, 3) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
             "top": [(name[:90], round(t / 1e3, 3)) for name, t in sorted(us.items(), key=lambda kv: -kv[1])[:top]]}
 

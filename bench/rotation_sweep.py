@@ -28,6 +28,7 @@ ROWS = [(BASE, "dot", 8, 2, 128), ("dot", "dot", 8, 2, 128), ("tiled", "tiled", 
         ("tiled 4", "tiled", 4, 2, 128), ("tiled 16", "tiled", 16, 2, 128), ("tiled 3 stages", "tiled", 8, 3, 128),
         ("tiled cap 168", "tiled", 8, 2, 168), ("tiled, again", "tiled", 8, 2, 128)]
 
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--shape", default="2,24,8192,128")

@@ -240,7 +240,7 @@ def crossover_from_timings(timings: list) -> dict:
 
 
 def retime_implausible(timings: list, time_length, on_length=None) -> None:
-    """Time again, once, each length where the kernel took as long as at a longer length. Its work grows with
+    """Time again, once, each length where the kernel took as long as at the next longer one. Its work grows with
     the length, so such a row is a hiccup (another program, a clock ramp) or host-bound calls; one row like
     that would hold the crossover above every shorter length (``crossover_from_timings``). The lower of the
     two times counts for each side, and the row says it was re-timed."""
@@ -289,6 +289,7 @@ def measure_crossover(arch: ArchInfo, device, dtype, sdpa_safe: Optional[bool] =
     sdpa, sdpa_name = sdpa_fallback(arch, sdpa_safe)
     sage = (lambda q, k, v: _sageattn()(q, k, v, **variant)) if variant else _sageattn()
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 8 << 30
+
     def time_length(n: int) -> dict:
         try:
             # Two input sets taken in turn, as a model's layers would: a call does not simply reread
