@@ -293,6 +293,7 @@ def bench_model(name: str, runs: int, profile_host: bool = False, controls: bool
     variants = {"unpatched": base, "patched (defaults)": patch_model(base, SageSettings()),
                 "patched (kernel on every call)": patch_model(base, SageSettings(min_seq_len=0)),
                 "patched (no Q/K rotation)": patch_model(base, SageSettings(qk_rotation="off")),
+                "patched (ComfyUI's RoPE)": patch_model(base, SageSettings(fast_rope=False)),
                 "patched (int8 P·V)": patch_model(base, SageSettings(pv_precision="int8")),
                 "patched (fp8+residual)": patch_model(base, SageSettings(pv_precision="fp8+residual"))}
     if controls:

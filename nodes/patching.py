@@ -1,7 +1,8 @@
 """Attach the override and the run-summary wrapper to a clone of a ComfyUI MODEL.
 
-Never touches ComfyUI globals: the patch lives in the clone's ``model_options``, so bypassing or
-removing the node gives back the unpatched model, and other MODELs in the graph are untouched.
+The patch lives in the clone's ``model_options``, so bypassing or removing the node gives back the
+unpatched model, and other MODELs in the graph are untouched. The one ComfyUI global it touches, its RoPE
+functions (``routing.rope_hooks``), is wrapped so that only a patched model's forward changes what they do.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from .config.install_report import InstallReport
 from .config.settings import DEFAULT_SETTINGS, SageSettings
 from .core_backends import describe_replaced, fallback_served_by
 from .reporting.run_summary import WRAPPER_KEY, make_outer_sample_wrapper
+from .routing import rope_hooks
 from .routing.dispatch import PatchState
 from .routing.forward_plan import WRAPPER_KEY as PLAN_KEY
 from .routing.forward_plan import ForwardPlans, make_forward_wrapper, make_planned_override
@@ -72,6 +74,9 @@ def patch_model(model, settings: Optional[SageSettings] = None, node_id: Optiona
     # After the guard, so inside it: the guard's redo runs through the dispatcher, with no plan.
     patched.remove_wrappers_with_key(apply, PLAN_KEY)
     patched.add_wrapper_with_key(apply, PLAN_KEY, make_forward_wrapper(state, plans))
+    patched.remove_wrappers_with_key(apply, rope_hooks.WRAPPER_KEY)
+    if state.settings.fast_rope and rope_hooks.install():
+        patched.add_wrapper_with_key(apply, rope_hooks.WRAPPER_KEY, rope_hooks.make_apply_model_wrapper(state))
     return patched
 
 

@@ -35,6 +35,7 @@ class SageSettings:
     full_precision_last_steps: int = 0
     qk_rotation: str = AUTO
     backend: str = DEFAULT_BACKEND  # another installed attention for the kernel's calls, to compare
+    fast_rope: bool = True  # ComfyUI's RoPE before attention in the pack's kernel (``routing.rope_hooks``)
 
     def __post_init__(self):
         for name, allowed in (("qk_quant_gran", QK_QUANT_GRAN_CHOICES), ("pv_precision", PV_PRECISION_CHOICES),

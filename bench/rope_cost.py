@@ -1,0 +1,88 @@
+"""RoPE before attention, alone: ComfyUI's own (0.3.64's inline a * b + c * d, 0.3.75's addcmul_
+``apply_rope``), comfy-kitchen's fused ``apply_rope`` (what current ComfyUI calls), and the pack's kernel
+(``kernels.rope``), on Flux's and Wan's call shapes. Interleaved rounds, CUDA events, medians.
+
+    python bench/rope_cost.py --out bench/results/sm90_rope_cost.json
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+import torch
+from common import RESULTS, environment, write_json
+from gpu_check import rope_by_torch, rope_freqs
+from sagetriton.kernels import rope
+
+# (label, q/k shape, layout): Flux-dev 1024² (cond + uncond), Wan 2.1 1.3B 480p 81 frames (B, L, H, D).
+SHAPES = (("Flux 2x24x4608x128", (2, 24, 4608, 128), "BHLD"), ("Wan 2x32760x12x128", (2, 32760, 12, 128), "BLHD"))
+
+
+def kitchen_rope():
+    try:
+        import comfy_kitchen
+
+        return comfy_kitchen.apply_rope
+    except Exception as e:  # noqa: BLE001 - not installed, or no build for this GPU
+        print(f"comfy-kitchen unavailable: {type(e).__name__}: {e}")
+        return None
+
+
+def variants_for(q, k, f, ck) -> dict:
+    both = {"ComfyUI 0.3.64 (inline)": False, "ComfyUI 0.3.75 (apply_rope)": True}
+    out = {name: (lambda fma=fma: (rope_by_torch(q, f, fma), rope_by_torch(k, f, fma))) for name, fma in both.items()}
+    out["SageTriton kernel"] = lambda: rope.apply(q, f, k, fma=True)
+    if ck is not None:
+        out["comfy-kitchen apply_rope"] = lambda: ck(q, k, f)
+    return out
+
+
+def time_ms(fn, reps: int = 20) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn()
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", default=str(RESULTS / "sm90_rope_cost.json"))
+    args = ap.parse_args(argv)
+    ck = kitchen_rope()
+    payload = {"env": environment(), "rows": []}
+    for label, shape, layout in SHAPES:
+        q, k = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        length, half = shape[2] if layout == "BHLD" else shape[1], shape[3] // 2
+        f = rope_freqs(length, half) if layout == "BHLD" else rope_freqs(length, half).movedim(1, 2)
+        variants = variants_for(q, k, f, ck)
+        times = {name: [] for name in variants}
+        for r in range(args.rounds):
+            names = list(variants)
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                try:
+                    times[name].append(time_ms(variants[name]))
+                except Exception as e:  # noqa: BLE001 - a competitor that cannot take this shape: say so
+                    print(f"{label} {name}: {type(e).__name__}: {str(e)[:200]}")
+                    variants[name] = None
+                    break
+            variants = {n: v for n, v in variants.items() if v is not None}
+        moved = 4 * q.numel() * q.element_size()  # q and k read once, written once
+        for name, ts in times.items():
+            if not ts:
+                continue
+            ms = statistics.median(ts)
+            row = dict(shape=label, variant=name, ms=round(ms, 4), rounds=[round(t, 4) for t in ts],
+                       tb_per_s=round(moved / ms / 1e9, 2))
+            payload["rows"].append(row)
+            print(row, flush=True)
+    write_json(Path(args.out), payload)
+
+
+if __name__ == "__main__":
+    main()
