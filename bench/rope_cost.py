@@ -49,11 +49,36 @@ def time_ms(fn, reps: int = 20) -> float:
     return start.elapsed_time(end) / reps
 
 
+def sweep(args):
+    """The kernel's rows per program and warps, interleaved, on each shape."""
+    payload = {"env": environment(), "rows": []}
+    tiles = [(b, w) for b in (4, 8, 16, 32) for w in (1, 2, 4, 8) if b * 128 // (32 * w) >= 4]
+    for label, shape, layout in SHAPES:
+        q, k = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        length, half = shape[2] if layout == "BHLD" else shape[1], shape[3] // 2
+        f = rope_freqs(length, half) if layout == "BHLD" else rope_freqs(length, half).movedim(1, 2)
+        times = {t: [] for t in tiles}
+        for _ in range(args.rounds):
+            for t in tiles:
+                rope.BLOCK_ROWS, rope.NUM_WARPS = t
+                times[t].append(time_ms(lambda q=q, f=f, k=k: rope.apply(q, f, k, fma=True)))
+        moved = 4 * q.numel() * q.element_size()
+        for (b, w), ts in sorted(times.items(), key=lambda kv: statistics.median(kv[1])):
+            ms = statistics.median(ts)
+            row = dict(shape=label, rows=b, warps=w, ms=round(ms, 4), tb_per_s=round(moved / ms / 1e9, 2))
+            payload["rows"].append(row)
+            print(row, flush=True)
+    write_json(Path(args.out), payload)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default=str(RESULTS / "sm90_rope_cost.json"))
+    ap.add_argument("--sweep", action="store_true", help="only the kernel, each rows-per-program / warps pair")
     args = ap.parse_args(argv)
+    if args.sweep:
+        return sweep(args)
     ck = kitchen_rope()
     payload = {"env": environment(), "rows": []}
     for label, shape, layout in SHAPES:

@@ -17,48 +17,50 @@ import triton.language as tl
 from .arch import interpreter_enabled
 
 BLOCK_ROWS = 16
+NUM_WARPS = 4
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @triton.jit
-def _rope_rows(X, Out, F, rows, i, ok, S1, S2, sx0, sx1, sx2, so0, so1, so2, sf0, sf1, sf2, sfh, sfr, sfc,
-               FMA: tl.constexpr):
+def _rope_rows(X, Out, F, rows, live, S1, S2, sx0, sx1, sx2, so0, so1, so2, sf0, sf1, sf2,
+               D: tl.constexpr, D_PAD: tl.constexpr, BLOCK: tl.constexpr, FMA: tl.constexpr):
+    """Whole rows, loaded and stored contiguously; pairs and matrices taken apart in registers."""
     i2 = rows % S2
     i1 = (rows // S2) % S1
     i0 = rows // (S1 * S2)
-    xo = (i0 * sx0 + i1 * sx1 + i2 * sx2)[:, None] + 2 * i[None, :]
-    oo = (i0 * so0 + i1 * so1 + i2 * so2)[:, None] + 2 * i[None, :]
-    fo = (i0 * sf0 + i1 * sf1 + i2 * sf2)[:, None] + i[None, :] * sfh
-    xe = tl.load(X + xo, mask=ok, other=0.0).to(tl.float32)
-    xd = tl.load(X + xo + 1, mask=ok, other=0.0).to(tl.float32)
-    f00 = tl.load(F + fo, mask=ok, other=0.0)
-    f01 = tl.load(F + fo + sfc, mask=ok, other=0.0)
-    f10 = tl.load(F + fo + sfr, mask=ok, other=0.0)
-    f11 = tl.load(F + fo + sfr + sfc, mask=ok, other=0.0)
+    d = tl.arange(0, D_PAD)
+    ok = live[:, None] & (d < D)[None, :]
+    x = tl.load(X + (i0 * sx0 + i1 * sx1 + i2 * sx2)[:, None] + d[None, :], mask=ok, other=0.0).to(tl.float32)
+    xe, xd = tl.split(tl.reshape(x, (BLOCK, D_PAD // 2, 2)))
+    j = tl.arange(0, 2 * D_PAD)  # each pair's 2x2 matrix, row-major: 4 floats
+    fok = live[:, None] & (j < 2 * D)[None, :]
+    f = tl.load(F + (i0 * sf0 + i1 * sf1 + i2 * sf2)[:, None] + j[None, :], mask=fok, other=0.0)
+    fc0, fc1 = tl.split(tl.reshape(f, (BLOCK, D_PAD // 2, 2, 2)))  # column 0 and 1 of each matrix
+    f00, f10 = tl.split(fc0)
+    f01, f11 = tl.split(fc1)
     if FMA:  # torch's addcmul_: the second product added without rounding it first
         ye = tl.fma(f01, xd, f00 * xe)
         yd = tl.fma(f11, xd, f10 * xe)
     else:
         ye = f00 * xe + f01 * xd
         yd = f10 * xe + f11 * xd
-    tl.store(Out + oo, ye.to(Out.dtype.element_ty), mask=ok)
-    tl.store(Out + oo + 1, yd.to(Out.dtype.element_ty), mask=ok)
+    y = tl.reshape(tl.join(ye, yd), (BLOCK, D_PAD)).to(Out.dtype.element_ty)
+    tl.store(Out + (i0 * so0 + i1 * so1 + i2 * so2)[:, None] + d[None, :], y, mask=ok)
 
 
 @triton.jit
 def rope_kernel(X, OX, Y, OY, F, n_rows, S1, S2,
-                sx0, sx1, sx2, so0, so1, so2, sy0, sy1, sy2, sp0, sp1, sp2,
-                sf0, sf1, sf2, sfh, sfr, sfc,
-                HALF: tl.constexpr, HALF_PAD: tl.constexpr, BLOCK: tl.constexpr, PAIR: tl.constexpr,
+                sx0, sx1, sx2, so0, so1, so2, sy0, sy1, sy2, sp0, sp1, sp2, sf0, sf1, sf2,
+                D: tl.constexpr, D_PAD: tl.constexpr, BLOCK: tl.constexpr, PAIR: tl.constexpr,
                 FMA: tl.constexpr):
-    """``BLOCK`` rows of X (and of Y with the same ``freqs``, when ``PAIR``) of a (S0, S1, S2, 2*HALF)
-    tensor whose last dimension is contiguous; ``F`` broadcast to (S0, S1, S2, HALF, 2, 2) by strides."""
+    """``BLOCK`` rows of X (and of Y with the same ``freqs``, when ``PAIR``) of a (S0, S1, S2, D) tensor whose
+    last dimension is contiguous; ``F`` broadcast to (S0, S1, S2, D/2, 2, 2) by strides, its last three
+    dimensions contiguous."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    i = tl.arange(0, HALF_PAD)
-    ok = (rows < n_rows)[:, None] & (i < HALF)[None, :]
-    _rope_rows(X, OX, F, rows, i, ok, S1, S2, sx0, sx1, sx2, so0, so1, so2, sf0, sf1, sf2, sfh, sfr, sfc, FMA)
+    live = rows < n_rows
+    _rope_rows(X, OX, F, rows, live, S1, S2, sx0, sx1, sx2, so0, so1, so2, sf0, sf1, sf2, D, D_PAD, BLOCK, FMA)
     if PAIR:
-        _rope_rows(Y, OY, F, rows, i, ok, S1, S2, sy0, sy1, sy2, sp0, sp1, sp2, sf0, sf1, sf2, sfh, sfr, sfc, FMA)
+        _rope_rows(Y, OY, F, rows, live, S1, S2, sy0, sy1, sy2, sp0, sp1, sp2, sf0, sf1, sf2, D, D_PAD, BLOCK, FMA)
 
 
 def unsupported(x: torch.Tensor, freqs: torch.Tensor) -> Optional[str]:
@@ -98,6 +100,8 @@ def apply(x: torch.Tensor, freqs: torch.Tensor, y: Optional[torch.Tensor] = None
         raise ValueError(f"y: shape {tuple(y.shape)} on {y.device}, expected x's {tuple(x.shape)} on {x.device}")
     half = x.shape[-1] // 2
     xv = _rows_view(x)
+    if freqs.stride()[-3:] != (4, 2, 1):  # each pair's matrix contiguous, as ComfyUI builds them
+        freqs = freqs.contiguous()
     f = freqs.expand(*xv.shape[:-1], half, 2, 2)
     ox = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     pair = y is not None
@@ -108,8 +112,7 @@ def apply(x: torch.Tensor, freqs: torch.Tensor, y: Optional[torch.Tensor] = None
     n_rows = S0 * S1 * S2
     grid = (triton.cdiv(n_rows, BLOCK_ROWS),)
     rope_kernel[grid](xv, oxv, yv, oyv, f, n_rows, S1, S2,
-                      *xv.stride()[:3], *oxv.stride()[:3], *yv.stride()[:3], *oyv.stride()[:3],
-                      *f.stride()[:3], *f.stride()[3:],
-                      HALF=half, HALF_PAD=triton.next_power_of_2(half), BLOCK=BLOCK_ROWS, PAIR=pair, FMA=fma,
-                      num_warps=4, enable_fp_fusion=False)
+                      *xv.stride()[:3], *oxv.stride()[:3], *yv.stride()[:3], *oyv.stride()[:3], *f.stride()[:3],
+                      D=2 * half, D_PAD=triton.next_power_of_2(2 * half), BLOCK=BLOCK_ROWS, PAIR=pair, FMA=fma,
+                      num_warps=NUM_WARPS, enable_fp_fusion=False)
     return (ox, oy) if pair else ox

@@ -56,11 +56,13 @@ def assert_rope_equal(out: torch.Tensor, ref: torch.Tensor, exact: bool = True):
         assert torch.equal(out, ref)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_flux_layout_pair_is_comfyuis_math(dtype):
+@pytest.mark.parametrize("dtype, axes", [(torch.float16, (4, 6, 6)), (torch.bfloat16, (4, 6, 6)),
+                                         (torch.float32, (4, 6, 6)), (torch.float16, (4, 10, 10))])
+def test_flux_layout_pair_is_comfyuis_math(dtype, axes):
+    """Flux's (B, H, L, D) q and k in one launch; head size 24 has 12 pairs, not a power of two."""
     g = torch.Generator().manual_seed(1)
-    q, k = (torch.randn(2, 3, 37, 16, generator=g).to(dtype) for _ in range(2))
-    freqs = flux_freqs(37, batch=2)
+    q, k = (torch.randn(2, 3, 37, sum(axes), generator=g).to(dtype) for _ in range(2))
+    freqs = flux_freqs(37, axes=axes, batch=2)
     rq, rk = rope.apply(q, freqs, k)
     assert_rope_equal(rq, comfy_rope(q, freqs))
     assert_rope_equal(rk, comfy_rope(k, freqs))
