@@ -16,8 +16,8 @@ import triton.language as tl
 
 from .arch import interpreter_enabled
 
-BLOCK_ROWS = 16
-NUM_WARPS = 4
+BLOCK_ROWS = 4  # rows per program, one warp: fastest on the H200 at Flux and Wan shapes (bench/NOTES.md)
+NUM_WARPS = 1
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
