@@ -44,11 +44,14 @@ def test_sage_settings_sockets_and_defaults():
     assert settings == SageSettings()
     # Added later as optional, so workflows saved before it keep their widget order.
     optional = cls.INPUT_TYPES()["optional"]
-    assert list(optional) == ["qk_rotation", "backend"] and optional["qk_rotation"][0] == ["auto", "on", "off"]
+    assert list(optional) == ["qk_rotation", "backend", "fast_rope"]
+    assert optional["qk_rotation"][0] == ["auto", "on", "off"]
+    assert optional["fast_rope"][0] == "BOOLEAN" and optional["fast_rope"][1]["default"] is True
     assert optional["backend"][0] == ["SageTriton", "SageAttention", "comfy-kitchen", "SDPA"]
     assert optional["backend"][1]["default"] == "SageTriton"
     assert cls().build(**{name: d for name, (_, d) in SETTINGS_INPUTS.items()}, qk_rotation="off")[0] \
         .explicit_kernel_choices()["qk_rotation"] is False
+    assert cls().build(**{name: d for name, (_, d) in SETTINGS_INPUTS.items()}, fast_rope=False)[0].fast_rope is False
 
 
 def test_patch_node_sockets():

@@ -10,3 +10,5 @@ PV_ERROR = {"fp8": "0.039", "fp8+residual": "0.028", "int8": "0.017", "fp16": "0
 # The Q/K rotation: how much closer to exact on inputs with outlier channels, and what it costs in speed.
 QK_ROTATION_GAIN = "1.6-2.6x"
 QK_ROTATION_COST = "1-6 %"
+# RoPE in the pack's kernel: a Flux-dev 1024² step with it against the same patch with ComfyUI 0.3.64's RoPE.
+ROPE_GAIN = "13 %"
