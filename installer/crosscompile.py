@@ -186,6 +186,23 @@ def compile_specs(cfg: KernelConfig, head_dim: int = 128, dtype=None, seq_len: i
     return specs
 
 
+def rope_specs(head_dim: int = 128, dtype=None, seq_len: int = 1024) -> list:
+    """The RoPE kernel's launches (``kernels.rope``: Flux's q and k together; ComfyUI's both roundings),
+    recorded on meta tensors as ``compile_specs`` records the attention's."""
+    import torch
+
+    from ..kernels import rope
+
+    x = torch.empty((1, 2, seq_len, head_dim), dtype=dtype or torch.bfloat16, device="meta")
+    freqs = torch.empty((1, 1, seq_len, head_dim // 2, 2, 2), dtype=torch.float32, device="meta")
+    with record_launches() as recorded:
+        for fma in (False, True):
+            rope.apply(x, freqs, x, fma=fma)
+    for spec, fma in zip(recorded, (False, True), strict=True):
+        spec["name"] = f"rope_kernel{'_fma' if fma else ''}"
+    return recorded
+
+
 def launch_source(spec: dict, target: Target):
     """The ``ASTSource`` a real launch with ``spec["args"]`` compiles: specialized by Triton's own
     launcher code (16-byte-aligned pointers and integers, integers equal to 1 as constants).
@@ -272,7 +289,7 @@ def compile_target(target: Target, head_dim: int = 128, specs_for: Optional[Call
     result = {"ok": False, "instructions": [], "arch": arch.arch, "family": arch.family,
               "config": cfg.as_dict(), "head_dim": head_dim, "triton": ".".join(map(str, TRITON_VERSION))}
     try:
-        specs = (specs_for or compile_specs)(cfg, head_dim)
+        specs = specs_for(cfg, head_dim) if specs_for else compile_specs(cfg, head_dim) + rope_specs(head_dim)
         found: set = set()
         for spec in specs:
             try:

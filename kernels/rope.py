@@ -111,8 +111,10 @@ def apply(x: torch.Tensor, freqs: torch.Tensor, y: Optional[torch.Tensor] = None
     S0, S1, S2 = xv.shape[:3]
     n_rows = S0 * S1 * S2
     grid = (triton.cdiv(n_rows, BLOCK_ROWS),)
-    rope_kernel[grid](xv, oxv, yv, oyv, f, n_rows, S1, S2,
-                      *xv.stride()[:3], *oxv.stride()[:3], *yv.stride()[:3], *oyv.stride()[:3], *f.stride()[:3],
-                      D=2 * half, D_PAD=triton.next_power_of_2(2 * half), BLOCK=BLOCK_ROWS, PAIR=pair, FMA=fma,
-                      num_warps=NUM_WARPS, enable_fp_fusion=False)
+    from .api import _launch  # the library's one launch path (the installer's cross-compile records it)
+
+    _launch(rope_kernel, grid, (xv, oxv, yv, oyv, f, n_rows, S1, S2, *xv.stride()[:3], *oxv.stride()[:3],
+                                *yv.stride()[:3], *oyv.stride()[:3], *f.stride()[:3]),
+            dict(D=2 * half, D_PAD=triton.next_power_of_2(2 * half), BLOCK=BLOCK_ROWS, PAIR=pair, FMA=fma),
+            num_warps=NUM_WARPS, enable_fp_fusion=False)
     return (ox, oy) if pair else ox

@@ -60,6 +60,8 @@ def test_json_is_keyed_by_requested_targets(check_targets_json):
     assert check_targets_json["gfx942"]["config"]["fp8_format"] == "e4m3fnuz"
     assert check_targets_json["gfx1100"]["config"]["pv_precision"] == "fp16"
     assert check_targets_json["gfx1201"]["config"]["num_stages"] == 1
+    for target, r in check_targets_json.items():  # the RoPE kernel is built for every target too
+        assert {"rope_kernel", "rope_kernel_fma"} <= set(r["kernels"]), (target, sorted(r["kernels"]))
 
 
 def triton_of(version: str) -> tuple:

@@ -149,3 +149,47 @@ def test_a_failing_kernel_logs_once_and_comfyui_rotates(tiny, monkeypatch, caplo
     assert len(warnings) == 1 and "PassManager::run failed" in warnings[0].getMessage()
     assert rope_calls() == before
     assert torch.equal(out, reference)
+
+
+_ROPE_ASM_SCRIPT = """
+import json, re
+from sagetriton_import import import_pack
+import_pack()
+import triton
+from sagetriton.installer import crosscompile as cc
+FMA = r"\\b(fma\\.rn\\.f32|v_fma_f32|v_fmac_f32|v_pk_fma_f32)"
+VECTOR = r"\\b(ld\\.global\\.v4|st\\.global\\.v4|buffer_load_b128|buffer_store_b128|buffer_load_dwordx4|buffer_store_dwordx4)"
+MEMORY = r"\\b(ld\\.global|st\\.global|buffer_load|buffer_store|global_load|global_store)\\w*"
+out = {}
+for name in ("sm80", "sm90", "sm120", "gfx1100", "gfx1201", "gfx942"):
+    target = cc.parse_target(name)
+    for spec in cc.rope_specs(128):
+        k = triton.compile(cc.launch_source(spec, target), target=target.gpu_target(),
+                           options=dict(spec.get("options") or {}))
+        asm = "\\n".join(line.split("//")[0].split(";")[0] for line in (k.asm.get("ptx") or k.asm["amdgcn"]).splitlines())
+        out[name + " " + spec["name"]] = {"fma": len(re.findall(FMA, asm)), "memory": len(re.findall(MEMORY, asm)),
+                                          "vector": len(re.findall(VECTOR, asm))}
+print(json.dumps(out))
+"""
+
+
+def test_compiled_rope_rounds_as_comfyui_and_moves_whole_rows():
+    """Cross-compiled as the installer's ``--check-targets`` builds it: no fused multiply-add where ComfyUI
+    rounds each product (the interpreter cannot show this), one where it fuses; every load and store is a
+    16-byte vector on every family."""
+    import json
+    import os
+    import subprocess
+
+    from sagetriton_import import PACK_DIR
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(PACK_DIR), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", _ROPE_ASM_SCRIPT], capture_output=True, text=True,
+                          cwd=str(PACK_DIR), timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(found) == 12
+    for build, facts in found.items():
+        assert (facts["fma"] > 0) == build.endswith("_fma"), (build, facts)
+        assert facts["memory"] > 0 and facts["vector"] == facts["memory"], (build, facts)
