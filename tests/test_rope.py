@@ -158,7 +158,8 @@ import_pack()
 import triton
 from sagetriton.installer import crosscompile as cc
 FMA = r"\\b(fma\\.rn\\.f32|v_fma_f32|v_fmac_f32|v_pk_fma_f32)"
-VECTOR = r"\\b(ld\\.global\\.v4|st\\.global\\.v4|buffer_load_b128|buffer_store_b128|buffer_load_dwordx4|buffer_store_dwordx4)"
+VECTOR = (r"\\b(ld\\.global\\.v4|st\\.global\\.v4|buffer_load_b128|buffer_store_b128|"
+          r"buffer_load_dwordx4|buffer_store_dwordx4)")
 MEMORY = r"\\b(ld\\.global|st\\.global|buffer_load|buffer_store|global_load|global_store)\\w*"
 out = {}
 for name in ("sm80", "sm90", "sm120", "gfx1100", "gfx1201", "gfx942"):
@@ -166,7 +167,8 @@ for name in ("sm80", "sm90", "sm120", "gfx1100", "gfx1201", "gfx942"):
     for spec in cc.rope_specs(128):
         k = triton.compile(cc.launch_source(spec, target), target=target.gpu_target(),
                            options=dict(spec.get("options") or {}))
-        asm = "\\n".join(line.split("//")[0].split(";")[0] for line in (k.asm.get("ptx") or k.asm["amdgcn"]).splitlines())
+        text = k.asm.get("ptx") or k.asm["amdgcn"]
+        asm = "\\n".join(line.split("//")[0].split(";")[0] for line in text.splitlines())
         out[name + " " + spec["name"]] = {"fma": len(re.findall(FMA, asm)), "memory": len(re.findall(MEMORY, asm)),
                                           "vector": len(re.findall(VECTOR, asm))}
 print(json.dumps(out))
