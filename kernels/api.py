@@ -67,6 +67,9 @@ def set_launch_hook(hook: Optional[Callable]) -> Optional[Callable]:
 
 
 def _launch(kernel, grid, args: tuple, constexprs: dict, num_warps: int, num_stages: int = 1, **options) -> None:
+    # Triton 3.10 turns fused multiply-adds off by default (3.9 warns about it); the kernels are tuned and
+    # checked with them on, and say so rather than inherit the default.
+    options.setdefault("enable_fp_fusion", True)
     if _launch_hook is not None:
         _launch_hook(kernel, grid, args, dict(constexprs), {"num_warps": num_warps, "num_stages": num_stages,
                                                             **options})
