@@ -7,6 +7,7 @@ import sys
 import time
 
 import pytest
+from compile_child import compile_in_child
 
 from sagetriton_import import PACK_DIR
 
@@ -148,13 +149,7 @@ def test_default_attention_kernel_fits_without_spills(check_targets_json, target
 
 
 def _compile_in_child(script: str, targets) -> dict:
-    """Run ``script`` (it prints one JSON line) for ``targets`` in a child without the Triton interpreter."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(PACK_DIR), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", script, *targets], capture_output=True, text=True,
-                          cwd=str(PACK_DIR), timeout=900, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return compile_in_child(script, targets)
 
 
 RESIDUAL_TARGETS = ("sm89", "sm90", "sm120", "gfx1201", "gfx942")
@@ -247,12 +242,7 @@ print(json.dumps({"gluon": hopper_gluon.AVAILABLE, "stores": stores, "events": e
 def gluon_ptx():
     """Facts of the sm90 PTX of a Hopper call's launches (the Gluon kernel's above all), compiled once in
     a clean child (no interpreter)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(PACK_DIR), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", _GLUON_PTX_SCRIPT], capture_output=True, text=True,
-                          cwd=str(PACK_DIR), timeout=900, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    r = compile_in_child(_GLUON_PTX_SCRIPT)
     if not r["gluon"]:
         pytest.skip("this Triton has no Gluon")
     return r

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import torch
+from compile_child import compile_in_child
 from sagetriton.kernels import rope
 from sagetriton.nodes.config.settings import SageSettings
 from sagetriton.nodes.patching import patch_model
@@ -151,8 +152,9 @@ def test_a_failing_kernel_logs_once_and_comfyui_rotates(tiny, monkeypatch, caplo
     assert torch.equal(out, reference)
 
 
+ROPE_TARGETS = ("sm80", "sm90", "sm120", "gfx1100", "gfx1201", "gfx942")
 _ROPE_ASM_SCRIPT = """
-import json, re
+import json, re, sys
 from sagetriton_import import import_pack
 import_pack()
 import triton
@@ -162,7 +164,7 @@ VECTOR = (r"\\b(ld\\.global\\.v4|st\\.global\\.v4|buffer_load_b128|buffer_store_
           r"buffer_load_dwordx4|buffer_store_dwordx4)")
 MEMORY = r"\\b(ld\\.global|st\\.global|buffer_load|buffer_store|global_load|global_store)\\w*"
 out = {}
-for name in ("sm80", "sm90", "sm120", "gfx1100", "gfx1201", "gfx942"):
+for name in sys.argv[1:]:
     target = cc.parse_target(name)
     for spec in cc.rope_specs(128):
         k = triton.compile(cc.launch_source(spec, target), target=target.gpu_target(),
@@ -179,19 +181,8 @@ def test_compiled_rope_rounds_as_comfyui_and_moves_whole_rows():
     """Cross-compiled as the installer's ``--check-targets`` builds it: no fused multiply-add where ComfyUI
     rounds each product (the interpreter cannot show this), one where it fuses; every load and store is a
     16-byte vector on every family."""
-    import json
-    import os
-    import subprocess
-
-    from sagetriton_import import PACK_DIR
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(PACK_DIR), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", _ROPE_ASM_SCRIPT], capture_output=True, text=True,
-                          cwd=str(PACK_DIR), timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    found = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(found) == 12
+    found = compile_in_child(_ROPE_ASM_SCRIPT, ROPE_TARGETS, timeout=600)
+    assert len(found) == 2 * len(ROPE_TARGETS)
     for build, facts in found.items():
         assert (facts["fma"] > 0) == build.endswith("_fma"), (build, facts)
         assert facts["memory"] > 0 and facts["vector"] == facts["memory"], (build, facts)
