@@ -495,23 +495,6 @@ def core_cases() -> list:
     return results
 
 
-def rope_freqs(length: int, half: int, batch: int = 1) -> torch.Tensor:
-    """RoPE matrices as ComfyUI's ``rope`` builds them, (batch, 1, length, half, 2, 2) fp32, random positions."""
-    pos = torch.randint(0, 128, (batch, length, 1), device="cuda").float()
-    omega = 1.0 / 10000 ** (torch.arange(half, device="cuda", dtype=torch.float64) / half)
-    ang = (pos.double() * omega).float()
-    return torch.stack([ang.cos(), -ang.sin(), ang.sin(), ang.cos()], dim=-1).reshape(batch, 1, length, half, 2, 2)
-
-
-def rope_by_torch(x: torch.Tensor, f: torch.Tensor, fma: bool) -> torch.Tensor:
-    """ComfyUI's two RoPE spellings: ``attention``'s inline a * b + c * d (0.3.64) and ``apply_rope1``'s
-    addcmul_ (0.3.75 on)."""
-    x_ = x.to(f.dtype).reshape(*x.shape[:-1], -1, 1, 2)
-    first = f[..., 0] * x_[..., 0]
-    out = first.addcmul_(f[..., 1], x_[..., 1]) if fma else first + f[..., 1] * x_[..., 1]
-    return out.reshape(*x.shape).type_as(x)
-
-
 def rope_cases() -> list:
     """``kernels.rope`` gives ComfyUI's bits: Flux's q and k in one launch, Wan's strided (B, L, H, D) q, both
     roundings, 16-bit dtypes, a head size whose pairs are not a power of two."""
@@ -520,15 +503,15 @@ def rope_cases() -> list:
     results = []
     for dtype, fma, D in itertools.product((torch.bfloat16, torch.float16), (False, True), (128, 96)):
         q, k = (torch.randn(2, 24, 4608, D, device="cuda", dtype=dtype) * 3 for _ in range(2))
-        f = rope_freqs(4608, D // 2)
+        f = ref.rope_matrices(4608, D // 2, device="cuda")
         oq, ok_ = rope.apply(q, f, k, fma=fma)
-        same = torch.equal(oq, rope_by_torch(q, f, fma)) and torch.equal(ok_, rope_by_torch(k, f, fma))
+        same = torch.equal(oq, ref.rope(q, f, fma)) and torch.equal(ok_, ref.rope(k, f, fma))
         name = f"rope: Flux q+k {dtype} D={D} fma={fma}"
         print(f"{'ok ' if same else 'BAD'} {name:60s} same bits={same}", flush=True)
         results.append(same)
     qkv_ = torch.randn(2, 3000, 3, 12, 128, device="cuda", dtype=torch.float16)
-    x, f = qkv_[:, :, 0], rope_freqs(3000, 64).movedim(1, 2)
-    same = torch.equal(rope.apply(x, f, fma=True), rope_by_torch(x, f, True))
+    x, f = qkv_[:, :, 0], ref.rope_matrices(3000, 64, device="cuda").movedim(1, 2)
+    same = torch.equal(rope.apply(x, f, fma=True), ref.rope(x, f, True))
     print(f"{'ok ' if same else 'BAD'} {'rope: Wan strided (B, L, H, D) fp16, fma':60s} same bits={same}", flush=True)
     return results + [same]
 

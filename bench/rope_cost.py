@@ -12,8 +12,7 @@ from pathlib import Path
 
 import torch
 from common import RESULTS, environment, write_json
-from gpu_check import rope_by_torch, rope_freqs
-from sagetriton.kernels import rope
+from sagetriton.kernels import reference, rope
 
 # (label, q/k shape, layout): Flux-dev 1024² (cond + uncond), Wan 2.1 1.3B 480p 81 frames (B, L, H, D).
 SHAPES = (("Flux 2x24x4608x128", (2, 24, 4608, 128), "BHLD"), ("Wan 2x32760x12x128", (2, 32760, 12, 128), "BLHD"))
@@ -29,9 +28,17 @@ def kitchen_rope():
         return None
 
 
+def inputs_for(shape: tuple, layout: str):
+    """bf16 q and k of ``shape`` and RoPE matrices laid out for it (Wan's (B, L, H, D): (1, L, 1, ...))."""
+    q, k = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    length, half = shape[2] if layout == "BHLD" else shape[1], shape[3] // 2
+    f = reference.rope_matrices(length, half, device="cuda")
+    return q, k, (f if layout == "BHLD" else f.movedim(1, 2))
+
+
 def variants_for(q, k, f, ck) -> dict:
     both = {"ComfyUI 0.3.64 (inline)": False, "ComfyUI 0.3.75 (apply_rope)": True}
-    out = {name: (lambda fma=fma: (rope_by_torch(q, f, fma), rope_by_torch(k, f, fma))) for name, fma in both.items()}
+    out = {name: (lambda fma=fma: (reference.rope(q, f, fma), reference.rope(k, f, fma))) for name, fma in both.items()}
     out["SageTriton kernel"] = lambda: rope.apply(q, f, k, fma=True)
     if ck is not None:
         out["comfy-kitchen apply_rope"] = lambda: ck(q, k, f)
@@ -54,9 +61,7 @@ def sweep(args):
     payload = {"env": environment(), "rows": []}
     tiles = [(b, w) for b in (4, 8, 16, 32) for w in (1, 2, 4, 8) if b * 128 // (32 * w) >= 4]
     for label, shape, layout in SHAPES:
-        q, k = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        length, half = shape[2] if layout == "BHLD" else shape[1], shape[3] // 2
-        f = rope_freqs(length, half) if layout == "BHLD" else rope_freqs(length, half).movedim(1, 2)
+        q, k, f = inputs_for(shape, layout)
         times = {t: [] for t in tiles}
         for _ in range(args.rounds):
             for t in tiles:
@@ -82,9 +87,7 @@ def main(argv=None):
     ck = kitchen_rope()
     payload = {"env": environment(), "rows": []}
     for label, shape, layout in SHAPES:
-        q, k = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        length, half = shape[2] if layout == "BHLD" else shape[1], shape[3] // 2
-        f = rope_freqs(length, half) if layout == "BHLD" else rope_freqs(length, half).movedim(1, 2)
+        q, k, f = inputs_for(shape, layout)
         variants = variants_for(q, k, f, ck)
         times = {name: [] for name in variants}
         for r in range(args.rounds):

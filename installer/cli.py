@@ -91,6 +91,7 @@ def print_report(report: dict, env=None) -> None:
         print(f"{len(off)} variant(s) turned off (the runtime will not pick them): {', '.join(off)}")
     if report.get("mode") == "gpu":
         for line in (selftest.format_long_sequence_kernel(report.get("long_sequence_kernel")),
+                     selftest.format_rope_kernel(report.get("rope_kernel")),
                      selftest.format_pv_choice(report.get("pv_choice"))):
             if line:
                 print(line)

@@ -34,6 +34,7 @@ MAX_SETUP_ATTEMPTS = 3  # starts that retry an incomplete report (the worker die
 STEP_TIMEOUT = 600.0  # one variant (two head dims) or the speed test; a GPU hang is stopped after this
 WORKER_TIMEOUT = 3600.0  # the whole stage
 LONG_SEQUENCE_STEP = "long-sequence kernel"  # the worker step that builds and checks it (GPU only)
+ROPE_STEP = "RoPE kernel"  # the worker step that builds and checks it (GPU only)
 PV_CHOICE_STEP = "P·V path timing"  # the worker step that times fp8 against int8 P·V (GPU only)
 ENV_NO_AUTOSETUP = "SAGETRITON_NO_AUTOSETUP"
 ENV_SETUP_DELAY = "SAGETRITON_SETUP_DELAY"  # seconds after start-up before the background self-test (default 10)
@@ -139,6 +140,12 @@ def worker_main(out_path: str, mode: str, show_progress: bool = True) -> int:
         if bar:
             bar.set_postfix_str(LONG_SEQUENCE_STEP)
         state["long_sequence_kernel"] = selftest.long_sequence_kernel(arch, device, dtype)
+    if mode == "gpu" and "rope_kernel" not in state:
+        state["current"] = ROPE_STEP
+        _write_json(path, state)
+        if bar:
+            bar.set_postfix_str(ROPE_STEP)
+        state["rope_kernel"] = selftest.rope_kernel(device, dtype)
     if mode == "gpu" and "pv_choice" not in state:
         state["current"] = PV_CHOICE_STEP
         _write_json(path, state)
@@ -317,6 +324,8 @@ def run_worker_stage(mode: str, out_path: Path, echo: bool = True, sdpa_default_
             state["crossover"] = {"seq_len": None, "error": f"speed measurement crashed: {how}"}
         elif current == LONG_SEQUENCE_STEP:
             state["long_sequence_kernel"] = {"ok": False, "error": f"crashed the process: {how}"}
+        elif current == ROPE_STEP:
+            state["rope_kernel"] = {"ok": False, "error": f"crashed the process: {how}"}
         elif current == PV_CHOICE_STEP:  # nothing chosen: the arch table's default stays
             state["pv_choice"] = None
         else:
@@ -417,6 +426,7 @@ def _run_setup_locked(report, key, d, mode, echo, safe, on_progress, quick) -> d
     report["disabled_variants"] = disabled_from(report["variants"])
     report["crossover"] = state.get("crossover")
     report["long_sequence_kernel"] = state.get("long_sequence_kernel")
+    report["rope_kernel"] = state.get("rope_kernel")
     report["pv_choice"] = state.get("pv_choice")
     if state.get("crashes"):
         report["worker_crashes"] = state["crashes"]

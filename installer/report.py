@@ -293,8 +293,9 @@ def report_problem(data, key: Optional[dict] = None) -> Optional[str]:
             return f"{field} is {_short(data[field])}, not true/false"
     if data.get("attempts") is not None and not _is_int(data["attempts"], 1):
         return f"attempts is {_short(data['attempts'])}, not a whole number >= 1"
-    if data.get("long_sequence_kernel") is not None and not isinstance(data["long_sequence_kernel"], dict):
-        return "long_sequence_kernel is not an object"
+    for field in ("long_sequence_kernel", "rope_kernel"):
+        if data.get(field) is not None and not isinstance(data[field], dict):
+            return f"{field} is not an object"
     problem = _pv_choice_problem(data.get("pv_choice"))
     return problem or _crossover_problem(data.get("crossover"))
 
@@ -502,6 +503,13 @@ def long_sequence_kernel_failed(arch: Optional[ArchInfo] = None) -> bool:
     """Whether the long-sequence kernel (``KernelConfig.shared_kv_min_len``) failed its self-test here.
     Running out of memory during the test says nothing about the kernel."""
     r = (current_report(arch) or {}).get("long_sequence_kernel") or {}
+    return r.get("ok") is False and not r.get("oom")
+
+
+def rope_kernel_failed(arch: Optional[ArchInfo] = None) -> bool:
+    """Whether the RoPE kernel (``kernels.rope``) failed its self-test here: the pack keeps ComfyUI's RoPE.
+    Running out of memory during the test says nothing about the kernel."""
+    r = (current_report(arch) or {}).get("rope_kernel") or {}
     return r.get("ok") is False and not r.get("oom")
 
 

@@ -159,6 +159,50 @@ def format_long_sequence_kernel(r: Optional[dict]) -> Optional[str]:
             f"({(r.get('error') or '?')[:160]})")
 
 
+def rope_kernel(device, dtype) -> Optional[dict]:
+    """Build the RoPE kernel (``kernels.rope``) and check that it gives ComfyUI's bits: Flux's q and k in one
+    launch with both of ComfyUI's roundings, and Wan's strided (B, L, H, D) layout. A failure turns the
+    pack's RoPE off (ComfyUI's own runs), nothing else. GPU only: the interpreter rounds differently.
+    Never raises."""
+    return check_rope_kernel(device, dtype) if getattr(device, "type", None) == "cuda" else None
+
+
+def check_rope_kernel(device, dtype) -> dict:
+    """``rope_kernel``'s check on ``device``, whatever it is. Never raises."""
+    import torch
+
+    from ..kernels import reference, rope
+
+    t0 = time.perf_counter()
+    wrong = []
+    try:
+        g = torch.Generator(device="cpu").manual_seed(0)
+        q, k = (3 * torch.randn(1, 3, 301, 128, generator=g).to(device=device, dtype=dtype) for _ in range(2))
+        freqs = reference.rope_matrices(301, 64, device=device)
+        for fma in (False, True):
+            rq, rk = rope.apply(q, freqs, k, fma=fma)
+            if not (torch.equal(rq, reference.rope(q, freqs, fma)) and torch.equal(rk, reference.rope(k, freqs, fma))):
+                wrong.append("q and k, " + ("addcmul_" if fma else "a * b + c * d"))
+        x, wan = q.transpose(1, 2), freqs.movedim(1, 2)
+        if not torch.equal(rope.apply(x, wan, fma=True), reference.rope(x, wan, True)):
+            wrong.append("Wan's layout")
+    except Exception as e:  # noqa: BLE001 - reported, and the runtime keeps ComfyUI's RoPE
+        return {"ok": False, "error": _short_error(e), "oom": is_oom(e),
+                "seconds": round(time.perf_counter() - t0, 2)}
+    result = {"ok": not wrong, "seconds": round(time.perf_counter() - t0, 2)}
+    if wrong:
+        result["error"] = "not ComfyUI's bits: " + ", ".join(wrong)
+    return result
+
+
+def format_rope_kernel(r: Optional[dict]) -> Optional[str]:
+    if not r:
+        return None
+    if r.get("ok"):
+        return "RoPE kernel (Flux, Chroma, HiDream, Wan): ok, ComfyUI's bits"
+    return f"RoPE kernel: OFF, ComfyUI's own RoPE runs ({(r.get('error') or '?')[:160]})"
+
+
 def is_oom(e: BaseException) -> bool:
     """Out of GPU memory (another program, or ComfyUI sampling next to the first-start self-test): says nothing
     about the kernel, so the variant is not turned off for it."""

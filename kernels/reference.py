@@ -17,7 +17,8 @@ from .arch import FP8_MAX, KernelConfig
 from .footprint import head_dim_padded
 from .rotation import ROTATION_BLOCK, hadamard_block
 
-__all__ = ["cosine", "rel_l1", "exact_attention", "quantized_reference", "hadamard_block", "k_mean"]
+__all__ = ["cosine", "rel_l1", "exact_attention", "quantized_reference", "hadamard_block", "k_mean", "rope",
+           "rope_matrices"]
 
 _FP8 = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
 INT8_SHIFT_FLOOR = 20.0  # attention.INT8_SHIFT_FLOOR
@@ -206,3 +207,23 @@ def quantized_reference(q, k, v, cfg: KernelConfig, layout="HND", is_causal=Fals
     if smooth_k:
         lse = lse + (qh * _expand_kv(km, H)).sum(-1) * scale
     return to_bhld(out.to(q.dtype), layout), lse
+
+
+def rope_matrices(length: int, half: int, batch: int = 1, device="cpu", seed: int = 0) -> torch.Tensor:
+    """(batch, 1, length, half, 2, 2) fp32 rotation matrices [[cos, -sin], [sin, cos]] as ComfyUI's
+    ``rope`` builds them, for seeded random integer positions."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    pos = torch.randint(0, 128, (batch, length, 1), generator=g).double()
+    angle = (pos * (1.0 / 10000 ** (torch.arange(half, dtype=torch.float64) / half))).float()
+    m = torch.stack([angle.cos(), -angle.sin(), angle.sin(), angle.cos()], dim=-1)
+    return m.reshape(batch, 1, length, half, 2, 2).to(device)
+
+
+def rope(x: torch.Tensor, freqs: torch.Tensor, fma: bool = False) -> torch.Tensor:
+    """ComfyUI's RoPE in torch (``kernels.rope`` computes the same bits): each pair (x[2i], x[2i+1]) times
+    its 2x2 matrix in fp32, rounded to x's dtype. ``fma``: the second product added as ``addcmul_`` adds it
+    (``apply_rope1``, ComfyUI 0.3.75 on), else ``a * b + c * d`` (the RoPE 0.3.64's ``attention`` inlines)."""
+    x_ = x.to(freqs.dtype).reshape(*x.shape[:-1], -1, 1, 2)
+    first = freqs[..., 0] * x_[..., 0]
+    out = first.addcmul_(freqs[..., 1], x_[..., 1]) if fma else first + freqs[..., 1] * x_[..., 1]
+    return out.reshape(*x.shape).type_as(x)

@@ -153,6 +153,16 @@ def test_long_sequence_kernel_verdict(rep, rdna4, monkeypatch, entry, failed):
     assert rep.long_sequence_kernel_failed(rdna4) is failed
 
 
+@pytest.mark.parametrize("entry, failed", [(None, False), ({"ok": True}, False),
+                                           ({"ok": False, "error": "not ComfyUI's bits: Wan's layout"}, True),
+                                           ({"ok": False, "error": "out of memory", "oom": True}, False)])
+def test_rope_kernel_verdict(rep, rdna4, monkeypatch, entry, failed):
+    r = _report(rep, rdna4, rope_kernel=entry)
+    rep.save_report(r)
+    monkeypatch.setattr(rep, "report_key", lambda arch, *a: r["key"])
+    assert rep.rope_kernel_failed(rdna4) is failed
+
+
 def test_measured_pv_choice_replaces_the_table_default_only_when_auto(rep, monkeypatch):
     """install.py timed int8 P·V faster than fp8 at head_dim 128 on this (simulated) Hopper: an
     unconfigured node runs int8 there and says why; an explicit choice, a failed int8 variant or

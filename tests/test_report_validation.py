@@ -38,6 +38,7 @@ BROKEN = {
     "pv_choice_ms_text": lambda k: json.dumps(_body(k, pv_choice={"by_head_dim": {"128": {"choice": "fp8",
                                                                                        "ms": {"fp8": "1"}}}})),
     "pv_choice_list": lambda k: json.dumps(_body(k, pv_choice=["int8"])),
+    "rope_kernel_text": lambda k: json.dumps(_body(k, rope_kernel="ok")),
     "array": lambda k: "[]",
     "null": lambda k: "null",
     "string": lambda k: '"report"',
@@ -77,7 +78,7 @@ def test_broken_report_is_no_report_for_every_reader(rep, case):
     assert rep.current_report(CPU_ARCH) is None and rep.current_report_problem(CPU_ARCH)
     ir = InstallReport()  # the dispatcher's view: table answers
     assert ir.crossover(CPU_ARCH, KernelConfig()) is None and ir.variant_failed(CPU_ARCH, KernelConfig()) is False
-    assert ir.pv_choice(CPU_ARCH, 128) is None
+    assert ir.pv_choice(CPU_ARCH, 128) is None and ir.rope_kernel_failed(CPU_ARCH) is False
     p = _strict(_dumps(status_payload("cpu")))  # what the route sends
     assert p["report"]["found"] is False and p["report"]["invalid"], p["report"]
     assert p["crossover"] is None and p["disabled_variants"] == []

@@ -186,3 +186,20 @@ def test_compiled_rope_rounds_as_comfyui_and_moves_whole_rows():
     for build, facts in found.items():
         assert (facts["fma"] > 0) == build.endswith("_fma"), (build, facts)
         assert facts["memory"] > 0 and facts["vector"] == facts["memory"], (build, facts)
+
+
+def test_a_self_test_failure_keeps_comfyuis_rope(tiny, rope_calls):
+    """install.py found the RoPE kernel wrong on this GPU: patched models keep ComfyUI's RoPE."""
+    from sagetriton.nodes.config.install_report import NoReport
+
+    class RopeFailed(NoReport):
+        def rope_kernel_failed(self, arch):
+            return True
+
+    t = tiny("flux")
+    reference = sample(t)
+    before = rope_calls()
+    assert torch.equal(sample(t, patch_model(t.patcher, COMFY_ATTENTION, report=RopeFailed())), reference)
+    assert rope_calls() == before
+    sample(t, patch_model(t.patcher, COMFY_ATTENTION, report=NoReport()))
+    assert rope_calls() > before

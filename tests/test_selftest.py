@@ -162,3 +162,37 @@ def test_a_failed_second_timing_keeps_the_first(st):
     timings = [_row(4608, 0.69, 0.79), _row(6144, 1.91, 1.35), {"seq_len": 8192, "error": "x"}, _row(16384, 1.5, 9.0)]
     st.retime_implausible(timings, fails)
     assert timings[1]["kernel_ms"] == 1.91 and "retimed" not in timings[1]
+
+
+def test_rope_kernel_check_reports_wrong_bits_and_build_errors(st, monkeypatch):
+    """install.py builds the RoPE kernel and compares its bits with ComfyUI's RoPE (``reference.rope``);
+    wrong bits or a build error turn the pack's RoPE off in the report. Here on the CPU, with kernels
+    standing in for the real one (the interpreter's roundings differ from a GPU's; gpu_check compares the
+    real kernel's bits on the GPU)."""
+    from sagetriton.kernels import reference, rope
+
+    assert st.rope_kernel(torch.device("cpu"), torch.float16) is None  # GPU only
+    assert st.format_rope_kernel(None) is None
+    cpu = torch.device("cpu")
+
+    def exact(x, freqs, y=None, fma=False):
+        out = reference.rope(x, freqs, fma)
+        return (out, reference.rope(y, freqs, fma)) if y is not None else out
+
+    monkeypatch.setattr(rope, "apply", exact)
+    ok = st.check_rope_kernel(cpu, torch.float16)
+    assert ok["ok"] is True and "error" not in ok
+    assert "ok, ComfyUI's bits" in st.format_rope_kernel(ok)
+
+    monkeypatch.setattr(rope, "apply", lambda x, freqs, y=None, fma=False: exact(x, freqs, y, not fma))
+    wrong = st.check_rope_kernel(cpu, torch.float16)
+    assert wrong["ok"] is False and wrong["error"].startswith("not ComfyUI's bits: q and k")
+    assert "OFF, ComfyUI's own RoPE runs" in st.format_rope_kernel(wrong)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("PassManager::run failed")
+
+    monkeypatch.setattr(rope, "apply", broken)
+    failed = st.check_rope_kernel(cpu, torch.float16)
+    assert failed["ok"] is False and "PassManager::run failed" in failed["error"] and failed["oom"] is False
+

@@ -27,6 +27,9 @@ class NoReport:
     def long_sequence_kernel_failed(self, arch: ArchInfo) -> bool:
         return False
 
+    def rope_kernel_failed(self, arch: ArchInfo) -> bool:
+        return False
+
     def refresh(self) -> None:
         """Look again for a report replaced or deleted since it was read (once per sampling run)."""
 
@@ -71,6 +74,9 @@ class InstallReport(NoReport):
 
     def long_sequence_kernel_failed(self, arch):
         return bool(_safely(report.long_sequence_kernel_failed, arch))
+
+    def rope_kernel_failed(self, arch):
+        return bool(_safely(report.rope_kernel_failed, arch))
 
     def refresh(self) -> None:
         _safely(report.check_for_changes)

@@ -6,7 +6,8 @@ and the same functions imported by name into other model modules (Flux, Chroma, 
 are wrapped once per process. A wrapper does something only while a patched model's forward runs on this
 thread (``make_apply_model_wrapper``), and only for inputs the kernel takes; then it computes ComfyUI's fp32
 math in one launch instead of five eager passes. Any other call, another model's, a forward redone by the
-non-finite guard, or a call after the kernel failed once, goes to ComfyUI's function with its own arguments.
+non-finite guard, a call after the kernel failed once or where install.py's self-test failed it, goes to
+ComfyUI's function with its own arguments.
 """
 from __future__ import annotations
 
@@ -51,6 +52,8 @@ def _rope(x, freqs, y=None, fma=True):
         from ...kernels import rope  # imports Triton
 
         if any(rope.unsupported(t, freqs) for t in ((x,) if y is None else (x, y))):
+            return None
+        if state.report.rope_kernel_failed(state.arch_for(x.device)):  # install.py's self-test: wrong here
             return None
         out = rope.apply(x, freqs, y, fma=fma)
     except Exception as exc:  # a build or launch failure must not end the run: ComfyUI's RoPE from now on
