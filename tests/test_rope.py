@@ -188,6 +188,22 @@ def test_compiled_rope_rounds_as_comfyui_and_moves_whole_rows():
         assert facts["memory"] > 0 and facts["vector"] == facts["memory"], (build, facts)
 
 
+def test_running_out_of_memory_once_does_not_turn_the_kernel_off(tiny, monkeypatch, rope_calls):
+    t = tiny("flux")
+    real, failures = rope.apply, []
+
+    def out_of_memory_once(*args, **kwargs):
+        if not failures:
+            failures.append(1)
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rope, "apply", out_of_memory_once)
+    before = rope_calls()
+    sample(t, patch_model(t.patcher, COMFY_ATTENTION))
+    assert failures and rope_hooks._failed is None and rope_calls() > before
+
+
 def test_a_self_test_failure_keeps_comfyuis_rope(tiny, rope_calls):
     """install.py found the RoPE kernel wrong on this GPU: patched models keep ComfyUI's RoPE."""
     from sagetriton.nodes.config.install_report import NoReport

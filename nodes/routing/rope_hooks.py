@@ -21,6 +21,7 @@ from typing import Optional
 
 import torch
 
+from ...installer.selftest import is_oom
 from ...kernels.log import logger
 from .dispatch import PatchState
 
@@ -57,6 +58,9 @@ def _rope(x, freqs, y=None, fma=True):
             return None
         out = rope.apply(x, freqs, y, fma=fma)
     except Exception as exc:  # a build or launch failure must not end the run: ComfyUI's RoPE from now on
+        if is_oom(exc):  # says nothing about the kernel: ComfyUI's RoPE this once
+            logger.debug("[SageTriton] RoPE kernel out of memory; ComfyUI's RoPE for this call")
+            return None
         _failed = f"{type(exc).__name__}: {exc}"
         logger.warning("[SageTriton] the RoPE kernel failed (%s); ComfyUI's own RoPE runs from now on. "
                        "`python install.py` in the SageTriton folder shows what the GPU's Triton build lacks.",
