@@ -560,7 +560,8 @@ def test_panel_text_for_each_route_shape(driver):
         "  composed: m.runLines({kernel: 2, fallback: {}, backend: 'SDPA', replaced: 'comfy_kitchen_int8, set per"
         " model (Model Attention Backend node)', fallback_backend: 'PyTorch SDPA (Sage Settings fallback=sdpa)'}),"
         "  global: m.runLines({kernel: 1, fallback: {}, backend: 'SageTriton', replaced: 'g',"
-        "   fallback_backend: 'g'})});"
+        "   fallback_backend: 'g'}),"
+        "  rope: m.runLines({kernel: 57, fallback: {}, rope: 57})});"
         "}, e => done({error: String(e)}));")
     assert "error" not in out, out
     assert out["keyed"] == ["SageTriton · sm86 · ampere_consumer · NVIDIA",
@@ -581,6 +582,7 @@ def test_panel_text_for_each_route_shape(driver):
                                "took over from comfy_kitchen_int8, set per model (Model Attention Backend node) · "
                                "fallbacks on PyTorch SDPA (Sage Settings fallback=sdpa)"]
     assert out["global"] == ["last run: 1 kernel · 0 fallback", "fallbacks run on g"]
+    assert out["rope"] == ["last run: 57 kernel · 0 fallback", "RoPE: 57 calls on SageTriton's kernel"]
 
 
 # Test code only: turn Vue nodes on (or off), load an example, and read back each node's box on the page

@@ -15,6 +15,7 @@ from compile_child import compile_in_child
 from sagetriton.kernels import rope
 from sagetriton.nodes.config.settings import SageSettings
 from sagetriton.nodes.patching import patch_model
+from sagetriton.nodes.reporting import stats
 from sagetriton.nodes.routing import rope_hooks
 from tiny_models import sample
 
@@ -113,6 +114,8 @@ def test_patched_forwards_rotate_in_the_kernel_and_others_do_not(family, tiny, r
     out = sample(t, patched)
     during = rope_calls() - before
     assert during > 0
+    run = stats.last_run()  # the run summary counts them, and says so
+    assert run["rope"] == during and f"RoPE: {during} calls on SageTriton's kernel" in run["text"]
     assert torch.equal(sample(t), reference)  # ...and do nothing for the unpatched model
     assert rope_calls() - before == during
     # Every attention call on ComfyUI's attention: at most the RoPE's last-bit roundings (module docstring) differ.
@@ -121,6 +124,7 @@ def test_patched_forwards_rotate_in_the_kernel_and_others_do_not(family, tiny, r
     off = patch_model(t.patcher, COMFY_ATTENTION.replace(fast_rope=False))
     assert torch.equal(sample(t, off), reference)
     assert rope_calls() - before == during
+    assert stats.last_run()["rope"] == 0 and "RoPE" not in stats.last_run()["text"]
 
 
 def test_install_wraps_once_and_only_comfyuis_functions(tiny):

@@ -39,6 +39,7 @@ def build_summary(state: PatchState, run: RunTally) -> dict:
         "fallback": dict(run.fallback.most_common()),
         "fallback_total": run.fallback_total,
         "passed_through": run.passed_through,
+        "rope": run.rope,
         "arch": arch.arch if arch is not None else None,
         "config": cfg.as_dict() if cfg is not None else None,
         "config_text": describe_plan(plan),
@@ -92,6 +93,8 @@ def format_summary(summary: dict) -> str:
         text += f" ({reasons})"
     if summary.get("passed_through"):
         text += f"; {passed_through_text(summary)}"
+    if summary.get("rope"):
+        text += f"; RoPE: {summary['rope']} calls on SageTriton's kernel"
     if backend == "SageTriton":  # the kernel config says nothing about another backend's calls
         text += f"; {summary['config_text']}"
     if summary.get("replaced"):

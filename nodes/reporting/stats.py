@@ -133,6 +133,7 @@ class RunTally:
         self.kernel = 0
         self.fallback: Counter = Counter()
         self.passed_through = 0  # forwards run without the override (``forward_plan``); their calls in ``fallback``
+        self.rope = 0  # RoPE calls on the pack's kernel (``routing.rope_hooks``)
 
     def summary(self) -> dict:
         return {"kernel": self.kernel, "fallback": dict(self.fallback.most_common())}

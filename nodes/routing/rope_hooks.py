@@ -66,6 +66,9 @@ def _rope(x, freqs, y=None, fma=True):
                        "`python install.py` in the SageTriton folder shows what the GPU's Triton build lacks.",
                        _failed.splitlines()[0][:300])
         return None
+    run = state.run
+    if run is not None:
+        run.rope += 1
     with _lock:
         if not _calls:
             logger.info("[SageTriton] RoPE of patched models runs in SageTriton's kernel (ComfyUI's fp32 math, "
