@@ -499,18 +499,21 @@ def sdpa_default_safe(arch: Optional[ArchInfo] = None) -> Optional[bool]:
     return (r or {}).get("sdpa_default_safe")
 
 
-def long_sequence_kernel_failed(arch: Optional[ArchInfo] = None) -> bool:
-    """Whether the long-sequence kernel (``KernelConfig.shared_kv_min_len``) failed its self-test here.
-    Running out of memory during the test says nothing about the kernel."""
-    r = (current_report(arch) or {}).get("long_sequence_kernel") or {}
+def _kernel_check_failed(field: str, arch: Optional[ArchInfo]) -> bool:
+    """Whether the kernel install.py checked on its own under ``field`` failed that check here. Running out
+    of memory during the check says nothing about the kernel."""
+    r = (current_report(arch) or {}).get(field) or {}
     return r.get("ok") is False and not r.get("oom")
+
+
+def long_sequence_kernel_failed(arch: Optional[ArchInfo] = None) -> bool:
+    """Whether the long-sequence kernel (``KernelConfig.shared_kv_min_len``) failed its self-test here."""
+    return _kernel_check_failed("long_sequence_kernel", arch)
 
 
 def rope_kernel_failed(arch: Optional[ArchInfo] = None) -> bool:
-    """Whether the RoPE kernel (``kernels.rope``) failed its self-test here: the pack keeps ComfyUI's RoPE.
-    Running out of memory during the test says nothing about the kernel."""
-    r = (current_report(arch) or {}).get("rope_kernel") or {}
-    return r.get("ok") is False and not r.get("oom")
+    """Whether the RoPE kernel (``kernels.rope``) failed its self-test here: the pack keeps ComfyUI's RoPE."""
+    return _kernel_check_failed("rope_kernel", arch)
 
 
 def is_variant_disabled(cfg, arch: Optional[ArchInfo] = None) -> bool:

@@ -54,8 +54,6 @@ def _rope(x, freqs, y=None, fma=True):
 
         if any(rope.unsupported(t, freqs) for t in ((x,) if y is None else (x, y))):
             return None
-        if state.report.rope_kernel_failed(state.arch_for(x.device)):  # install.py's self-test: wrong here
-            return None
         out = rope.apply(x, freqs, y, fma=fma)
     except Exception as exc:  # a build or launch failure must not end the run: ComfyUI's RoPE from now on
         if is_oom(exc):  # says nothing about the kernel: ComfyUI's RoPE this once
@@ -143,8 +141,12 @@ def install() -> list[str]:
 
 
 def make_apply_model_wrapper(state: PatchState) -> Callable:
-    """Marks this thread's forward as the patched model's, for the wrapped RoPE functions."""
+    """Marks this thread's forward as the patched model's, for the wrapped RoPE functions, unless install.py's
+    self-test found the kernel wrong on the input's GPU (asked once per forward, not per RoPE call)."""
     def sagetriton_rope(executor, *args, **kwargs):
+        x = args[0] if args else None
+        if isinstance(x, torch.Tensor) and state.report.rope_kernel_failed(state.arch_for(x.device)):
+            return executor(*args, **kwargs)
         token = _forward.set(state)
         try:
             return executor(*args, **kwargs)
