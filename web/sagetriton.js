@@ -154,6 +154,7 @@ function refreshAll() {
 
 let refreshTimer = null;
 let promptEnded = false; // a prompt finished: every Patch node's run is on the server by now
+let afterRunChain = Promise.resolve(); // one afterRun at a time, in order
 function refreshAtPromptEnd() {
   promptEnded = true;
   refreshSoon();
@@ -161,19 +162,23 @@ function refreshAtPromptEnd() {
 function refreshSoon() {
   // Several events arrive per prompt (run events, success): one status fetch for all of them.
   clearTimeout(refreshTimer);
-  refreshTimer = setTimeout(afterRun, 150);
+  refreshTimer = setTimeout(() => {
+    afterRunChain = afterRunChain.then(afterRun, afterRun);
+  }, 150);
 }
 
 async function afterRun() {
-  await fetchStatus();
+  // Taken before the fetch: a prompt that ends while it is in flight gets a fetch of its own, so a
+  // status read before the last run was recorded never forgets the nodes still waiting for it.
+  const ended = promptEnded;
+  promptEnded = false;
+  const waiting = [...ranPatchNodes];
+  const fresh = await fetchStatus();
   // A node shows its own run: the one the server recorded under its id, once its summary came to
   // this tab (the run event goes only to the tab that queued the prompt).
-  for (const node of ranPatchNodes) node.sageRun = status?.runs_by_node?.[String(node.id)] ?? node.sageRun;
+  for (const node of waiting) node.sageRun = fresh?.runs_by_node?.[String(node.id)] ?? node.sageRun;
   // A run event can come before the server has recorded that run: keep the nodes until the prompt ends.
-  if (promptEnded) {
-    ranPatchNodes.clear();
-    promptEnded = false;
-  }
+  if (ended) for (const node of waiting) ranPatchNodes.delete(node);
   refreshAll();
   // Downgraded settings ("fp8 → fp16 on this GPU") are said once, visibly.
   for (const note of status?.last_run?.notes ?? []) {
