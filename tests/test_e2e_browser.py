@@ -395,19 +395,54 @@ RUN_LINE = ("const w = app.graph.getNodeById(arguments[0]).widgets.find(w => w.n
             "return w.lines.find(l => l.startsWith('last run: '))")
 
 
-def test_each_patch_node_shows_its_own_run(driver, sage_server):  # noqa: F811
+# Test code only: /sage/status answers to requests made before the prompt ended arrive only after it
+# ended, without the given node's run: as if read before the server recorded that run.
+LATE_STATUS = """
+const [lateId] = arguments;
+const done = arguments[arguments.length - 1];
+import('/scripts/api.js').then(({api}) => {
+  const own = api.fetchApi;
+  let ended = false, release;
+  const endedP = new Promise(r => { release = r; });
+  api.addEventListener('execution_success', () => { ended = true; setTimeout(release, 50); });
+  window.__sageRestoreFetch = () => { api.fetchApi = own; };
+  api.fetchApi = async function (route, options) {
+    if (ended || !String(route).startsWith('/sage/status')) return own.call(this, route, options);
+    const body = await (await own.call(this, route, options)).json();
+    if (body?.runs_by_node) delete body.runs_by_node[String(lateId)];
+    await endedP;
+    return new Response(JSON.stringify(body), {status: 200, headers: {'Content-Type': 'application/json'}});
+  };
+  done(true);
+});
+"""
+
+
+@pytest.mark.parametrize("late_status", [False, True], ids=["in_order", "late_status_answer"])
+def test_each_patch_node_shows_its_own_run(driver, sage_server, late_status):  # noqa: F811
     """Two Patch nodes in one graph (1 and 2 sampling steps) each show their own counts, and a fresh
-    node shows none, though the server has run other prompts before."""
+    node shows none, though the server has run other prompts before. ``late_status_answer``: a status
+    answer read before the second node's run was recorded, arriving after the prompt ended, does not
+    leave that node without its run."""
     ids = driver.execute_script(TWO_PATCH_GRAPH, TINY_MODEL, random.randrange(2**31))
     assert [driver.execute_script(RUN_LINE, i) for i in ids] == ["last run: none yet"] * 2
+    if late_status:
+        driver.execute_async_script(LATE_STATUS, ids[1])
+    try:
+        _run_two_patch_graph(driver, sage_server, ids)
+    finally:
+        driver.execute_script("window.__sageRestoreFetch?.(); window.__sageRestoreFetch = undefined;")
+
+
+def _run_two_patch_graph(driver, server, ids):
     driver.execute_async_script(
         "const done = arguments[arguments.length - 1]; window.__sageRun = null;"
         "import('/scripts/api.js').then(({api}) => {"
         " api.addEventListener('execution_success', () => { window.__sageRun = 'success'; });"
         " api.addEventListener('execution_error', e => { window.__sageRun = 'error: ' + JSON.stringify(e.detail); });"
         " app.queuePrompt(0, 1).then(() => done(true)); });")
-    assert _wait(driver, "return window.__sageRun", 180, "the prompt to finish") == "success", sage_server.log_tail()
-    _, status = sage_server.get("/sage/status")
+    assert _wait(driver, "return window.__sageRun", 180, "the prompt to finish") == "success", server.log_tail()
+    _, status = server.get("/sage/status")
     runs = [status["runs_by_node"][str(i)] for i in ids]
     expected = [f"last run: {r['kernel']} kernel · {sum(r['fallback'].values())} fallback" for r in runs]
     assert expected[0] != expected[1], runs  # 1 step vs 2 steps: different counts

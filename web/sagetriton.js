@@ -181,13 +181,13 @@ async function afterRun() {
   if (ended) for (const node of waiting) ranPatchNodes.delete(node);
   refreshAll();
   // Downgraded settings ("fp8 → fp16 on this GPU") are said once, visibly.
-  for (const note of status?.last_run?.notes ?? []) {
+  for (const note of fresh?.last_run?.notes ?? []) {
     if (warnedReasons.has(note)) continue;
     warnedReasons.add(note);
     toast("info", "SageTriton settings adjusted", note);
   }
   // Kernel failures are worth interrupting the user for; ordinary fallbacks are shown on the node.
-  for (const reason of Object.keys(status?.last_run?.fallback ?? {})) {
+  for (const reason of Object.keys(fresh?.last_run?.fallback ?? {})) {
     if (!/error|fail|compile/i.test(reason) || warnedReasons.has(reason)) continue;
     warnedReasons.add(reason);
     toast("warn", "SageTriton fell back", `Attention fell back to ComfyUI's: ${reason}. See the server log.`);
