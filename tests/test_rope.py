@@ -6,6 +6,7 @@ step of their dtype here, and gpu_check compares bits on the GPU. The rest must 
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 
@@ -223,3 +224,47 @@ def test_a_self_test_failure_keeps_comfyuis_rope(tiny, rope_calls):
     assert rope_calls() == before
     sample(t, patch_model(t.patcher, COMFY_ATTENTION, report=NoReport()))
     assert rope_calls() > before
+
+
+def in_patched_forward(fn):
+    """``fn()`` as a patched model's forward runs it: inside the APPLY_MODEL wrapper ``patch_model`` adds."""
+    from sagetriton.nodes.routing.dispatch import PatchState
+
+    wrapper = rope_hooks.make_apply_model_wrapper(PatchState(COMFY_ATTENTION))
+    return wrapper(lambda _x: fn(), torch.zeros(1))
+
+
+def test_longer_freqs_are_cut_to_the_input_as_comfyui_cuts_them(tiny, rope_calls):
+    """Flux.2 on current ComfyUI hands ``apply_rope1`` more positions than the input has; ComfyUI uses the
+    first ones, and so does the kernel instead of leaving the call to ComfyUI."""
+    from sagetriton.kernels import reference
+
+    tiny("flux")
+    rope_hooks.install()
+    x, freqs = torch.randn(1, 2, 8, 16).half(), flux_freqs(11)
+    before = rope_calls()
+    out = in_patched_forward(lambda: comfy_math().apply_rope1(x, freqs))
+    assert rope_calls() == before + 1
+    assert_rope_equal(out, reference.rope(x, freqs[:, :, :8], fma=True), exact=False)
+
+
+def test_queries_and_keys_of_other_lengths_each_get_their_own_positions(tiny, rope_calls):
+    """Keys longer than the queries (a cache of keys): each rotated with its own first positions, and a key
+    longer than the positions goes to ComfyUI without turning the kernel off."""
+    from sagetriton.kernels import reference
+
+    tiny("flux")
+    rope_hooks.install()
+    q, k, freqs = torch.randn(1, 2, 8, 16).half(), torch.randn(1, 2, 12, 16).half(), flux_freqs(12)
+    before = rope_calls()
+    oq, ok = in_patched_forward(lambda: comfy_math().apply_rope(q, k, freqs))
+    assert rope_calls() == before + 1
+    assert_rope_equal(oq, reference.rope(q, freqs[:, :, :8], fma=True), exact=False)
+    assert_rope_equal(ok, reference.rope(k, freqs, fma=True), exact=False)
+
+    with contextlib.suppress(RuntimeError):  # ComfyUI's own RoPE cannot broadcast 8 positions to 12 keys
+        in_patched_forward(lambda: comfy_math().apply_rope(q, k, freqs[:, :, :8]))
+    assert rope_hooks._failed is None
+    after = rope_calls()
+    in_patched_forward(lambda: comfy_math().apply_rope(q, k, freqs))
+    assert rope_calls() == after + 1

@@ -42,6 +42,15 @@ def calls() -> int:
     return _calls
 
 
+def _freqs_for(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """``freqs`` cut to ``x``'s positions where it holds more, as ComfyUI's ``apply_rope1`` cuts them since
+    after 0.3.75 (Flux.2 hands longer ones); older versions would stop on such a call instead."""
+    if not isinstance(x, torch.Tensor) or not isinstance(freqs, torch.Tensor) or x.dim() < 3 or freqs.dim() < 3:
+        return freqs
+    n = (*x.shape[:-1], x.shape[-1] // 2)[2]  # dim 2 of x viewed as pairs: the sequence for (B, H, S, D)
+    return freqs[:, :, :n] if n != 1 and freqs.shape[2] not in (1, n) else freqs
+
+
 def _rope(x, freqs, y=None, fma=True):
     """The kernel's RoPE of ``x`` (and ``y``), or None where ComfyUI's function should run. ``fma``: see
     ``kernels.rope.apply`` (ComfyUI's ``apply_rope1`` rounds that way)."""
@@ -49,12 +58,18 @@ def _rope(x, freqs, y=None, fma=True):
     state = _forward.get()
     if state is None or _failed is not None or getattr(state.redo, "reason", None) is not None:
         return None
+    pairs = [(t, _freqs_for(t, freqs)) for t in ((x,) if y is None else (x, y))]
     try:
         from ...kernels import rope  # imports Triton
 
-        if any(rope.unsupported(t, freqs) for t in ((x,) if y is None else (x, y))):
+        if any(rope.unsupported(t, f) for t, f in pairs):
             return None
-        out = rope.apply(x, freqs, y, fma=fma)
+        if y is None:
+            out = rope.apply(x, pairs[0][1], fma=fma)
+        elif y.shape == x.shape and y.device == x.device:
+            out = rope.apply(x, pairs[0][1], y, fma=fma)  # one launch for both
+        else:  # q and k of other lengths (a cache of keys): each with its own positions
+            out = tuple(rope.apply(t, f, fma=fma) for t, f in pairs)
     except Exception as exc:  # a build or launch failure must not end the run: ComfyUI's RoPE from now on
         if is_oom(exc):  # says nothing about the kernel: ComfyUI's RoPE this once
             logger.debug("[SageTriton] RoPE kernel out of memory; ComfyUI's RoPE for this call")
