@@ -513,6 +513,13 @@ def rope_cases() -> list:
     x, f = qkv_[:, :, 0], ref.rope_matrices(3000, 64, device="cuda").movedim(1, 2)
     same = torch.equal(rope.apply(x, f, fma=True), ref.rope(x, f, True))
     print(f"{'ok ' if same else 'BAD'} {'rope: Wan strided (B, L, H, D) fp16, fma':60s} same bits={same}", flush=True)
+    results.append(same)
+    # Longer matrices cut to the input (a view, as the RoPE hook passes Flux.2's on current ComfyUI).
+    q = torch.randn(1, 24, 4096, 128, device="cuda", dtype=torch.bfloat16)
+    f = ref.rope_matrices(4608, 64, device="cuda")[:, :, :4096]
+    same = torch.equal(rope.apply(q, f, fma=True), ref.rope(q, f, True))
+    print(f"{'ok ' if same else 'BAD'} {'rope: longer matrices cut to the input, bf16, fma':60s} same bits={same}",
+          flush=True)
     return results + [same]
 
 
