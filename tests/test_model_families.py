@@ -38,15 +38,17 @@ def comfyui_version() -> str:
 # The ComfyUI model class each family is built through.
 MODEL_CLASSES = {"qwen_image": "QwenImage", "ltxv": "LTXV", "wan22_5b": "WAN22_T2V", "wan22_14b_experts": "WAN21_T2V",
                  "chroma": "Chroma", "flux_kontext": "Flux", "sd35": "SD3", "aura_flow": "AuraFlow",
-                 "sd15_real_heads": "SD15"}
+                 "sd15_real_heads": "SD15", "flux2": "Flux2", "z_image": "ZImage"}
+# The first ComfyUI tested here that has the class (0.3.64 has the others).
+NEWER = {"Flux2": "0.3.75", "ZImage": "0.3.75"}
 
 
 def build(family: str):
     import comfy.supported_models
 
     needed = MODEL_CLASSES[family]
-    if not hasattr(comfy.supported_models, needed):  # 0.3.64 has them all
-        pytest.skip(f"ComfyUI {comfyui_version()} has no {needed} model class; 0.3.64 has it")
+    if not hasattr(comfy.supported_models, needed):
+        pytest.skip(f"ComfyUI {comfyui_version()} has no {needed} model class; {NEWER.get(needed, '0.3.64')} has it")
     return getattr(tiny_models, f"tiny_{family}")()
 
 
@@ -74,7 +76,12 @@ FAMILIES = {
     "flux_kontext": ({128}, {40}),  # 8 text + 16 image + 16 reference-latent tokens
     "sd35": ({64}, {24, 16}),  # joint attention, and MMDiT-X's extra self-attention on the image tokens
     "aura_flow": ({256}, {32}),  # 8 register + 8 text + 16 image tokens
+    "flux2": ({128}, {528}),  # ComfyUI pads Flux.2's text to 512 tokens; 16 image tokens (patch size 1)
+    "z_image": ({128}, {32, 64}),  # the refiners on text and on image tokens, each padded to 32; then both
 }
+
+# Families whose every attention call follows a RoPE through comfy.ldm.flux.math (on every ComfyUI that has them).
+ROPE_EVERY_CALL = {"flux2", "z_image"}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -92,6 +99,8 @@ def test_family_samples_like_the_unpatched_model(family, monkeypatch, pack):
     assert_close(out, reference, family, spy.bounds)
     if t.masks:  # the mask reached the kernel and matters there
         assert spy.masked and any(c.mask_effect > 0 for c in checked)
+    if family in ROPE_EVERY_CALL:  # ComfyUI's RoPE before each attention call ran in the pack's kernel
+        assert run["rope"] == len(checked), run["text"]
 
 
 GPUS = {"sm90": SimpleNamespace(name="NVIDIA H200", major=9, minor=0),

@@ -253,6 +253,30 @@ def tiny_flux_kontext(dtype=torch.bfloat16, seed=0) -> TinyModel:
                      cfg=1.0, notes={"reference": reference})
 
 
+def tiny_flux2(dtype=torch.bfloat16, seed=0) -> TinyModel:
+    """Flux.2: global modulation, four RoPE axes of 32, no biases, the 128-channel latent at patch size 1."""
+    cfg = dict(image_model="flux2", in_channels=128, out_channels=128, vec_in_dim=None, context_in_dim=TEXT_DIM,
+               hidden_size=128, mlp_ratio=3.0, num_heads=1, depth=1, depth_single_blocks=1, axes_dim=[32, 32, 32, 32],
+               theta=2000, patch_size=1, qkv_bias=False, guidance_embed=True, global_modulation=True,
+               mlp_silu_act=True, ops_bias=False, default_ref_method="index", ref_index_scale=10.0)
+    g = torch.Generator().manual_seed(seed + 1)
+    pos, neg = _pair(g, lambda g: {"pooled_output": None, "guidance": 4.0})  # Mistral gives no pooled output
+    return TinyModel("flux2", _build("Flux2", cfg, dtype, seed), torch.zeros(1, 128, 4, 4), pos, neg, (128,), cfg=1.0)
+
+
+def tiny_z_image(dtype=torch.bfloat16, seed=0) -> TinyModel:
+    """Z-Image: Lumina 2's blocks with Z-Image's modulation (which needs 256 channels), head_dim 128, text
+    and image tokens each padded to a multiple of 32 as the released checkpoint does (its pad tokens)."""
+    cfg = dict(image_model="lumina2", patch_size=2, in_channels=16, dim=256, n_layers=1, n_refiner_layers=1,
+               n_heads=2, n_kv_heads=2, multiple_of=32, ffn_dim_multiplier=8.0 / 3.0, norm_eps=1e-5, qk_norm=True,
+               cap_feat_dim=TEXT_DIM, axes_dims=[32, 48, 48], axes_lens=[1536, 512, 512], rope_theta=256.0,
+               z_image_modulation=True, time_scale=1000.0, pad_tokens_multiple=32)
+    g = torch.Generator().manual_seed(seed + 1)
+    pos, neg = _pair(g, lambda g: {})
+    return TinyModel("z_image", _build("ZImage", cfg, dtype, seed), torch.zeros(1, 16, 8, 8), pos, neg, (128,),
+                     cfg=1.0)
+
+
 def tiny_sd35(dtype=torch.float16, seed=0) -> TinyModel:
     """SD3.5 Medium's MMDiT-X: RMS q/k norm and an extra self-attention on the image tokens of a block."""
     depth = 1  # hidden = 64 * depth, heads = depth -> head_dim 64
