@@ -1,6 +1,7 @@
 """End-to-end speed at real model sizes: ComfyUI's own model classes, random weights, one GPU.
 
     COMFYUI_PATH=... python bench/bench_models.py [--models wan21,flux,sdxl] [--out ...]
+    (also sd15; flux2 and z_image need ComfyUI 0.3.75 or newer)
 
 For each model: one full forward of the cond+uncond batch (as the sampler sends it), unpatched
 (ComfyUI's default attention) vs through Patch Model Attention with default settings, and with
@@ -51,6 +52,18 @@ WAN_1_3B = dict(image_model="wan2.1", model_type="t2v", patch_size=(1, 2, 2), te
 FLUX_DEV = dict(image_model="flux", in_channels=16, out_channels=16, vec_in_dim=768, context_in_dim=4096,
                 hidden_size=3072, mlp_ratio=4.0, num_heads=24, depth=19, depth_single_blocks=38,
                 axes_dim=[16, 56, 56], theta=10000, patch_size=2, qkv_bias=True, guidance_embed=True)
+# Flux.2 [dev]'s blocks (6144 wide, 48 heads of 128, text from Mistral's 3 x 5120 features) at a quarter of
+# its depth, double to single blocks kept at 1:6: a forward's attention share is the full model's, its
+# weights (~8 B parameters) fit beside everything else.
+FLUX2_DEV_QUARTER = dict(image_model="flux2", in_channels=128, out_channels=128, vec_in_dim=None,
+                         context_in_dim=15360, hidden_size=6144, mlp_ratio=3.0, num_heads=48, depth=2,
+                         depth_single_blocks=12, axes_dim=[32, 32, 32, 32], theta=2000, patch_size=1, qkv_bias=False,
+                         guidance_embed=True, global_modulation=True, mlp_silu_act=True, ops_bias=False,
+                         default_ref_method="index", ref_index_scale=10.0)
+Z_IMAGE_TURBO = dict(image_model="lumina2", patch_size=2, in_channels=16, dim=3840, n_layers=30, n_refiner_layers=2,
+                     n_heads=30, n_kv_heads=30, multiple_of=256, ffn_dim_multiplier=8.0 / 3.0, norm_eps=1e-5,
+                     qk_norm=True, cap_feat_dim=2560, axes_dims=[32, 48, 48], axes_lens=[1536, 512, 512],
+                     rope_theta=256.0, z_image_modulation=True, time_scale=1000.0, pad_tokens_multiple=32)
 SDXL_UNET = dict(use_checkpoint=False, image_size=32, out_channels=4, use_spatial_transformer=True, legacy=False,
                  num_classes="sequential", adm_in_channels=2816, in_channels=4, model_channels=320,
                  num_res_blocks=[2, 2, 2], transformer_depth=[0, 0, 2, 2, 10, 10], channel_mult=[1, 2, 4],
@@ -70,7 +83,10 @@ TINY = {"wan21": dict(dim=256, ffn_dim=512, num_heads=2, num_layers=1, text_dim=
         "flux": dict(hidden_size=256, num_heads=2, depth=1, depth_single_blocks=1, context_in_dim=64, vec_in_dim=768),
         "sdxl": dict(model_channels=64, transformer_depth=[0, 0, 1, 1, 1, 1], transformer_depth_middle=1,
                      transformer_depth_output=[0, 0, 0, 1, 1, 1, 1, 1, 1], context_dim=64),
-        "sd15": dict(model_channels=64, context_dim=64)}
+        "sd15": dict(model_channels=64, context_dim=64),
+        "flux2": dict(hidden_size=256, num_heads=2, depth=1, depth_single_blocks=1, context_in_dim=64),
+        "z_image": dict(dim=256, n_heads=2, n_kv_heads=2, n_layers=1, n_refiner_layers=1, multiple_of=32,
+                        cap_feat_dim=64)}
 
 # name -> (supported_models class, unet config, latent shape, text tokens, text dim, conditioning extras)
 MODELS = {
@@ -80,6 +96,10 @@ MODELS = {
     "sdxl": ("SDXL", SDXL_UNET, (1, 4, 128, 128), 77, 2048,  # 1024x1024
              lambda g: {"pooled_output": torch.randn(1, 1280, generator=g), "width": 1024, "height": 1024}),
     "sd15": ("SD15", SD15_UNET, (1, 4, 64, 64), 77, 768, lambda g: {}),  # 512x512
+    # 1024x1024 (ComfyUI 0.3.75 on: the classes are newer than 0.3.64). Mistral gives no pooled output.
+    "flux2": ("Flux2", FLUX2_DEV_QUARTER, (1, 128, 64, 64), 512, 15360,
+              lambda g: {"pooled_output": None, "guidance": 4.0}),
+    "z_image": ("ZImage", Z_IMAGE_TURBO, (1, 16, 128, 128), 256, 2560, lambda g: {}),
 }
 
 
@@ -130,7 +150,9 @@ def forward_inputs(patcher, name: str):
     kwargs = {}
     for key in conds[0]:
         cond = conds[0][key].concat([conds[1][key]]) if hasattr(conds[0][key], "concat") else None
-        kwargs[key] = cond.to(DEVICE) if cond is not None else conds[0][key].process_cond(2, DEVICE).cond
+        if cond is None:
+            cond = conds[0][key].process_cond(2, DEVICE).cond
+        kwargs[key] = cond.to(DEVICE) if isinstance(cond, torch.Tensor) else cond  # constants: Lumina's num_tokens
     return x, sigma, kwargs
 
 
@@ -342,7 +364,7 @@ def shrink_for_cpu_smoke_test() -> None:
     DEVICE = "cpu"
     for name, (cls, unet, latent, _tokens, _dim, extras) in list(MODELS.items()):
         small = {**unet, **TINY[name]}
-        small_dim = small.get("text_dim", small.get("context_in_dim", small.get("context_dim")))
+        small_dim = next(small[k] for k in ("text_dim", "context_in_dim", "context_dim", "cap_feat_dim") if k in small)
         MODELS[name] = (cls, small, (1, latent[1], *([2] if len(latent) == 5 else []), 8, 8), 16, small_dim, extras)
 
 
