@@ -520,7 +520,8 @@ def rope_cases() -> list:
     same = torch.equal(rope.apply(q, f, fma=True), ref.rope(q, f, True))
     print(f"{'ok ' if same else 'BAD'} {'rope: longer matrices cut to the input, bf16, fma':60s} same bits={same}",
           flush=True)
-    return results + [same]
+    results.append(same)
+    return results
 
 
 PARTS = {"core": core_cases, "hostile": hostile_fast_path_cases, "families": family_cases, "replay": replay_cases,

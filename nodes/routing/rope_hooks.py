@@ -64,10 +64,8 @@ def _rope(x, freqs, y=None, fma=True):
 
         if any(rope.unsupported(t, f) for t, f in pairs):
             return None
-        if y is None:
-            out = rope.apply(x, pairs[0][1], fma=fma)
-        elif y.shape == x.shape and y.device == x.device:
-            out = rope.apply(x, pairs[0][1], y, fma=fma)  # one launch for both
+        if y is None or (y.shape == x.shape and y.device == x.device):
+            out = rope.apply(x, pairs[0][1], y, fma=fma)  # one launch for x, and y with it
         else:  # q and k of other lengths (a cache of keys): each with its own positions
             out = tuple(rope.apply(t, f, fma=fma) for t, f in pairs)
     except Exception as exc:  # a build or launch failure must not end the run: ComfyUI's RoPE from now on
