@@ -135,7 +135,10 @@ def check_config(cfg) -> KernelConfig:
     """``cfg`` if it is a KernelConfig the kernels can run, else a TypeError/ValueError naming the field
     and the allowed values (a bad tile size would read uninitialised memory or divide by zero, an
     unknown name would silently run another variant)."""
-    if _checked_configs.get(id(cfg)) is cfg:
+    # Traced by torch.compile: checked in full, once per graph; dynamo's id() of an object it reached through
+    # a dict with dtype keys fails (torch 2.14: "name 'torch' is not defined").
+    compiling = torch.compiler.is_compiling()
+    if not compiling and _checked_configs.get(id(cfg)) is cfg:
         return cfg
     if not isinstance(cfg, KernelConfig):
         raise TypeError(f"config must be a sagetriton.kernels.KernelConfig (e.g. kernels.resolve_config(...)[0]), "
@@ -164,6 +167,8 @@ def check_config(cfg) -> KernelConfig:
             raise TypeError(f"config.{name} must be True or False, got {getattr(cfg, name)!r}")
     if cfg.v_residual and cfg.pv_precision != "fp8":
         raise ValueError(f"config.v_residual=True needs pv_precision='fp8', got {cfg.pv_precision!r}")
+    if compiling:
+        return cfg
     if len(_checked_configs) > 256:  # callers that build a config per call: keep the cache small
         _checked_configs.clear()
     _checked_configs[id(cfg)] = cfg

@@ -328,6 +328,23 @@ def test_torch_compile_traces_without_graph_breaks(seed):
     assert torch.allclose(compiled(q, k, v), f(q, k, v))
 
 
+def test_torch_compile_traces_a_given_config(seed):
+    """``config=`` as the nodes' dispatcher passes it, reached through a dict keyed by dtype from code whose
+    module has no ``torch`` (ComfyUI's model frames): dynamo's id() of such a config failed (issue 49)."""
+    q, k, v = make_qkv(LQ=40, D=32)
+    cfg = KernelConfig("per_warp", "fp16", "fp32", None, 64, 64, 4, 1)
+    plans = {(q.shape, q.dtype): cfg}
+
+    def attend(q, k, v):
+        return sageattn(q, k, v, config=plans[(q.shape, q.dtype)])
+
+    namespace = {"attend": attend}  # globals without torch
+    exec("def f(q, k, v):\n    return attend(q * 2, k, v).float().sum(-1)\n", namespace)
+    f = namespace["f"]
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    assert torch.equal(compiled(q, k, v), f(q, k, v))
+
+
 def test_fake_tensor_shapes():
     from torch._subclasses.fake_tensor import FakeTensorMode
 

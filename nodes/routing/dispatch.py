@@ -270,6 +270,7 @@ class PatchState:
         self._calls = CallCache()  # decisions by call signature: a repeated call skips binding and checks
         self.kernel_runner: Optional[Callable] = None  # Sage Settings' backend choice; None: our kernel (sageattn)
         self.composition: dict = {}  # which backend this patch replaced and which serves fallbacks (run summary)
+        self.rope_compiled = False  # a forward torch.compile traced kept ComfyUI's RoPE (``rope_hooks``)
 
     @property
     def run(self) -> Optional[RunTally]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
 from .containers import dispatch_containers
 from .dispatch import PatchState
 
@@ -13,10 +15,13 @@ from .dispatch import PatchState
 def make_attention_override(state: PatchState) -> Callable:
     """The function ComfyUI calls as ``optimized_attention_override(func, *args, **kwargs)``."""
 
+    # torch.compile: a graph break, the dispatcher runs eagerly (``forward_plan.make_planned_override`` says why)
+    @torch.compiler.disable
     def sagetriton_attention_override(func, *args, **kwargs):
         return state.dispatch(func, args, kwargs)
 
     sagetriton_attention_override.sagetriton_state = state  # lets a second patch node replace, not stack
     # current ComfyUI hands q, k, v over in containers, to this attribute
-    sagetriton_attention_override.container_function = lambda *args, **kwargs: dispatch_containers(state, args, kwargs)
+    sagetriton_attention_override.container_function = torch.compiler.disable(
+        lambda *args, **kwargs: dispatch_containers(state, args, kwargs))
     return sagetriton_attention_override
