@@ -23,6 +23,7 @@ import torch
 
 from ...installer.selftest import is_oom
 from ...kernels.log import logger
+from ..reporting import stats
 from .dispatch import PatchState
 
 WRAPPER_KEY = "sagetriton_rope"
@@ -93,9 +94,7 @@ def _rope_eager(x, freqs, y, fma):
                        "`python install.py` in the SageTriton folder shows what the GPU's Triton build lacks.",
                        _failed.splitlines()[0][:300])
         return None
-    run = state.run
-    if run is not None:
-        run.rope += 1
+    stats.record_rope(state.run)
     with _lock:
         if not _calls:
             logger.info("[SageTriton] RoPE of patched models runs in SageTriton's kernel (ComfyUI's fp32 math, "
