@@ -25,7 +25,6 @@ import bench_models as bm
 import torch
 from bench_models import build, forward_inputs, sample4, sampling_options, time_variants
 from common import RESULTS, cosine, environment, write_json
-
 from sagetriton.nodes.config.settings import SageSettings
 from sagetriton.nodes.patching import patch_model
 from sagetriton.nodes.reporting import stats
