@@ -99,3 +99,16 @@ def test_the_panel_says_rope_is_left_to_the_compiler(tmp_path):
     proc = subprocess.run(["node", "--input-type=module", "-e", js], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == ["last run: 57 kernel · 0 fallback", "RoPE: ComfyUI's, compiled by torch.compile"]
+
+
+def test_fullgraph_stops_at_the_override_saying_why(tiny):
+    """The override is a graph break: a fullgraph compile cannot hold it, and dynamo's error names the fix."""
+    from comfy_api.torch_helpers import set_torch_compile_wrapper
+    from sagetriton.nodes.routing.override import GRAPH_BREAK
+
+    t = tiny("wan21")
+    m = patch_model(t.patcher, SETTINGS).clone()
+    set_torch_compile_wrapper(model=m, backend="eager", fullgraph=True)
+    with pytest.raises(Exception, match="compile without fullgraph=True") as raised:
+        sample(t, m, steps=1)
+    assert GRAPH_BREAK in str(raised.value)
