@@ -70,13 +70,14 @@ def test_a_compiled_patched_model_samples_on_the_kernel(tiny, family, order):
 
 
 def test_inductor_compiled_patched_model_stays_close(tiny):
-    """Inductor, ComfyUI's default backend: its fused kernels round the model's other ops differently."""
+    """Inductor, ComfyUI's default backend: its fused kernels round the model's other ops differently (rel L1
+    8e-4 here, as much as compiling the unpatched model moves it: 7.6e-4)."""
     t = tiny("wan21")
     reference = sample(t, patch_model(t.patcher, COMFY_ROPE), steps=2)
     eager_kernel = stats.last_run()["kernel"]
     out = sample(t, patched_and_compiled(t, "patch_then_compile", "inductor"), steps=2)
     assert stats.last_run()["kernel"] == eager_kernel > 0
-    assert rel_l1(out, reference) < 1e-2
+    assert rel_l1(out, reference) < 5e-3
 
 
 def test_uncompiled_runs_keep_the_rope_kernel_and_say_nothing_of_compile(tiny):
