@@ -63,6 +63,7 @@ def first_forwards(variants: dict, x, sigma, kwargs) -> dict:
             patcher.model.apply_model(x, sigma, transformer_options=sampling_options(patcher), **kwargs)
             sync()
             out[label] = time.perf_counter() - t0
+            print(f"first forward of {label}: {out[label]:.1f} s", flush=True)  # in the log even if cut short
     return out
 
 
