@@ -40,6 +40,15 @@ if _comfyui_present():
 
         logging.getLogger("SageTriton").warning("[SageTriton] not registered as a ComfyUI attention backend: %s", _e)
 
+    try:  # "false" sent to /prompt for a boolean input is refused, not read as true (nodes/ui/boolean_inputs.py)
+        from .nodes.ui.boolean_inputs import attach_prompt_check
+
+        attach_prompt_check()
+    except Exception as _e:  # noqa: BLE001
+        import logging
+
+        logging.getLogger("SageTriton").warning("[SageTriton] boolean inputs unchecked on /prompt: %s", _e)
+
     try:  # the status page and the one-time background self-test must never stop the nodes from loading
         from .nodes.reporting.status_route import attach_to_server
 

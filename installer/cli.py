@@ -118,6 +118,9 @@ def _reusable_report(arch, args):
 
 def install_main(args) -> int:
     print(f"SageTriton {rep.pack_version()} — kernel build and self-test")
+    for d in rep.report_dirs():  # what killed runs left, whether or not this run tests anything
+        if d.is_dir():
+            firststart.clean_stale_workers(d)
     section("Environment")
     env = doctor.probe_environment()
     checks = doctor.run_checks(env)

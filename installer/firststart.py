@@ -25,6 +25,8 @@ from typing import Optional
 from ..kernels.arch import CPU_ARCH, ArchInfo
 from ..kernels.log import logger
 from .childproc import ChildResult
+from .leftovers import clean_stale_workers
+from .leftovers import pid_alive as _pid_alive
 from .progress import progress_bar
 from .report import ENV_DIR, load_report, new_report, report_key, save_report, writable_report_dir
 
@@ -188,21 +190,6 @@ def _end_with_supervisor(poll: float = 0.5) -> None:
 # during a first start): a lock file holding the owner's pid; a dead owner's lock is taken over.
 
 LOCK_STALE_AFTER = WORKER_TIMEOUT * 1.5  # where a pid cannot be checked (Windows), age decides
-
-
-def _pid_alive(pid: int) -> bool:
-    if os.name == "nt":
-        return True  # os.kill(pid, 0) would terminate it there; the lock's age decides instead
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (dead, not yet reaped) holds nothing
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def lock_holder(lock: Path) -> Optional[int]:
@@ -404,13 +391,7 @@ def _run_setup_locked(report, key, d, mode, echo, safe, on_progress, quick) -> d
     previous = load_report(key)
     # incomplete reports are retried on later starts, up to MAX_SETUP_ATTEMPTS (counted here)
     report["attempts"] = (previous.get("attempts") or 1) + 1 if previous and not previous.get("complete") else 1
-    for left in d.glob(f".worker-{report['key_id']}-*"):  # progress/temp files of killed supervisors
-        pid = left.name[len(f".worker-{report['key_id']}-"):].split(".")[0]
-        if pid.isdigit() and not _pid_alive(int(pid)):
-            try:
-                left.unlink()
-            except OSError:
-                pass
+    clean_stale_workers(d)
     partial = d / f".worker-{report['key_id']}-{os.getpid()}.json"  # per process: never shared
     try:
         state = run_worker_stage(mode, partial, echo=echo, sdpa_default_safe=safe, on_progress=on_progress,

@@ -124,6 +124,25 @@ def _check_scale(sm_scale, head_dim: int) -> float:
     return value
 
 
+def argument_error(q, k, v, tensor_layout: str = "HND", is_causal: bool = False, sm_scale=None,
+                   attn_mask=None) -> Optional[Exception]:
+    """The error ``sageattn`` raises for these arguments before any launch (a caller's mistake, never a
+    kernel fault), or None."""
+    try:
+        _check_inputs(q, k, v, tensor_layout, attn_mask, is_causal)
+        qh, kh, vh = _as_bhld(q, tensor_layout), _as_bhld(k, tensor_layout), _as_bhld(v, tensor_layout)
+        _check_shapes(qh, kh, vh)
+        _check_scale(sm_scale, q.shape[-1])
+        B, H, LQ = qh.shape[:3]
+        if H > GRID_Y_LIMIT:
+            raise ValueError(f"H = {H} query heads exceed {GRID_Y_LIMIT} (the GPU's grid limit); split the heads")
+        if attn_mask is not None:
+            _prepare_mask(attn_mask, B, H, LQ, kh.shape[2])
+    except (TypeError, ValueError) as e:
+        return e
+    return None
+
+
 # Every KernelConfig field: the values the kernels are built for. Checked once per config object.
 _BLOCK_SIZES = (16, 32, 64, 128, 256)
 _WARPS = (1, 2, 4, 8, 16)
@@ -135,7 +154,10 @@ def check_config(cfg) -> KernelConfig:
     """``cfg`` if it is a KernelConfig the kernels can run, else a TypeError/ValueError naming the field
     and the allowed values (a bad tile size would read uninitialised memory or divide by zero, an
     unknown name would silently run another variant)."""
-    if _checked_configs.get(id(cfg)) is cfg:
+    # Traced by torch.compile: checked in full, once per graph; dynamo's id() of an object it reached through
+    # a dict with dtype keys fails (torch 2.14: "name 'torch' is not defined").
+    compiling = torch.compiler.is_compiling()
+    if not compiling and _checked_configs.get(id(cfg)) is cfg:
         return cfg
     if not isinstance(cfg, KernelConfig):
         raise TypeError(f"config must be a sagetriton.kernels.KernelConfig (e.g. kernels.resolve_config(...)[0]), "
@@ -164,6 +186,8 @@ def check_config(cfg) -> KernelConfig:
             raise TypeError(f"config.{name} must be True or False, got {getattr(cfg, name)!r}")
     if cfg.v_residual and cfg.pv_precision != "fp8":
         raise ValueError(f"config.v_residual=True needs pv_precision='fp8', got {cfg.pv_precision!r}")
+    if compiling:
+        return cfg
     if len(_checked_configs) > 256:  # callers that build a config per call: keep the cache small
         _checked_configs.clear()
     _checked_configs[id(cfg)] = cfg
@@ -479,14 +503,8 @@ def uses_long_sequence_kernel(cfg: KernelConfig, q_len: int, head_dim: int, mask
                 and cfg.block_n == hopper_gluon.BLOCK_N and cfg.block_m == hopper_gluon.ROWS)
 
 
-def _plan_call(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg: KernelConfig,
-               out_layout, defer_out: bool = False) -> _CallPlan:
-    """Check the inputs, allocate the outputs and choose the attention kernel."""
-    _check_inputs(q, k, v, layout, attn_mask, is_causal)
-    out_layout = out_layout or layout
-    if out_layout not in ("HND", "NHD"):
-        raise ValueError(f"out_layout must be 'HND' or 'NHD', got {out_layout!r}")
-    qh, kh, vh = _as_bhld(q, layout), _as_bhld(k, layout), _as_bhld(v, layout)
+def _check_shapes(qh, kh, vh) -> None:
+    """q, k, v as (B, H, L, D) views: shapes one call can take."""
     B, H, LQ, D = qh.shape
     Bk, H_KV, LK, Dk = kh.shape
     if Bk != B or vh.shape[0] != B or vh.shape[1] != H_KV or vh.shape[2] != LK:
@@ -500,6 +518,19 @@ def _plan_call(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg:
         raise ValueError(f"query heads ({H}) must be a multiple of key/value heads ({H_KV})")
     if LK == 0:
         raise ValueError("key/value sequence is empty")
+
+
+def _plan_call(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg: KernelConfig,
+               out_layout, defer_out: bool = False) -> _CallPlan:
+    """Check the inputs, allocate the outputs and choose the attention kernel."""
+    _check_inputs(q, k, v, layout, attn_mask, is_causal)
+    out_layout = out_layout or layout
+    if out_layout not in ("HND", "NHD"):
+        raise ValueError(f"out_layout must be 'HND' or 'NHD', got {out_layout!r}")
+    qh, kh, vh = _as_bhld(q, layout), _as_bhld(k, layout), _as_bhld(v, layout)
+    _check_shapes(qh, kh, vh)
+    B, H, LQ, D = qh.shape
+    H_KV, LK = kh.shape[1:3]
     sm_scale = _check_scale(sm_scale, D)
     if sm_scale < 0:
         # Q·Kᵀ·s = (-Q)·Kᵀ·|s|: the kernels' scales stay positive, as their integer row max needs.

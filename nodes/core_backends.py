@@ -87,12 +87,15 @@ def registered_attention(state) -> Callable:
     """A backend with ComfyUI's signature that runs ``state``'s dispatcher, with ComfyUI's global
     attention as the fallback, and a ``container_function`` for current ComfyUI's holders."""
     from .routing.containers import comfy_backend, dispatch_containers
+    from .routing.override import outside_graphs
 
+    @outside_graphs  # torch.compile: a graph break, the dispatcher runs eagerly
     def sagetriton_attention(*args, **kwargs):
         return state.dispatch(comfy_backend(), args, kwargs)
 
     sagetriton_attention.sagetriton_state = state
-    sagetriton_attention.container_function = lambda *args, **kwargs: dispatch_containers(state, args, kwargs)
+    sagetriton_attention.container_function = outside_graphs(
+        lambda *args, **kwargs: dispatch_containers(state, args, kwargs))
     return sagetriton_attention
 
 

@@ -193,3 +193,17 @@ def test_layers_with_a_preferred_attention_are_overridden_and_reported(seed, com
     summary = finish_run(state)
     assert summary["preferred_overridden"] == {"comfy_kitchen_int8": 2}
     assert "overrode the checkpoint's preferred attention of 2 layers (comfy_kitchen_int8)" in summary["text"]
+
+
+@pytest.mark.parametrize("case", ["bad scale", "past the checks"])
+def test_a_callers_bad_arguments_in_containers_turn_nothing_off(case):
+    """Issue 49 item 3 on the container path: a NaN scale is refused by the checks, 65,536 heads of one
+    channel by ``sageattn`` before any launch (the grid limit); both go to ComfyUI's attention, nothing is disabled."""
+    heads = api.GRID_Y_LIMIT + 1 if case == "past the checks" else 2
+    q, k, v = random_qkv(b=1, h=heads, lq=4, lk=4, d=1 if case == "past the checks" else 32)
+    state, options = patched_options()
+    extra = {"scale": float("nan")} if case == "bad scale" else {}
+    model_call(q, k, v, heads, options, True, True, **extra)
+    reason = dispatch.BAD_SCALE if case == "bad scale" else dispatch.REFUSED_ARGUMENTS
+    assert reference_backend.calls == 1 and state.run.kernel == 0 and list(state.run.fallback) == [reason]
+    assert dispatch.disabled_variants() == {}

@@ -667,3 +667,49 @@ def test_mismatched_qkv_shapes_do_not_turn_the_kernel_off(change):
     except RuntimeError:
         pass  # ComfyUI's attention refuses it too: the caller's error
     assert dispatch.disabled_variants() == {}
+
+
+# --- a caller's bad argument is the caller's, never a kernel fault (issue 49 items 3 and 5) ------------------
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), "0.1", torch.tensor(0.1)],
+                         ids=["nan", "inf", "string", "0-dim tensor"])
+def test_a_bad_scale_goes_to_comfyui_and_turns_nothing_off(scale):
+    state = run_state()
+    q, k, v = random_qkv(lq=16, lk=16, d=32)
+    try:
+        call_override(state, q, k, v, scale=scale)  # SDPA (ComfyUI's attention here) computes what it computes
+    except TypeError:
+        assert scale == "0.1"  # ...or raises what it raises
+    assert reference_backend.calls == 1 and state.run.kernel == 0
+    assert dict(state.run.fallback) == {dispatch.BAD_SCALE: 1}
+    assert dispatch.disabled_variants() == {}
+    call_override(state, q, k, v, scale=0.1)  # the same variant and size class, a good scale: the kernel
+    assert state.run.kernel == 1
+
+
+def test_arguments_the_kernel_refuses_past_the_checks_turn_nothing_off():
+    """65,536 heads of head_dim 1: past the dispatcher's checks, refused by ``sageattn`` before any launch
+    (the GPU's grid limit). The call is the caller's: ComfyUI's attention takes it, the variant stays on."""
+    state = run_state()
+    heads = dispatch_grid_limit() + 1
+    q, k, v = random_qkv(b=1, h=heads, lq=4, lk=4, d=1)
+    out = call_override(state, q, k, v, heads=heads)
+    assert out.shape == (1, 4, heads) and reference_backend.calls == 1
+    assert list(state.run.fallback) == [dispatch.REFUSED_ARGUMENTS] and dispatch.disabled_variants() == {}
+
+
+def dispatch_grid_limit() -> int:
+    from sagetriton.kernels.api import GRID_Y_LIMIT
+
+    return GRID_Y_LIMIT
+
+
+@pytest.mark.parametrize("empty", ["q_tokens", "k_tokens", "batch"])
+def test_an_empty_call_is_reported_as_empty(empty):
+    state = run_state()
+    b, lq, lk = {"q_tokens": (1, 0, 16), "k_tokens": (1, 16, 0), "batch": (0, 16, 16)}[empty]
+    q, k, v = random_qkv(b=b, lq=lq, lk=lk, d=32)
+    try:
+        call_override(state, q, k, v)
+    except RuntimeError:
+        pass  # SDPA's answer to keys of no tokens
+    assert dict(state.run.fallback) == {dispatch.EMPTY_CALL: 1} and dispatch.disabled_variants() == {}

@@ -126,6 +126,16 @@ def test_invalid_settings_value_is_rejected_and_server_keeps_serving(sage_server
     assert sage_server.get("/object_info/" + SETTINGS)[0] == 200
 
 
+@pytest.mark.parametrize("name,value", [("smooth_k", "false"), ("fast_rope", "no")])
+def test_a_string_for_a_boolean_input_is_refused_not_read_as_true(sage_server, object_info, name, value):  # noqa: F811
+    """Issue 49 item 9: ComfyUI's validation reads any non-empty value of a BOOLEAN input as true."""
+    settings = {**_settings_defaults(object_info), name: value}
+    code, answer = sage_server.post("/prompt", {"prompt": _prompt(settings)})
+    assert code == 400, answer
+    errors = answer["node_errors"]["2"]["errors"]
+    assert any(f"{name}: {value!r} is not true or false" in e.get("details", "") for e in errors), errors
+
+
 def test_full_prompt_patches_samples_and_reports(sage_server, object_info):  # noqa: F811
     # min_seq_len=0: the kernel may run even at this toy sequence length.
     settings = {**_settings_defaults(object_info), "min_seq_len": 0}

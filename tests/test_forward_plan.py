@@ -104,3 +104,65 @@ def test_training_forwards_leave_no_plan(comfyui_path):
         _train(patched, t, steps=1)
     assert stats.attention_stats()["fallback"].get(NEEDS_GRAD, 0) > before
     assert not patch_state_of(patched).forward_plans.entries
+
+
+def forward_of(patched, t, x: torch.Tensor) -> torch.Tensor:
+    """One forward of ``patched`` through its APPLY_MODEL wrappers, as a sampler step calls it."""
+    import comfy.patcher_extension
+
+    topts = dict(patched.model_options["transformer_options"])
+    topts["wrappers"] = comfy.patcher_extension.copy_nested_dicts(patched.wrappers)
+    with torch.inference_mode():  # as ComfyUI samples
+        return patched.model.apply_model(x, torch.tensor([1.0]), c_crossattn=t.positive[0][0],
+                                         transformer_options=topts)
+
+
+def test_concurrent_forwards_of_one_model_each_learn_their_own_plan(tiny, monkeypatch):
+    """Issue 49 item 4: thread B's forward starting and ending inside thread A's first forward (a server's
+    prompts, MultiGPU work units) left A's forward unobserved: A's shape learnt "every call on ComfyUI's
+    attention" and its later forwards skipped the kernel."""
+    import threading
+
+    t = tiny("wan21")  # self-attention has 32 keys (kernel), cross-attention 8 text tokens (fallback)
+    patched = patch_model(t.patcher, SageSettings(min_seq_len=16))
+    state = patch_state_of(patched)
+    a_inside, b_done = threading.Event(), threading.Event()
+    dispatch = state.dispatch
+    first_of_a = []
+
+    def pausing(func, args, kwargs):  # A's first call waits until B's whole forward is over
+        if threading.current_thread().name == "A" and not first_of_a:
+            first_of_a.append(1)
+            a_inside.set()
+            assert b_done.wait(120)
+        return dispatch(func, args, kwargs)
+
+    monkeypatch.setattr(state, "dispatch", pausing)
+    x_a, x_b = t.latent, t.latent[..., :4]  # 32 and 16 image tokens: two shapes, two plans
+    errors = []
+
+    def run(name, x, before=None, after=None):
+        try:
+            if before is not None:
+                assert before.wait(120)
+            forward_of(patched, t, x)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        finally:
+            if after is not None:
+                after.set()
+
+    threads = [threading.Thread(target=run, args=("A", x_a), name="A"),
+               threading.Thread(target=run, args=("B", x_b, a_inside, b_done), name="B")]
+    state.begin_run()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(300)
+    assert not errors, errors
+    plans = state.forward_plans.entries
+    assert len(plans) == 2 and all(p.whole is None for p in plans.values())
+    state.begin_run()
+    forward_of(patched, t, x_a)  # A's shape again, by its plan: self-attention on the kernel
+    run = state.runs.end()
+    assert run.kernel > 0 and run.passed_through == 0, (run.kernel, dict(run.fallback))

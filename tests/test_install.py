@@ -163,6 +163,28 @@ def test_a_full_cpu_report_is_reused_and_quick_never_replaces_it(monkeypatch, tm
     assert cli.main(["--force", "--skip-cross-compile", "--quick"]) == 0 and calls == [True]
 
 
+def test_quick_cleans_what_killed_runs_left(monkeypatch, tmp_path, capsys):
+    """Issue 49 item 8: a killed install.py leaves its progress and temp files; a later ``--quick`` (which reuses
+    the report and tests nothing) removes those of processes that are gone, for any report key, and leaves a
+    live one's."""
+    monkeypatch.setenv("SAGETRITON_REPORT_DIR", str(tmp_path))
+    from sagetriton.installer import cli, report
+    from sagetriton.kernels.arch import CPU_ARCH
+    full = report.new_report(report.report_key(CPU_ARCH))
+    full.update(mode="interpreter", complete=True, quick=False, variants={}, cross_compile={})
+    report.save_report(full)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    dead = int(gone.stdout)
+    stale = [tmp_path / f".worker-{full['key_id']}-{dead}.json", tmp_path / f".worker-{full['key_id']}-{dead}.77.tmp",
+             tmp_path / f".worker-0123456789abcdef-{dead}.json"]  # another torch's key
+    live = tmp_path / f".worker-{full['key_id']}-{os.getpid()}.json"
+    for f in (*stale, live):
+        f.write_text("{}")
+    assert cli.main(["--quick"]) == 0 and "Already self-tested" in capsys.readouterr().out
+    assert not any(f.exists() for f in stale) and live.exists()
+
+
 NO_TORCH_HINT = "has no torch; run install.py with the Python that starts ComfyUI"
 
 

@@ -75,3 +75,26 @@ def test_a_redo_on_one_thread_leaves_other_threads_on_the_kernel(pack):
     # The other thread's 5 calls on the kernel; the redo's one call on ComfyUI's; the discarded first forward's
     # kernel call not counted at all.
     assert state.run.kernel == 5 and dict(state.run.fallback) == {REASON: 1}, (state.run.kernel, state.run.fallback)
+
+
+def test_a_discarded_forwards_rope_calls_are_not_counted(pack, monkeypatch):
+    """Issue 49 item 5: the redone forwards' RoPE calls ran on ComfyUI's RoPE, the discarded ones' are taken back
+    with their attention calls (the summary said ``rope=4`` beside ``kernel=0``)."""
+    from sagetriton.nodes.patching import patch_model
+
+    t = BUILDERS["wan21"](seed=0)
+    patched = patch_model(t.patcher)
+    sample(t, patched, steps=2)
+    kept = stats.last_run()
+    assert kept["rope"] > 0 and kept["kernel"] > 0  # Wan's RoPE and attention on the kernel in kept forwards
+    real = pack.kernels.sageattn
+
+    def planted_kernel(*args, **kwargs):
+        out = real(*args, **kwargs)
+        out.view(-1)[0] = float("nan")
+        return out
+
+    monkeypatch.setattr(pack.kernels, "sageattn", planted_kernel)
+    sample(t, patched, steps=2)
+    run = stats.last_run()
+    assert (run["kernel"], run["rope"]) == (0, 0), run

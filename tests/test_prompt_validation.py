@@ -97,3 +97,30 @@ def test_patch_called_directly_with_a_literal_names_the_input(comfyui_path):
 
     with pytest.raises(ValueError, match="settings: 'fast'"):
         CLASSIC[PATCH]().patch(BUILDERS["wan21"](seed=0).patcher, "fast")
+
+
+# --- issue 49 item 9: ComfyUI reads any non-empty value of a BOOLEAN input as true --------------------------
+@pytest.mark.parametrize("name,value", [("smooth_k", "false"), ("fast_rope", "no"), ("smooth_v", "true"),
+                                        ("smooth_k", 0), ("fast_rope", None)])
+def test_a_boolean_input_takes_only_true_or_false(registered, name, value):
+    """The /prompt check (``boolean_inputs.check_prompt``), then ComfyUI's own validation of the prompt."""
+    from sagetriton.nodes.ui.boolean_inputs import check_prompt
+
+    prompt = {"3": {"class_type": SETTINGS, "inputs": _settings_inputs(**{name: value})}}
+    check_prompt({"prompt": prompt})
+    valid, message = _validate(prompt, "3")
+    assert valid is False and f"{name}: {value!r} is not true or false" in message, message
+
+
+def test_json_booleans_and_links_pass_the_boolean_check(registered):
+    from sagetriton.nodes.ui.boolean_inputs import check_prompt
+
+    prompt = {"3": {"class_type": SETTINGS, "inputs": _settings_inputs(smooth_k=False, fast_rope=True)}}
+    before = repr(prompt)
+    check_prompt({"prompt": prompt})
+    assert repr(prompt) == before and _validate(prompt, "3") == (True, "")
+
+
+def test_settings_built_directly_refuse_a_string_for_a_boolean(comfyui_path):
+    with pytest.raises(TypeError, match="smooth_k must be True or False, got 'false'"):
+        CLASSIC[SETTINGS]().build(**_settings_inputs(smooth_k="false"))

@@ -116,3 +116,21 @@ def test_user_facing_text_has_no_lab_words(pack):
     for phrase in ("video forwards", "four floors", "An Inf in K", "2-6%", "Vue-nodes mode does not show"):
         assert phrase not in readme and phrase not in tips, phrase
 
+
+
+def test_hostile_inputs_doc_says_each_thing_once_as_the_code_does(pack):
+    """Issue 49 item 7: the table and "How the kernel stays exact" were there twice, the second copy with an older
+    limit (2^16) and behaviour (rows worked out again), and a stray unfinished line between them."""
+    import math
+
+    from sagetriton.kernels.attention import HOT_LOGIT_LIMIT, HOT_LOGIT_LIMIT_FP8
+
+    text = (ROOT / "docs" / "HOSTILE_INPUTS.md").read_text()
+    headings = re.findall(r"^#+ .*$", text, re.M)
+    rows = [ln for ln in text.splitlines() if ln.startswith("| ") and not ln.startswith("| Input")]
+    assert len(headings) == len(set(headings)) and len(rows) == len(set(rows)), "a section or row is there twice"
+    paragraphs = [p.strip() for p in text.split("\n\n") if p.strip() and not p.lstrip().startswith(("|", "#"))]
+    assert all(len(p.split()) >= 8 for p in paragraphs), [p for p in paragraphs if len(p.split()) < 8]
+    limits = re.findall(r"`HOT_LOGIT_LIMIT` \(2\^(\d+) in base 2, 2\^(\d+) for fp8 P\)", text)
+    assert limits == [(str(int(math.log2(HOT_LOGIT_LIMIT.value))), str(int(math.log2(HOT_LOGIT_LIMIT_FP8.value))))]
+    assert "made NaN" in text and "works its tiles out again" not in text

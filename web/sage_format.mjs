@@ -89,6 +89,7 @@ export function runLines(run, top = 3) {
   const lines = [`last run: ${run.kernel ?? 0} kernel · ${nfb} fallback`];
   if (run.backend && run.backend !== "SageTriton") lines.push(`kernel calls on ${run.backend} (Sage Settings)`);
   if (run.rope) lines.push(`RoPE: ${run.rope} calls on SageTriton's kernel`);
+  else if (run.rope_off) lines.push("RoPE: ComfyUI's, compiled by torch.compile");
   // What runs the fallbacks, and the attention this patch took over from when that is another one
   // (nodes/core_backends.py); the same words as the run summary (nodes/reporting/run_summary.py).
   if (run.replaced) lines.push(fallbackLine(run.replaced, run.fallback_backend));

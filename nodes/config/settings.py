@@ -44,6 +44,9 @@ class SageSettings:
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"Sage Settings: {name}={value!r} is not one of {', '.join(allowed)}")
+        for name in ("smooth_k", "smooth_v", "fast_rope"):  # "false" would read as true
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"Sage Settings: {name} must be True or False, got {getattr(self, name)!r}")
         if self.min_seq_len < MIN_SEQ_LEN_MEASURED:
             raise ValueError(f"Sage Settings: min_seq_len must be -1, 0 or a positive length, got {self.min_seq_len}")
         for name in ("full_precision_first_steps", "full_precision_last_steps"):

@@ -40,6 +40,7 @@ def build_summary(state: PatchState, run: RunTally) -> dict:
         "fallback_total": run.fallback_total,
         "passed_through": run.passed_through,
         "rope": run.rope,
+        "rope_off": rope_off(state, run),
         "arch": arch.arch if arch is not None else None,
         "config": cfg.as_dict() if cfg is not None else None,
         "config_text": describe_plan(plan),
@@ -51,6 +52,17 @@ def build_summary(state: PatchState, run: RunTally) -> dict:
         "backend": state.composition.get("backend", "SageTriton"),
         "preferred_overridden": state.composition.get("preferred") or {},
     }
+
+
+ROPE_COMPILED = ("ComfyUI's, compiled with the model by torch.compile (SageTriton's RoPE kernel runs in "
+                 "uncompiled forwards)")
+
+
+def rope_off(state: PatchState, run: RunTally) -> Optional[str]:
+    """Why a run with fast_rope on had no RoPE call on the kernel, where that is not the model's doing."""
+    if run.rope or not state.settings.fast_rope or not state.rope_compiled:
+        return None
+    return ROPE_COMPILED
 
 
 UNPATCH_HINT = ("no call was long enough for the kernel: this model gains nothing from the patch (after the "
@@ -95,6 +107,8 @@ def format_summary(summary: dict) -> str:
         text += f"; {passed_through_text(summary)}"
     if summary.get("rope"):
         text += f"; RoPE: {summary['rope']} calls on SageTriton's kernel"
+    elif summary.get("rope_off"):
+        text += f"; RoPE: {summary['rope_off']}"
     if backend == "SageTriton":  # the kernel config says nothing about another backend's calls
         text += f"; {summary['config_text']}"
     if summary.get("replaced"):

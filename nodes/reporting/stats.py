@@ -30,6 +30,7 @@ class _ThreadCalls(threading.local):
 
     kernel = 0
     fallback: Counter | None = None
+    rope = 0  # RoPE calls on the pack's kernel
 
 
 _this_thread = _ThreadCalls()
@@ -37,34 +38,42 @@ _this_thread = _ThreadCalls()
 
 def record_kernel(run: RunTally | None = None) -> None:
     global _total_kernel
-    with _lock:
+    with _lock:  # the run's tally too: threads running forwards of one model share it
         _total_kernel += 1
+        if run is not None:
+            run.kernel += 1
     _this_thread.kernel += 1
+
+
+def record_rope(run: RunTally | None = None) -> None:
+    """A RoPE call on the pack's kernel (``routing.rope_hooks``)."""
+    _this_thread.rope += 1
     if run is not None:
-        run.kernel += 1
+        with _lock:
+            run.rope += 1
 
 
 def record_fallback(reason: str, run: RunTally | None = None, n: int = 1) -> bool:
     """Count ``n`` fallbacks. Returns True the first time ``reason`` is seen in this run (warn once)."""
-    with _lock:
-        _total_fallback[reason] += n
     mine = _this_thread.fallback
     if mine is None:
         mine = _this_thread.fallback = Counter()
     mine[reason] += n
-    if run is None:
-        return False
-    first = reason not in run.fallback
-    run.fallback[reason] += n
+    with _lock:
+        _total_fallback[reason] += n
+        if run is None:
+            return False
+        first = reason not in run.fallback
+        run.fallback[reason] += n
     return first
 
 
-def thread_calls() -> tuple[int, Counter]:
-    """(kernel calls, fallbacks by reason) counted on this thread so far; see ``take_back``."""
-    return _this_thread.kernel, Counter(_this_thread.fallback or ())
+def thread_calls() -> tuple[int, Counter, int]:
+    """(kernel calls, fallbacks by reason, RoPE calls) counted on this thread so far; see ``take_back``."""
+    return _this_thread.kernel, Counter(_this_thread.fallback or ()), _this_thread.rope
 
 
-def take_back(since: tuple[int, Counter], run: RunTally | None = None) -> None:
+def take_back(since: tuple[int, Counter, int], run: RunTally | None = None) -> None:
     """Uncount this thread's calls after ``since`` (``thread_calls()``): a forward whose result was discarded."""
     global _total_kernel
     kernel = _this_thread.kernel - since[0]
@@ -77,14 +86,16 @@ def take_back(since: tuple[int, Counter], run: RunTally | None = None) -> None:
         for reason in fallback:
             if _total_fallback[reason] <= 0:
                 del _total_fallback[reason]
-    _this_thread.kernel = since[0]
-    _this_thread.fallback = Counter(since[1])
+    rope = _this_thread.rope - since[2]
+    _this_thread.kernel, _this_thread.fallback, _this_thread.rope = since[0], Counter(since[1]), since[2]
     if run is not None:
-        run.kernel -= kernel
-        run.fallback.subtract(fallback)
-        for reason in fallback:
-            if run.fallback[reason] <= 0:
-                del run.fallback[reason]
+        with _lock:
+            run.kernel -= kernel
+            run.rope -= rope
+            run.fallback.subtract(fallback)
+            for reason in fallback:
+                if run.fallback[reason] <= 0:
+                    del run.fallback[reason]
 
 
 def attention_stats() -> dict:
@@ -147,13 +158,26 @@ class RunTally:
 _warned_outside_runs: set[str] = set()
 
 
+class _Watched(threading.local):
+    events: Optional[list] = None
+
+
 class RunLog:
     """One patched model's bookkeeping: the run in progress, if any, and a log line per new fallback reason."""
 
     def __init__(self) -> None:
         self.current: Optional[RunTally] = None
-        # While ``forward_plan`` watches a forward: one entry per call, None for the kernel, else the reason.
-        self.observer: Optional[list] = None
+        # While ``forward_plan`` watches this thread's forward: one entry per call, None for the kernel, else the
+        # reason. Per thread: two threads' forwards of one model (a server, MultiGPU work units) each learn their own.
+        self._watched = _Watched()
+
+    @property
+    def observer(self) -> Optional[list]:
+        return self._watched.events
+
+    @observer.setter
+    def observer(self, events: Optional[list]) -> None:
+        self._watched.events = events
 
     def begin(self) -> None:
         self.current = RunTally()
@@ -164,14 +188,16 @@ class RunLog:
 
     def kernel(self) -> None:
         record_kernel(self.current)
-        if self.observer is not None:
-            self.observer.append(None)
+        events = self._watched.events
+        if events is not None:
+            events.append(None)
 
     def fallback(self, reason: str, detail: str = "", n: int = 1) -> None:
         """Count it (``n`` calls); log it once per run (the first time the run sees ``reason``), or once per
         process outside runs."""
-        if self.observer is not None:
-            self.observer.append(reason)
+        events = self._watched.events
+        if events is not None:
+            events.append(reason)
         if not record_fallback(reason, self.current, n) and self.current is not None:
             return
         if self.current is None and reason in _warned_outside_runs:
@@ -182,7 +208,9 @@ class RunLog:
 
     def passed_through(self, reasons: dict) -> None:
         """A forward run without the override: its calls counted under the reasons its first run had."""
+        run = self.current
         for reason, n in reasons.items():
-            record_fallback(reason, self.current, n)
-        if self.current is not None:
-            self.current.passed_through += 1
+            record_fallback(reason, run, n)
+        if run is not None:
+            with _lock:
+                run.passed_through += 1

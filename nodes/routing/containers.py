@@ -108,6 +108,10 @@ def dispatch_containers(state: PatchState, args: tuple, kwargs: dict, backend: O
             except Exception as e:  # compile or launch failure: never fail the run
                 # A call the fallback refuses too was the caller's fault: its error goes up, the variant stays on.
                 out = run_fallback(state, args, kwargs, call, backend)
+                refused = dispatch.caller_error(call, mask)
+                if refused is not None:  # arguments the checks let by: still the caller's, not a kernel fault
+                    state.runs.fallback(dispatch.REFUSED_ARGUMENTS, refused)
+                    return out
                 dispatch.disable_variant(key, plan, e)
                 state.runs.fallback(dispatch.VARIANT_DISABLED)
                 return out

@@ -8,6 +8,8 @@ backend the model wanted and ``args/kwargs`` follow
 """
 from __future__ import annotations
 
+import math
+import numbers
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +39,10 @@ HANDLED_KWARGS = frozenset({"scale", "enable_gqa", "low_precision_attention"})
 # Kernel variants that failed to compile or run: disabled until ComfyUI restarts. key -> cause.
 _disabled_variants: dict[tuple, str] = {}
 VARIANT_DISABLED = "kernel failed (variant disabled until restart)"
+# A caller's arguments: the call goes where ComfyUI's attention takes it, nothing is turned off.
+BAD_SCALE = "scale not a finite number"
+EMPTY_CALL = "empty q or k (no batch or no tokens)"
+REFUSED_ARGUMENTS = "arguments the kernel refuses (the caller's; nothing disabled)"
 # Autograd through the kernel: it has no backward, ComfyUI's attention has (LoRA training, gradient guidance).
 NEEDS_GRAD = "needs gradients (training)"
 
@@ -183,8 +189,12 @@ def call_fallback_reason(call: AttentionCall) -> Optional[str]:
         return "q, k, v dtypes differ"
     if call.attn_precision == torch.float32:
         return "fp32 attn_precision requested"
-    if not (1 <= call.head_dim <= MAX_HEAD_DIM) or call.q_len == 0 or call.k_len == 0:
+    if not (1 <= call.head_dim <= MAX_HEAD_DIM):
         return f"head_dim {call.head_dim} outside 1..{MAX_HEAD_DIM}"
+    if call.batch == 0 or call.q_len == 0 or call.k_len == 0:
+        return EMPTY_CALL
+    if not _finite_scale(extra.get("scale")):
+        return BAD_SCALE
     problem = _shape_problem(call)
     if problem is not None:
         return problem
@@ -193,6 +203,13 @@ def call_fallback_reason(call: AttentionCall) -> Optional[str]:
     if call.v_head_dim != call.head_dim:
         return "v head size differs from q/k"
     return normalize_mask(call)[1]
+
+
+def _finite_scale(scale) -> bool:
+    """Whether the kernel takes ``scale`` (``kernels.api._check_scale``'s rule): None or a finite real number."""
+    if scale is None:
+        return True
+    return not isinstance(scale, bool) and isinstance(scale, numbers.Real) and math.isfinite(scale)
 
 
 def _shape_problem(call: AttentionCall) -> Optional[str]:
@@ -213,6 +230,8 @@ def _shape_problem(call: AttentionCall) -> Optional[str]:
         k_len_v = v.shape[1]
     if k.shape[0] != call.batch or v.shape[0] != call.batch:
         return "q, k, v batch sizes differ"
+    if k.device != q.device or v.device != q.device:
+        return "q, k, v on different devices"
     if k_len_v != call.k_len:
         return "k and v lengths differ"
     return None
@@ -270,6 +289,7 @@ class PatchState:
         self._calls = CallCache()  # decisions by call signature: a repeated call skips binding and checks
         self.kernel_runner: Optional[Callable] = None  # Sage Settings' backend choice; None: our kernel (sageattn)
         self.composition: dict = {}  # which backend this patch replaced and which serves fallbacks (run summary)
+        self.rope_compiled = False  # a forward torch.compile traced kept ComfyUI's RoPE (``rope_hooks``)
 
     @property
     def run(self) -> Optional[RunTally]:
@@ -443,6 +463,10 @@ class PatchState:
         except Exception as e:  # compile or launch failure: never fail the run
             # A call ComfyUI's attention refuses too was the caller's fault: its error goes up, the variant stays on.
             out = self.run_fallback(func, args, kwargs, call)
+            refused = caller_error(call, mask)
+            if refused is not None:  # arguments the checks above let by: still the caller's, not a kernel fault
+                self.runs.fallback(REFUSED_ARGUMENTS, refused)
+                return out
             disable_variant(variant, plan, e)
             self.runs.fallback(VARIANT_DISABLED)
             return out
@@ -459,6 +483,15 @@ def needs_grad(args: tuple) -> bool:
         if isinstance(t, torch.Tensor) and t.requires_grad:
             return True
     return False
+
+
+def caller_error(call: AttentionCall, mask) -> Optional[str]:
+    """What ``sageattn`` refuses in this call's arguments before any launch (the caller's mistake), or None."""
+    from ...kernels.api import argument_error
+
+    q, k, v, layout = kernel_inputs(call)
+    error = argument_error(q, k, v, layout, sm_scale=call.extra.get("scale"), attn_mask=mask)
+    return None if error is None else f"{type(error).__name__}: {error}"
 
 
 def disable_variant(variant: tuple, plan: KernelPlan, error: Exception) -> None:

@@ -27,7 +27,7 @@ import torch
 from .call_cache import COMFY, put_bounded
 from .dispatch import PatchState
 from .nonfinite_guard import REASON as REDO_REASON
-from .override import make_attention_override
+from .override import make_attention_override, outside_graphs
 
 WRAPPER_KEY = "sagetriton_forward_plan"
 OVERRIDE_KEY = "optimized_attention_override"
@@ -212,7 +212,10 @@ def make_planned_override(state: PatchState, plans: ForwardPlans) -> Callable:
                     return func(*args, **kwargs) if previous is None else previous(func, *args, **kwargs)
         return state.dispatch(func, args, kwargs)
 
-    sagetriton_attention_override.sagetriton_state = state
-    sagetriton_attention_override.container_function = base.container_function
-    plans.override = sagetriton_attention_override
-    return sagetriton_attention_override
+    # Under torch.compile (ComfyUI's TorchCompileModel) each call leaves the graph here and runs as it
+    # runs uncompiled: the plan, the dispatcher's decisions and its counters are Python state a graph would freeze.
+    override = outside_graphs(sagetriton_attention_override)
+    override.sagetriton_state = state
+    override.container_function = base.container_function
+    plans.override = override
+    return override

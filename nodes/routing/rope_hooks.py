@@ -23,6 +23,7 @@ import torch
 
 from ...installer.selftest import is_oom
 from ...kernels.log import logger
+from ..reporting import stats
 from .dispatch import PatchState
 
 WRAPPER_KEY = "sagetriton_rope"
@@ -54,6 +55,22 @@ def _freqs_for(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
 def _rope(x, freqs, y=None, fma=True):
     """The kernel's RoPE of ``x`` (and ``y``), or None where ComfyUI's function should run. ``fma``: see
     ``kernels.rope.apply`` (ComfyUI's ``apply_rope1`` rounds that way)."""
+    if torch.compiler.is_compiling():
+        return _left_to_compiler()
+    return _rope_eager(x, freqs, y, fma)
+
+
+def _left_to_compiler() -> None:
+    """A forward torch.compile traces keeps ComfyUI's RoPE: the compiler fuses its passes into its own kernels,
+    where ours would be a graph break for no gain. Noted for the run summary (replayed by every compiled run)."""
+    state = _forward.get()
+    if state is not None:
+        state.rope_compiled = True
+    return None
+
+
+@torch.compiler.disable  # eager even where a compiled forward gave this frame up: no tracing of the launch
+def _rope_eager(x, freqs, y, fma):
     global _calls, _failed
     state = _forward.get()
     if state is None or _failed is not None or getattr(state.redo, "reason", None) is not None:
@@ -77,9 +94,7 @@ def _rope(x, freqs, y=None, fma=True):
                        "`python install.py` in the SageTriton folder shows what the GPU's Triton build lacks.",
                        _failed.splitlines()[0][:300])
         return None
-    run = state.run
-    if run is not None:
-        run.rope += 1
+    stats.record_rope(state.run)
     with _lock:
         if not _calls:
             logger.info("[SageTriton] RoPE of patched models runs in SageTriton's kernel (ComfyUI's fp32 math, "
