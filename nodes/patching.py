@@ -10,7 +10,7 @@ from typing import Optional
 
 from ..kernels.arch import ArchInfo
 from ..kernels.log import logger
-from .backends.alt_backends import DEFAULT_BACKEND, machine_vendor, runner_for, unavailable_note
+from .backends.alt_backends import DEFAULT_BACKEND, machine_vendor, runner_for, runs_instead, unavailable_note
 from .backends.preferred_attention import describe, preferred_layers
 from .config.install_report import InstallReport
 from .config.settings import DEFAULT_SETTINGS, SageSettings
@@ -88,7 +88,8 @@ def use_backend(state: PatchState) -> str:
     runner, why = runner_for(choice, vendor)
     if why is not None:
         note = unavailable_note(choice, why, vendor)
-        logger.warning("[SageTriton] Sage Settings backend %r cannot run: %s", choice, note)
+        logger.warning("[SageTriton] Sage Settings backend %r cannot run here: %s. %s runs instead.", choice, why,
+                       runs_instead(vendor))
         state.composition.setdefault("notes", []).append(note)
         return DEFAULT_BACKEND
     state.kernel_runner = runner

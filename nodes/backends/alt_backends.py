@@ -70,12 +70,14 @@ def runs_instead(vendor: str) -> str:
     where the kernel does not run either (no GPU, outside the tests' Triton interpreter)."""
     from ...kernels.arch import interpreter_enabled
 
-    return DEFAULT_BACKEND if vendor != "cpu" or interpreter_enabled() else "ComfyUI attention"
+    return DEFAULT_BACKEND if vendor != "cpu" or interpreter_enabled() else "ComfyUI's own attention"
 
 
 def unavailable_note(backend: str, why: str, vendor: str) -> str:
-    """The sentence for the log and the run summary; the part after ";" is the nodes' short line."""
-    return f"{why}; {backend} unavailable here → {runs_instead(vendor)}"
+    """The sentence for the log and the run summary; its last part ("SageAttention unavailable here →
+    ComfyUI") is the nodes' short line, short enough for a node's width."""
+    instead = runs_instead(vendor)
+    return f"{why}; {backend} unavailable here → {instead if instead == DEFAULT_BACKEND else 'ComfyUI'}"
 
 
 def backend_choices(vendor: Optional[str] = None) -> dict:
