@@ -112,8 +112,32 @@ def _reusable_report(arch, args):
         return None
     existing = rep.load_report(rep.report_key(arch))
     if existing and existing.get("complete") and (args.quick or not existing.get("quick")):
-        return existing
+        where = rep.current_report_path(arch)
+        return in_run_order(dict(existing, path=str(where)) if where else existing, arch)
     return None
+
+
+def in_run_order(report: dict, arch) -> dict:
+    """The report's tables in the order a run prints them: the file is written with sorted keys, and a
+    rerun must read like the first run."""
+    from .crosscompile import DEFAULT_TARGETS
+
+    variants = [selftest.name_of(v) for v in selftest.variants_for(arch)]
+    return dict(report, variants=_ordered(report.get("variants"), variants),
+                cross_compile=_ordered(report.get("cross_compile"), DEFAULT_TARGETS))
+
+
+def _ordered(table, order):
+    if not table:
+        return table
+    rank = {name: i for i, name in enumerate(order)}
+    return dict(sorted(table.items(), key=lambda item: rank.get(item[0], len(rank))))  # others last, as stored
+
+
+REUSED_GPU = ("Already built and self-tested for this GPU, torch, triton and pack version (use --force to redo);\n"
+              "the results of that run:")
+REUSED_CPU = ("Already self-tested through the Triton interpreter and cross-compiled for this torch, triton\n"
+              "and pack version (use --force to redo); the results of that run:")
 
 
 def install_main(args) -> int:
@@ -134,45 +158,44 @@ def install_main(args) -> int:
     if env.gpus:
         arch = env.arch(0)
         existing = _reusable_report(arch, args)
-        if existing:
-            section(f"Kernels for {arch.name} ({arch.arch})")
-            print("Already built and self-tested for this GPU, torch, triton and pack version "
-                  "(use --force to redo):")
-            print_report(existing, env)
-            return 1 if args.strict and (failed or existing.get("disabled_variants")) else 0
         section(f"Build + self-test on {arch.name} ({arch.arch}, {arch.family})")
-        print("Each kernel variant the Sage Settings node can pick is built and compared with torch SDPA.")
-        report = firststart.run_setup(arch, "gpu", echo=True, doctor=doctor_dicts, quick=args.quick)
+        if existing:
+            print(REUSED_GPU)
+            report = existing
+        else:
+            print("Each kernel variant the Sage Settings node can pick is built and compared with torch SDPA.")
+            report = firststart.run_setup(arch, "gpu", echo=True, doctor=doctor_dicts, quick=args.quick)
         print_report(report, env)
         bad = failed or report.get("disabled_variants") or not report.get("complete")
         return 1 if args.strict and bad else 0
 
+    # No GPU: a rerun prints the same sections as the first run, from the saved report.
     existing = _reusable_report(CPU_ARCH, args)
-    if existing:
-        section("No GPU found")
-        print("Already self-tested through the Triton interpreter and cross-compiled for this torch, triton\n"
-              "and pack version (use --force to redo):")
-        if existing.get("cross_compile"):
-            from . import crosscompile as cc
-            print(cc.format_table(existing["cross_compile"]))
-        print_report(existing, env)
-        return 1 if args.strict and (failed or existing.get("disabled_variants")) else 0
     section("No GPU found")
-    print("torch sees no CUDA or ROCm GPU on this machine. SageTriton still proves its kernels here:\n"
-          "  1. the accuracy self-test through the Triton interpreter (CPU, small sizes),\n"
-          "  2. a cross-compile for the common NVIDIA and AMD GPU families.")
-    cross = None
-    if not args.skip_cross_compile:
-        section("Cross-compile (no GPU needed)")
-        from . import crosscompile as cc
-        if os.environ.get("TRITON_INTERPRET", "0") == "1":
-            cross = cc.check_targets_in_child(cc.DEFAULT_TARGETS, args.head_dim)
-        else:
-            cross = cc.check_targets(cc.DEFAULT_TARGETS, args.head_dim, progress=True)
-        print(cc.format_table(cross), flush=True)
-    section("Self-test through the Triton interpreter")
-    report = firststart.run_setup(CPU_ARCH, "interpreter", echo=True, doctor=doctor_dicts,
-                                  cross_compile=cross, quick=args.quick)
+    if existing:
+        print(REUSED_CPU)
+        report, cross = existing, existing.get("cross_compile")
+        if cross:
+            from . import crosscompile as cc
+            section("Cross-compile (no GPU needed)")
+            print(cc.format_table(cross))
+        section("Self-test through the Triton interpreter")
+    else:
+        print("torch sees no CUDA or ROCm GPU on this machine. SageTriton still proves its kernels here:\n"
+              "  1. the accuracy self-test through the Triton interpreter (CPU, small sizes),\n"
+              "  2. a cross-compile for the common NVIDIA and AMD GPU families.")
+        cross = None
+        if not args.skip_cross_compile:
+            section("Cross-compile (no GPU needed)")
+            from . import crosscompile as cc
+            if os.environ.get("TRITON_INTERPRET", "0") == "1":
+                cross = cc.check_targets_in_child(cc.DEFAULT_TARGETS, args.head_dim)
+            else:
+                cross = cc.check_targets(cc.DEFAULT_TARGETS, args.head_dim, progress=True)
+            print(cc.format_table(cross), flush=True)
+        section("Self-test through the Triton interpreter")
+        report = firststart.run_setup(CPU_ARCH, "interpreter", echo=True, doctor=doctor_dicts,
+                                      cross_compile=cross, quick=args.quick)
     print_report(report, env)
     section("What this means")
     print("On this machine the pack leaves ComfyUI's attention in place: the nodes load, and a model\n"

@@ -10,7 +10,7 @@ from typing import Optional
 
 from ..kernels.arch import ArchInfo
 from ..kernels.log import logger
-from .backends.alt_backends import DEFAULT_BACKEND, runner_for
+from .backends.alt_backends import DEFAULT_BACKEND, machine_vendor, runner_for, runs_instead, unavailable_note
 from .backends.preferred_attention import describe, preferred_layers
 from .config.install_report import InstallReport
 from .config.settings import DEFAULT_SETTINGS, SageSettings
@@ -54,8 +54,8 @@ def patch_model(model, settings: Optional[SageSettings] = None, node_id: Optiona
     state = PatchState(settings or DEFAULT_SETTINGS, previous_override_of(model), arch=arch, node_id=node_id,
                        **{"report": InstallReport(), **state_options})
     replaced = describe_replaced(state.previous_override)
-    state.composition = {"replaced": replaced, "fallback": fallback_served_by(state.settings.fallback, replaced),
-                         "backend": use_backend(state)}
+    state.composition = {"replaced": replaced, "fallback": fallback_served_by(state.settings.fallback, replaced)}
+    state.composition["backend"] = use_backend(state)
     preferred = preferred_layers(getattr(model, "model", None))
     if preferred:  # only then: the composition of an ordinary model stays as it was
         state.composition["preferred"] = preferred
@@ -81,12 +81,16 @@ def patch_model(model, settings: Optional[SageSettings] = None, node_id: Optiona
 
 
 def use_backend(state: PatchState) -> str:
-    """Sage Settings' backend choice on ``state``; SageTriton (with a log line naming the fix) where the
-    chosen one cannot run here."""
+    """Sage Settings' backend choice on ``state``; SageTriton where the chosen one cannot run here, said in
+    a log line and in the run summary's notes (the Patch node's panel): why, and what runs instead."""
     choice = state.settings.backend
-    runner, why = runner_for(choice)
+    vendor = machine_vendor()
+    runner, why = runner_for(choice, vendor)
     if why is not None:
-        logger.warning("[SageTriton] Sage Settings backend %r cannot run: %s. SageTriton runs instead.", choice, why)
+        note = unavailable_note(choice, why, vendor)
+        logger.warning("[SageTriton] Sage Settings backend %r cannot run here: %s. %s runs instead.", choice, why,
+                       runs_instead(vendor))
+        state.composition.setdefault("notes", []).append(note)
         return DEFAULT_BACKEND
     state.kernel_runner = runner
     return choice

@@ -22,9 +22,9 @@ PACK_LINK = PACK_FOLDER_NAME  # served as /extensions/<PACK_LINK>/, templates un
 TEST_PACK_LINK = "sagetriton_e2e_testpack"
 TINY_MODEL = "sagetriton_tiny_wan21.safetensors"
 # A first visit opens the template browser over the canvas, loading a workflow warns about missing
-# models: the browser tests want the canvas.
+# models (1.58: an "N issues found" box over the canvas's top right): the browser tests want the canvas.
 UI_SETTINGS = {"Comfy.TutorialCompleted": True, "Comfy.Workflow.ShowMissingModelsWarning": False,
-               "Comfy.Workflow.ShowMissingNodesWarning": False}
+               "Comfy.ErrorSystem.ShowMissingModels": False, "Comfy.Workflow.ShowMissingNodesWarning": False}
 
 
 def save_tiny_wan21(path: Path) -> None:

@@ -13,6 +13,7 @@ import torch
 from attention_cases import exact_attention, random_qkv, reference_backend
 from sagetriton.kernels import api
 from sagetriton.kernels.reference import cosine
+from sagetriton.nodes import patching
 from sagetriton.nodes.backends import alt_backends
 from sagetriton.nodes.config.settings import SageSettings
 from sagetriton.nodes.patching import patch_model, patch_state_of
@@ -57,6 +58,8 @@ def test_sdpa_backend_takes_the_kernels_calls(patcher, monkeypatch, seed, kv_hea
 
 
 def test_a_backend_that_is_not_installed_runs_sagetriton_and_names_the_fix(patcher, monkeypatch, caplog, seed):
+    # An NVIDIA machine without the library: installing it is the fix. (The kernels run in the interpreter.)
+    monkeypatch.setattr(patching, "machine_vendor", lambda: "nvidia")
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "sageattention" else find_spec(name, *a))
     with caplog.at_level(logging.WARNING, logger="SageTriton"):
@@ -65,7 +68,32 @@ def test_a_backend_that_is_not_installed_runs_sagetriton_and_names_the_fix(patch
     q, k, v = random_qkv(b=1, h=2, lq=24, lk=24, d=32)
     out, summary = run_once(patched, q, k, v, 2)
     assert "calls on the SageTriton kernel" in summary["text"]
+    assert summary["notes"][0].endswith("SageAttention unavailable here → SageTriton"), summary["notes"]
     assert cosine(out, exact_attention(q, k, v)) >= 0.999
+
+
+@pytest.mark.parametrize("backend", ["SageAttention", "comfy-kitchen"])
+def test_without_a_gpu_a_gpu_backend_says_what_runs_instead_and_gives_no_install_advice(
+        patcher, monkeypatch, caplog, backend):
+    """A CPU install (no Triton interpreter): the calls run on ComfyUI's attention, and that is what the
+    log, the run summary (the Patch node's panel) and /sage/status (the Sage Settings node's) say."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    monkeypatch.delenv("TRITON_INTERPRET")
+    short = f"{backend} unavailable here → ComfyUI"
+    with caplog.at_level(logging.WARNING, logger="SageTriton"):
+        patched = patch_model(patcher, SageSettings(min_seq_len=0, backend=backend))
+    assert "computes on its CPU. ComfyUI's own attention runs instead." in caplog.text, caplog.text
+    assert "pip install" not in caplog.text
+    q, k, v = random_qkv(b=1, h=2, lq=24, lk=24, d=32)
+    _, summary = run_once(patched, q, k, v, 2)
+    assert summary["kernel"] == 0 and summary["notes"][0].endswith(short), summary
+    assert short in summary["text"]
+    from sagetriton.nodes.reporting.status_route import status_payload
+
+    shown = status_payload()["backends"]
+    assert shown[backend] == {"ok": False, "why": alt_backends.unavailable_reason(backend), "short": short}
+    assert shown["SageTriton"]["ok"] and shown["SDPA"]["ok"]
 
 
 find_spec = importlib.util.find_spec

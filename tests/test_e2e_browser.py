@@ -1,8 +1,10 @@
 """End-to-end in a real headless browser: ComfyUI's frontend with the SageTriton extension loaded.
 
 Debian's chromium + chromedriver (installed by .ci/run), driven by selenium. Screenshots go to
-tests/artifacts/ (git-ignored); the README's picture, docs/img/nodes.png, is a copy of nodes.png, and
-the template browser's thumbnails, workflows/<name>.jpg, are copies of <name>.jpg.
+tests/artifacts/ (git-ignored), or to $SAGETRITON_ARTIFACTS (.ci/run: tests/artifacts/pinned and
+tests/artifacts/newest, one folder per leg). The README's picture, docs/img/nodes.png, is a copy of
+the pinned leg's nodes.png, and the template browser's thumbnails, workflows/<name>.jpg, are copies of
+its <name>.jpg.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import tempfile
 import time
@@ -22,7 +25,8 @@ from conftest import needs_comfyui
 
 pytestmark = [needs_comfyui, pytest.mark.server, pytest.mark.browser]
 
-ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / (os.environ.get("SAGETRITON_ARTIFACTS") or "tests/artifacts")  # relative: to the checkout
 CHROMEDRIVER = "/usr/bin/chromedriver"
 EXT_NAME = "SageTriton.NodeInfo"
 FORMAT_URL = f"/extensions/{PACK_LINK}/sage_format.mjs"
@@ -33,9 +37,9 @@ def driver(sage_server):  # noqa: F811
     yield from _browser(sage_server)
 
 
-# What a user without a GPU sees (no Triton interpreter), on the frontend ComfyUI 0.3.64's requirements
-# pin (1.27) and on the newest from PyPI (1.58): the pictures (README, template thumbnails) come from the
-# pinned one; the examples must open cleanly on both.
+# What a user without a GPU sees (no Triton interpreter), on the frontend ComfyUI's requirements pin (1.27
+# for 0.3.64, 1.32 for 0.3.75) and on the newest from PyPI (1.58): the pictures (README, template
+# thumbnails) come from the pinned one; the examples must open cleanly on both.
 @pytest.fixture(scope="module", params=["pinned", "newest"])
 def cpu_driver(comfyui_path, request):
     server = cpu_install_server(comfyui_path, request, request.param)
@@ -60,10 +64,15 @@ def _browser(server):
         opts.add_argument(flag)
     drv = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
     drv.set_script_timeout(120)
+    # Frontend 1.32's "Introducing Nodes 2.0" banner over the top of the canvas, dismissed as a user would
+    # (the frontend keeps that in localStorage), before the page's own scripts run.
+    drv.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument",
+                        {"source": "try { localStorage.setItem('vueNodesBannerDismissed', 'true'); } catch (e) {}"})
     try:
         drv.get(server.url)
         _wait(drv, "return !!(window.app && app.graph && app.canvas && app.extensions && "
                    f"app.extensions.some(e => e.name === '{EXT_NAME}'))", 90, "frontend with the extension")
+        drv.sage_frontend_version = drv.execute_script("return window.__COMFYUI_FRONTEND_VERSION__ ?? null")
         yield drv
     finally:
         drv.quit()
@@ -83,7 +92,7 @@ def _wait(drv, script: str, timeout: float, what: str):
 
 
 def _shot(drv, name: str) -> Path:
-    ARTIFACTS.mkdir(exist_ok=True)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / name
     drv.save_screenshot(str(path))
     return path
@@ -205,27 +214,56 @@ def test_nodes_show_gpu_and_defaults_from_the_server(driver, sage_server):  # no
     _shot(driver, "sagetriton_nodes.png")
 
 
+# Test code only: the top-left corner of the canvas area that the frontend's own panels (1.58's sidebar
+# and top bar lie over the canvas) leave free, in page pixels.
+FREE_CORNER = """
+const cv = app.canvas.canvas, r = cv.getBoundingClientRect();
+const clear = (x, y) => document.elementFromPoint(x, y) === cv;
+let left = r.left, top = r.top;
+while (left < r.left + r.width / 2 && !clear(left + 1, r.top + r.height / 2)) left += 4;  // a sidebar
+// A top bar, and buttons floating under it: the first row clear over the picture's width.
+const row = y => { for (let x = left + 1; x < left + 1000; x += 4) if (!clear(x, y)) return false; return true; };
+while (top < r.top + r.height / 2 && !(row(top + 1) && row(top + 20))) top += 4;
+const free = [left - r.left, top - r.top];
+"""
+
 # The README's picture: the two nodes wired as a user would, nothing from the tests in the graph.
 README_GRAPH = """
 app.graph.clear();
+""" + FREE_CORNER + """
 const add = (type, pos) => { const n = LiteGraph.createNode(type); n.pos = pos; app.graph.add(n); return n; };
 const unet = add("UNETLoader", [20, 40]);
 const settings = add("SageTritonSettings", [20, 200]);
 const patch = add("SageTritonPatchModelAttention", [420, 40]);
 const ks = add("KSampler", [820, 40]);
 unet.connect(0, patch, 0); settings.connect(0, patch, 1); patch.connect(0, ks, 0);
-app.canvas.ds.scale = 1; app.canvas.ds.offset = [20, 20];
+app.canvas.ds.scale = 1; app.canvas.ds.offset = [free[0] + 10, free[1] + 25];  // room for the badges
 app.graph.setDirtyCanvas(true, true);
-const rect = app.canvas.canvas.getBoundingClientRect();
-const nodes = [unet, settings, patch, ks];
-const x1 = Math.max(...nodes.map(n => n.pos[0] + n.size[0])), y1 = Math.max(...nodes.map(n => n.pos[1] + n.size[1]));
-return {settings: settings.id, box: [rect.left, rect.top, rect.left + x1 + 50, rect.top + y1 + 40]};
+return {settings: settings.id};
+"""
+
+# Test code only: every node's corners (title bar included) as the page shows them: each must be the
+# canvas, or the node's own text box; anything else lies over the node (a sidebar, a banner, a toast),
+# or the corner is outside the window.
+HIDDEN_CORNERS = """
+const cv = app.canvas.canvas, r = cv.getBoundingClientRect(), ds = app.canvas.ds;
+const title = LiteGraph.NODE_TITLE_HEIGHT ?? 30;
+const page = (x, y) => [r.left + (x + ds.offset[0]) * ds.scale, r.top + (y + ds.offset[1]) * ds.scale];
+const cls = e => typeof e.className === 'string' ? e.className.trim().split(/\\s+/).slice(0, 3).join('.') : '';
+const named = e => !e ? 'outside the window' : e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + '.' + cls(e);
+const own = e => e === cv || (e?.tagName === 'TEXTAREA');
+return app.graph.nodes.flatMap(n => {
+  const [x0, y0] = page(n.pos[0], n.pos[1] - title), [x1, y1] = page(n.pos[0] + n.size[0], n.pos[1] + n.size[1]);
+  return [[x0 + 4, y0 + 4], [x1 - 4, y0 + 4], [x0 + 4, y1 - 4], [x1 - 4, y1 - 4]]
+    .map(([x, y]) => [Math.round(x), Math.round(y), document.elementFromPoint(x, y)])
+    .filter(([, , e]) => !own(e)).map(([x, y, e]) => `${n.type} at (${x}, ${y}): ${named(e)}`);
+});
 """
 
 
 def test_readme_screenshot_of_the_two_nodes(cpu_driver):
-    """tests/artifacts/nodes.png, cropped to the workflow (docs/img/nodes.png is a copy of it): what a
-    machine without a GPU shows (nodes_newest.png: the same on the newest frontend)."""
+    """nodes.png, cropped to the workflow (docs/img/nodes.png is a copy of the pinned leg's): what a
+    machine without a GPU shows (nodes_newest.png: the same on the newest frontend), nothing over it."""
     image = pytest.importorskip("PIL.Image")
     driver = cpu_driver
     _, status = driver.sage_server.get("/sage/status")
@@ -234,10 +272,13 @@ def test_readme_screenshot_of_the_two_nodes(cpu_driver):
     _wait_panel(driver, ids["settings"], f"SageTriton · {status['arch']}", "the info panel")
     time.sleep(0.5)  # one more frame
     full = _shot(driver, "nodes_full.png")
+    assert not driver.execute_script(HIDDEN_CORNERS)
     scale = driver.execute_script("return window.devicePixelRatio || 1")
-    box = tuple(round(v * scale) for v in ids["box"])
+    box = [round(v * scale) for v in driver.execute_script(GRAPH_BOX)]
+    box = (box[0] - 10, box[1] - 22, box[2] + 30, box[3] + 20)  # the nodes' source badges sit above them
     lines = driver.execute_script(READ_NODE, ids["settings"])["lines"]
     assert lines[2] == "no GPU: ComfyUI's own attention runs", lines
+    assert "fast_rope" in driver.execute_script(READ_NODE, ids["settings"])["widgets"]  # every input is drawn
     out = ARTIFACTS / ("nodes.png" if driver.sage_frontend == "pinned" else "nodes_newest.png")
     with image.open(full) as shot:
         shot.crop(box).save(out)
@@ -477,23 +518,34 @@ return window.__sageComplaints.concat(toasts.map(t => 'toast: ' + t.textContent.
 """
 
 
+# Test code only: open an example as a user opens a file (Workflow → Open, or dropped on the canvas), wait
+# until its nodes are in the graph and the view is settled.
+OPEN_FILE = """
+const [url, name, done] = [arguments[0], arguments[1], arguments[arguments.length - 1]];
+(async () => {
+  const text = await (await fetch(url)).text();
+  const wf = JSON.parse(text);
+  await app.handleFile(new File([text], name + '.json', {type: 'application/json'}));
+  const frame = () => new Promise(r => requestAnimationFrame(() => r()));
+  for (let i = 0; i < 200 && app.graph.nodes.length !== wf.nodes.length; i++) await new Promise(r => setTimeout(r, 50));
+  await frame(); await frame();  // the frontend fits the view in an animation frame
+  const nodes = app.graph.nodes;
+  done({expected: wf.nodes.length, loaded: nodes.length,
+        unknown: nodes.filter(n => !LiteGraph.registered_node_types[n.type]).map(n => n.type),
+        panels: nodes.filter(n => n.widgets?.some(w => w.name === 'sagetriton_info')).map(n => n.type),
+        view: {scale: app.canvas.ds.scale, offset: Array.from(app.canvas.ds.offset)}});
+})().catch(e => done({error: String(e)}));
+"""
+
+
 @pytest.mark.parametrize("name", EXAMPLES)
-def test_example_workflow_opens_cleanly(cpu_driver, name):
-    """Loaded the way the template browser does (fetched from the server, then app.loadGraphData): no
-    alert, toast, console error or warning of the pack's; every node known; a screenshot kept per example
-    (the pinned frontend's is the template browser's thumbnail)."""
+def test_example_workflow_opens_cleanly_with_the_whole_graph_in_view(cpu_driver, name):
+    """Opened from its file: no alert, toast, console error or warning of the pack's; every node known;
+    every node in view, under none of the frontend's panels (1.58's sidebar lies over the canvas's left
+    edge); a screenshot kept per example (the pinned frontend's is the template browser's thumbnail)."""
     driver = cpu_driver
-    url = f"/api/workflow_templates/{PACK_LINK}/{name}.json"
     driver.execute_script(WATCH_PAGE)
-    result = driver.execute_async_script(
-        "const [url, done] = [arguments[0], arguments[arguments.length - 1]];"
-        "fetch(url).then(r => r.json()).then(async wf => {"
-        " await app.loadGraphData(wf, true, true, 'sagetriton-example');"
-        " const nodes = app.graph.nodes;"
-        " done({expected: wf.nodes.length, loaded: nodes.length,"
-        "  unknown: nodes.filter(n => !LiteGraph.registered_node_types[n.type]).map(n => n.type),"
-        "  panels: nodes.filter(n => n.widgets?.some(w => w.name === 'sagetriton_info')).map(n => n.type)});"
-        "}).catch(e => done({error: String(e)}));", url)
+    result = driver.execute_async_script(OPEN_FILE, f"/api/workflow_templates/{PACK_LINK}/{name}.json", name)
     assert "error" not in result, result
     time.sleep(1.0)  # toasts and the info panels' status fetch land after the load resolves
     complaints = [c for c in driver.execute_script(COMPLAINTS) if not _core_complaint(c)]
@@ -504,12 +556,16 @@ def test_example_workflow_opens_cleanly(cpu_driver, name):
         shot = _shot(driver, f"example_{_slug(name)}.png")
         _thumbnail(driver, shot, ARTIFACTS / f"{name}.jpg")
     else:
-        _shot(driver, f"example_{_slug(name)}_newest.png")
+        shot = _shot(driver, f"example_{_slug(name)}_newest.png")
+    hidden = driver.execute_script(HIDDEN_CORNERS)
+    assert not hidden, (f"{name} on frontend {driver.sage_frontend_version}: nodes not in view ({shot.name}, "
+                        f"view {result['view']}): {hidden}")
 
 
 # ComfyUI's own complaints on the newest frontend against the 0.3.64 backend, never the pack's: the
-# frontend asks for /api/jobs (a newer backend's route) and warns about its own deprecated input.link.
-CORE_COMPLAINTS = ("/api/jobs", "input.link is deprecated")
+# frontend asks for /api/jobs (a newer backend's route) and warns about its own deprecated input.link;
+# 1.32 offers to switch Vue nodes back off in a toast once they are turned on.
+CORE_COMPLAINTS = ("/api/jobs", "input.link is deprecated", "Prefer the legacy design?")
 
 
 def _core_complaint(text: str) -> bool:
@@ -649,17 +705,32 @@ def _overlaps(boxes: dict) -> list:
             and min(a["box"][3], b["box"][3]) - max(a["box"][1], b["box"][1]) > 2]
 
 
+# The README: with Vue nodes ("Nodes 2.0") on, the panels show from this frontend on (1.32 draws a
+# custom widget in a Vue node; 1.27, whose Vue nodes were an experiment, draws only its own widget types).
+VUE_PANELS_FROM = (1, 32)
+
+
+def _version(text) -> tuple:
+    return tuple(int(p) for p in str(text).split(".")[:2])
+
+
+def test_readme_says_from_which_frontend_the_panels_show_with_vue_nodes():
+    readme = (ROOT / "README.md").read_text()
+    shown = ".".join(map(str, VUE_PANELS_FROM))
+    assert re.search(rf"with Vue nodes[^.]*\bfrom frontend {re.escape(shown)}\b", readme), shown
+
+
 @pytest.mark.parametrize("name", EXAMPLES)
-def test_vue_nodes_show_the_panel_and_the_examples_do_not_overlap(cpu_driver, name):
-    """The newest frontend with Vue nodes on: the Patch node's panel shows, and no two nodes of an example
-    cover each other (Vue's widgets are taller than the canvas's)."""
+def test_vue_nodes_show_the_panel_where_the_readme_says(cpu_driver, name):
+    """With Vue nodes on: from frontend 1.32 the Patch node's panel shows, and no two nodes of an example
+    cover each other (Vue's widgets are taller than the canvas's); on 1.27 the panel is not drawn, as the
+    README says (the classic canvas shows it there)."""
     driver = cpu_driver
-    if driver.sage_frontend != "newest":
-        pytest.skip("Vue nodes: the newest frontend")
+    shows = _version(driver.sage_frontend_version) >= VUE_PANELS_FROM
     driver.execute_script(WATCH_PAGE)
     try:
         boxes = driver.execute_async_script(VUE_EXAMPLE, f"/api/workflow_templates/{PACK_LINK}/{name}.json", True)
-        _shot(driver, f"vue_{_slug(name)}.png")
+        _shot(driver, f"vue_{_slug(name)}_{driver.sage_frontend}.png")
     finally:
         driver.execute_async_script("const done = arguments[arguments.length - 1];"
                                     "app.extensionManager.setting.set('Comfy.VueNodes.Enabled', false).then(done)")
@@ -667,7 +738,41 @@ def test_vue_nodes_show_the_panel_and_the_examples_do_not_overlap(cpu_driver, na
     complaints = [c for c in driver.execute_script(COMPLAINTS) if not _core_complaint(c)]
     assert not complaints, complaints
     patch = next(b for b in boxes.values() if b["type"] == "SageTritonPatchModelAttention")
+    assert "no GPU: ComfyUI's own attention runs" in patch["panel"], patch  # the lines exist either way
+    if not shows:
+        assert patch["drawn"] == 0, (driver.sage_frontend_version, patch)  # else the README is out of date
+        return
     # The panel's lines, drawn into the Vue node (a canvas of its own, several lines high).
-    assert "no GPU: ComfyUI's own attention runs" in patch["panel"], patch
-    assert patch["drawn"] >= 6 * len(patch["panel"]), patch
+    assert patch["drawn"] >= 6 * len(patch["panel"]), (driver.sage_frontend_version, patch)
     assert not _overlaps(boxes), (_overlaps(boxes), {k: (b["type"], b["box"]) for k, b in boxes.items()})
+
+
+def test_a_backend_that_cannot_run_here_says_so_on_the_nodes(cpu_driver):
+    """backend=SageAttention on a machine without a GPU: as soon as it is picked, the Sage Settings node
+    says it cannot run here and what runs instead (panel line, widget mark, tooltip with the reason); after
+    a run the Patch node says it too. No install advice: the library would not run here either."""
+    driver = cpu_driver
+    _, status = driver.sage_server.get("/sage/status")
+    backend = status["backends"]["SageAttention"]
+    short = "SageAttention unavailable here → ComfyUI"
+    assert backend["ok"] is False and backend["short"] == short and "pip install" not in backend["why"], backend
+    ids = driver.execute_script(BUILD_GRAPH, TINY_MODEL, random.randrange(2**31))
+    _wait_panel(driver, ids["settings"], f"SageTriton · {status['arch']}", "the info panel")
+    assert f"⚠ {short}" not in driver.execute_script(READ_NODE, ids["settings"])["lines"]  # SageTriton picked
+    assert _pick(driver, ids["settings"], "backend", "SageAttention").endswith("⚠ → ComfyUI")
+    _wait_panel(driver, ids["settings"], f"⚠ {short}", "the unavailable backend on Sage Settings")
+    settings = driver.execute_script(READ_NODE, ids["settings"])
+    assert f"SageAttention: {backend['why']}" in settings["widgets"]["backend"]["tooltip"], settings["widgets"]
+    driver.execute_async_script(
+        "const done = arguments[arguments.length - 1]; window.__sageRun = null;"
+        "import('/scripts/api.js').then(({api}) => {"
+        " api.addEventListener('execution_success', () => { window.__sageRun = 'success'; });"
+        " api.addEventListener('execution_error', e => { window.__sageRun = 'error: ' + JSON.stringify(e.detail); });"
+        " app.queuePrompt(0, 1).then(() => done(true)); });")
+    outcome = _wait(driver, "return window.__sageRun", 120, "the prompt to finish")
+    assert outcome == "success", (outcome, driver.sage_server.log_tail())
+    _wait_panel(driver, ids["patch"], f"⚠ {short}", "the unavailable backend on the Patch node after its run")
+    time.sleep(0.5)  # one more frame for the screenshot
+    _shot(driver, f"backend_unavailable_{driver.sage_frontend}.png")
+    _pick(driver, ids["settings"], "backend", "SageTriton")
+    assert f"⚠ {short}" not in driver.execute_script(READ_NODE, ids["settings"])["lines"]

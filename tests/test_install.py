@@ -59,6 +59,38 @@ def test_interpreter_selftest_passes_every_variant(cpu_install):
     assert not list(report_dir.glob(".worker-*"))  # the worker's progress file is cleaned up
 
 
+def _install_again(report_dir):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["SAGETRITON_REPORT_DIR"] = str(report_dir)
+    return subprocess.run([sys.executable, "install.py"], cwd=str(PACK_DIR), capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def _reading(out: str) -> dict:
+    """What a person reads in install.py's output: the sections in order, the table rows in order, the
+    report line."""
+    lines = out.splitlines()
+    return {"sections": [line for line in lines if line.startswith("== ")],
+            "targets": [line[7:].split()[0] for line in lines if line.startswith(("[ OK ] sm", "[ OK ] gfx",
+                                                                                   "[FAIL] sm", "[FAIL] gfx"))],
+            "variants": [line.split()[0] for line in lines if line.count("/") == 2 and " ok " in line],
+            "report": [line for line in lines if line.startswith("report: ")]}
+
+
+def test_a_rerun_reads_like_the_first_run_only_shorter(cpu_install):
+    """The second install.py reuses the first one's report and says so, with the same sections (the summary
+    and the report's path included) and its tables in the same order."""
+    first, report_dir = cpu_install
+    again = _install_again(report_dir)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "Already self-tested" in again.stdout and "build + self-test" not in again.stderr
+    before, after = _reading(first.stdout), _reading(again.stdout)
+    assert after == before, (before, after)
+    assert len(before["variants"]) == 30 and len(before["targets"]) == 8 and len(before["report"]) == 1, before
+    assert "== What this means" in again.stdout
+    assert len(again.stdout) < len(first.stdout)
+
+
 def test_worker_crash_does_not_fail_install(tmp_path):
     # A worker that dies at start-up (as with a broken GPU driver) is reported; install.py still exits 0.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -42,6 +42,19 @@ export function unsupportedChoices(status) {
   return out;
 }
 
+// Sage Settings' backend choices that cannot run here (/sage/status `backends`), in unsupportedChoices' shape
+// for the widget's mark: {backend: {SageAttention: {why, short: "SageAttention unavailable here → SageTriton"}}}.
+export function unavailableBackends(status) {
+  const bad = Object.entries(status?.backends ?? {}).filter(([, b]) => b?.ok === false);
+  return bad.length ? { backend: Object.fromEntries(bad.map(([name, b]) => [name, { why: b.why, short: b.short }])) } : {};
+}
+
+// The panel line for the backend a Sage Settings node has selected, when it cannot run here; else null.
+export function backendLine(status, backend) {
+  const b = unavailableBackends(status).backend?.[backend];
+  return b ? `⚠ ${b.short}` : null;
+}
+
 export function archLabel(status) {
   if (status === undefined) return "SageTriton · loading…";
   if (!status) return "SageTriton · status unavailable";
@@ -121,8 +134,9 @@ export function setupInProgress(status) {
 }
 
 // The lines the info panel shows on a node of `nodeType`; `run` is a Patch node's own last run
-// (null until that node has run: never another node's or another workflow's).
-export function infoLines(nodeType, status, unsupported = unsupportedChoices(status), run = null) {
+// (null until that node has run: never another node's or another workflow's); `backend` a Sage Settings
+// node's selected backend.
+export function infoLines(nodeType, status, unsupported = unsupportedChoices(status), run = null, backend = null) {
   const lines = [archLabel(status)];
   if (!status) return lines;
   lines.push(defaultsLine(status));
@@ -136,6 +150,8 @@ export function infoLines(nodeType, status, unsupported = unsupportedChoices(sta
     for (const values of Object.values(unsupported)) {
       for (const { short } of Object.values(values)) lines.push(`⚠ ${short}`);
     }
+    const unavailable = backendLine(status, backend);
+    if (unavailable) lines.push(unavailable);
   } else if (nodeType === PATCH_NODE) {
     lines.push(...runLines(run));
   }

@@ -2,7 +2,14 @@
 // Only the extension API is used: registerExtension hooks, declared settings, api events.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
-import { PATCH_NODE, SETTINGS_NODE, infoLines, setupInProgress, unsupportedChoices } from "./sage_format.mjs";
+import {
+  PATCH_NODE,
+  SETTINGS_NODE,
+  infoLines,
+  setupInProgress,
+  unavailableBackends,
+  unsupportedChoices,
+} from "./sage_format.mjs";
 
 const EXT = "SageTriton.NodeInfo";
 const SHOW_SETTING = "SageTriton.NodeInfo.Show";
@@ -136,10 +143,11 @@ function refreshNode(node) {
   const show = (showInfo ?? settingValue(SHOW_SETTING, true)) !== false;
   const w = infoWidget(node);
   const unsupported = unsupportedChoices(status);
-  w.lines = show ? infoLines(type, status, unsupported, node.sageRun ?? null) : [];
+  const backend = node.widgets?.find((x) => x.name === "backend")?.value ?? null;
+  w.lines = show ? infoLines(type, status, unsupported, node.sageRun ?? null, backend) : [];
   w.value = w.lines.join("\n");
   w.hidden = !show;
-  if (type === SETTINGS_NODE) markChoices(node, show ? unsupported : {});
+  if (type === SETTINGS_NODE) markChoices(node, show ? { ...unsupported, ...unavailableBackends(status) } : {});
   // Grow (never shrink) the node so the panel's lines fit; 12px sans-serif is ~6.6px a character.
   const min = node.computeSize();
   const textWidth = Math.min(MAX_GROW_W, Math.max(0, ...w.lines.map((l) => l.length * 6.6 + 40)));

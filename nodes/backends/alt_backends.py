@@ -16,13 +16,38 @@ _INSTALL = {"SageAttention": "pip install sageattention (the CUDA SageAttention 
             "comfy-kitchen": "pip install comfy-kitchen (ComfyUI's own INT8 attention; CUDA or ROCm builds)"}
 
 
-def unavailable_reason(backend: str) -> Optional[str]:
-    """None when ``backend`` can run here, else why not and the fix."""
+def machine_vendor() -> str:
+    """"nvidia", "amd" or "cpu": the device ComfyUI computes on (``--cpu`` makes it the CPU where a GPU
+    exists), else the one torch sees."""
+    import sys
+
+    import torch
+
+    mm = sys.modules.get("comfy.model_management")  # never imported here: bench scripts run without ComfyUI
+    try:
+        device = mm.get_torch_device() if mm is not None else None
+    except Exception:  # noqa: BLE001 - ComfyUI not set up: what torch sees
+        device = None
+    gpu = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
+    if not gpu:
+        return "cpu"
+    return "amd" if getattr(torch.version, "hip", None) else "nvidia"
+
+
+def unavailable_reason(backend: str, vendor: Optional[str] = None) -> Optional[str]:
+    """None when ``backend`` can run here, else why not and, where installing helps, the fix. ``vendor``:
+    ``machine_vendor()`` unless given. No install advice where the library cannot run anyway (no GPU)."""
     if backend not in BACKENDS:
         return f"unknown backend {backend!r} (one of {', '.join(BACKENDS)})"
     module = {"SageAttention": "sageattention", "comfy-kitchen": "comfy_kitchen"}.get(backend)
     if module is None:
         return None
+    vendor = vendor or machine_vendor()
+    if backend == "SageAttention" and vendor != "nvidia":
+        return ("SageAttention is a CUDA library for NVIDIA GPUs; "
+                + ("this machine has an AMD GPU" if vendor == "amd" else "this machine computes on its CPU"))
+    if backend == "comfy-kitchen" and vendor == "cpu":
+        return "comfy-kitchen's INT8 attention needs a CUDA or ROCm GPU; this machine computes on its CPU"
     if importlib.util.find_spec(module) is None:
         return f"{backend} is not installed: {_INSTALL[backend]}"
     if backend == "comfy-kitchen":
@@ -38,6 +63,32 @@ def unavailable_reason(backend: str) -> Optional[str]:
 
 def available_backends() -> list[str]:
     return [b for b in BACKENDS if unavailable_reason(b) is None]
+
+
+def runs_instead(vendor: str) -> str:
+    """What takes a chosen backend's calls where it cannot run: our kernel, or ComfyUI's own attention
+    where the kernel does not run either (no GPU, outside the tests' Triton interpreter)."""
+    from ...kernels.arch import interpreter_enabled
+
+    return DEFAULT_BACKEND if vendor != "cpu" or interpreter_enabled() else "ComfyUI's own attention"
+
+
+def unavailable_note(backend: str, why: str, vendor: str) -> str:
+    """The sentence for the log and the run summary; its last part ("SageAttention unavailable here →
+    ComfyUI") is the nodes' short line, short enough for a node's width."""
+    instead = runs_instead(vendor)
+    return f"{why}; {backend} unavailable here → {instead if instead == DEFAULT_BACKEND else 'ComfyUI'}"
+
+
+def backend_choices(vendor: Optional[str] = None) -> dict:
+    """Sage Settings' backend choices on this machine (/sage/status ``backends``), {name: {ok, why, short}}."""
+    vendor = vendor or machine_vendor()
+    out = {}
+    for backend in BACKENDS:
+        why = unavailable_reason(backend, vendor)
+        out[backend] = {"ok": why is None, "why": why or "",
+                        "short": "" if why is None else unavailable_note(backend, why, vendor).split("; ")[-1]}
+    return out
 
 
 def _as_hnd(t, layout: str):
@@ -91,12 +142,12 @@ def _comfy_kitchen(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None,
 _RUNNERS = {"SDPA": _sdpa, "SageAttention": _sageattention, "comfy-kitchen": _comfy_kitchen}
 
 
-def runner_for(backend: str) -> tuple[Optional[Callable], Optional[str]]:
+def runner_for(backend: str, vendor: Optional[str] = None) -> tuple[Optional[Callable], Optional[str]]:
     """(runner, None) for an available other backend; (None, None) for SageTriton; (None, why) when
-    the choice cannot run here (SageTriton runs instead)."""
+    the choice cannot run here (``runs_instead`` says what does)."""
     if backend == DEFAULT_BACKEND:
         return None, None
-    why = unavailable_reason(backend)
+    why = unavailable_reason(backend, vendor)
     if why is not None:
         return None, why
     return _RUNNERS[backend], None

@@ -45,7 +45,7 @@ def build_summary(state: PatchState, run: RunTally) -> dict:
         "config": cfg.as_dict() if cfg is not None else None,
         "config_text": describe_plan(plan),
         "settings": state.settings.as_dict(),
-        "notes": list(state.planner.notes),
+        "notes": [*state.composition.get("notes", []), *state.planner.notes],  # an unavailable backend first
         "node_id": state.node_id,
         "replaced": state.composition.get("replaced"),
         "fallback_backend": state.composition.get("fallback"),

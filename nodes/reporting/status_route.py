@@ -46,6 +46,7 @@ def status_payload(device=None) -> dict:
     from ...installer import report as rep
     from ...installer.firststart import setup_status
     from ...kernels.arch import default_config, detect_arch, interpreter_enabled, supported_choices
+    from ..backends.alt_backends import backend_choices
     from ..config.install_report import InstallReport
     from ..config.planner import KernelPlanner
     from . import stats
@@ -76,6 +77,7 @@ def status_payload(device=None) -> dict:
         "defaults": {str(d): default_config(arch, d).as_dict() for d in (64, 128, 256)},
         "supported_choices": {k: {c: {"ok": ok, "why": why} for c, (ok, why) in v.items()}
                               for k, v in supported_choices(arch).items()},
+        "backends": backend_choices(arch.vendor),  # Sage Settings' backend: which can run here, what runs instead
         "variants": (r or {}).get("variants", {}),
         "disabled_variants": (r or {}).get("disabled_variants", []),
         "crossover": (r or {}).get("crossover"),

@@ -88,10 +88,10 @@ class SageTritonSettings:
                            f"{QK_ROTATION_COST} slower on an H200. auto = on for GPUs."}),
             "backend": (list(BACKENDS), {
                 "default": DEFAULT_BACKEND,
-                "tooltip": "Which attention runs the calls the kernel would take, to compare them in one workflow: "
+                "tooltip": "Which attention runs the calls the kernel would take, to compare them: "
                            "SageTriton, SageAttention (CUDA library), comfy-kitchen (ComfyUI's INT8) or SDPA. "
-                           f"Installed here: {', '.join(available_backends())}. One not installed runs SageTriton "
-                           "(a log line says so)."}),
+                           f"Runs here: {', '.join(available_backends())}. One that cannot run here is marked on this "
+                           "node; SageTriton (without a GPU, ComfyUI's attention) runs instead."}),
             "fast_rope": ("BOOLEAN", {
                 "default": True,
                 "tooltip": "Rotate q and k by position (RoPE) for Flux, Chroma, HiDream and Wan in SageTriton's "
