@@ -11,6 +11,7 @@ import functools
 import math
 import numbers
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Optional
 
@@ -28,6 +29,7 @@ from .arch import (
     resolve_config,
 )
 from .build_errors import root_cause
+from .devices import device_scope, launch_device, wrapped
 from .footprint import head_dim_padded
 from .log import logger
 from .rotation import ROTATION_BLOCK, hadamard_block
@@ -75,8 +77,10 @@ def _launch(kernel, grid, args: tuple, constexprs: dict, num_warps: int, num_sta
                                                             **options})
         return
     kwargs = {**constexprs, "num_warps": num_warps, "num_stages": num_stages, **options}
-    compiled = kernel[grid](*args, **kwargs)
-    replay.note_launch(kernel, grid, args, kwargs, compiled)
+    device = launch_device(args)
+    with device_scope(device) if device is not None else nullcontext():  # Triton launches on the current device
+        compiled = kernel[grid](*args, **kwargs)
+        replay.note_launch(kernel, grid, args, kwargs, compiled)
 
 
 def _check_inputs(q, k, v, layout: str, attn_mask, is_causal: bool) -> None:
@@ -404,7 +408,32 @@ def attention_forward_taking(inputs: list, layout: str, is_causal: bool, sm_scal
 
 
 def _run(inputs: list, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v, out_layout,
-         release: bool):
+         release: bool, in_op: bool = False):
+    """The call on its inputs' device (``devices``); wrapper subclasses through the custom op, which
+    waits on and unwraps them (``in_op``: this is that op's implementation)."""
+    if wrapped(*inputs, attn_mask):
+        if in_op or _launch_hook is not None:
+            kind = type(next(t for t in (*inputs, attn_mask) if wrapped(t))).__name__
+            raise TypeError(f"sageattn cannot read a {kind} by pointer and its dispatch did not unwrap it: "
+                            "pass plain tensors")
+        q, k, v = inputs
+        inputs.clear()
+        return attention_op(q, k, v, layout, bool(is_causal), float(_check_scale(sm_scale, q.shape[-1])), attn_mask,
+                            bool(return_lse), *_op_config(cfg), bool(smooth_k), bool(smooth_v), out_layout or layout)
+    with device_scope(inputs[0].device):
+        return _run_on_device(inputs, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
+                              out_layout, release)
+
+
+def _op_config(cfg: KernelConfig) -> tuple:
+    """``cfg``'s fields in the custom op's argument order."""
+    return (cfg.qk_quant_gran, cfg.pv_precision, cfg.pv_accum_dtype, cfg.fp8_format or "", cfg.block_m, cfg.block_n,
+            cfg.num_warps, cfg.num_stages, cfg.use_tma, cfg.max_registers, cfg.shared_kv_min_len, cfg.v_residual,
+            cfg.pdl, cfg.qk_rotation, cfg.rotation_tiles)
+
+
+def _run_on_device(inputs: list, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
+                   out_layout, release: bool):
     """Replay a recorded call, or work the call out in full (recording it where it may be replayed)."""
     key = None
     # A negative scale quantizes a negated copy of q (``_plan_call``), which a replay would not make.
@@ -701,8 +730,9 @@ def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: s
                        block_m, block_n, num_warps, num_stages, use_tma=use_tma, max_registers=max_registers,
                        shared_kv_min_len=shared_kv_min_len, v_residual=v_residual, pdl=pdl, qk_rotation=qk_rotation,
                        rotation_tiles=rotation_tiles)
-    return attention_forward(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
-                             out_layout)
+    check_config(cfg)
+    return _run([q, k, v], layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v, out_layout,
+                release=False, in_op=True)
 
 
 def _attention_fake(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, qk_quant_gran, pv_precision,
@@ -792,12 +822,11 @@ def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: s
     sm_scale = _check_scale(sm_scale, q.shape[-1])
     # The custom op is what torch.compile traces (and what refuses autograd); plain eager calls skip
     # its dispatcher layers, host time that short sequences pay on every call.
-    if torch.compiler.is_compiling() or q.requires_grad or k.requires_grad or v.requires_grad:
+    # Wrapper subclasses (AsyncCollectiveTensor) too: the op's dispatch waits on and unwraps them.
+    if torch.compiler.is_compiling() or q.requires_grad or k.requires_grad or v.requires_grad or \
+            wrapped(q, k, v, attn_mask):
         out, lse = attention_op(q, k, v, tensor_layout, bool(is_causal), float(sm_scale), attn_mask,
-                                bool(return_lse), cfg.qk_quant_gran, cfg.pv_precision, cfg.pv_accum_dtype,
-                                cfg.fp8_format or "", cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages,
-                                cfg.use_tma, cfg.max_registers, cfg.shared_kv_min_len, cfg.v_residual, cfg.pdl,
-                                cfg.qk_rotation, cfg.rotation_tiles, bool(smooth_k), bool(smooth_v),
+                                bool(return_lse), *_op_config(cfg), bool(smooth_k), bool(smooth_v),
                                 out_layout or tensor_layout)
     else:
         out, lse = attention_forward(q, k, v, tensor_layout, bool(is_causal), sm_scale, attn_mask,
