@@ -118,10 +118,21 @@ def test_each_thread_launches_under_its_own_inputs_device(fake_devices, seed, mo
     assert all(dev == torch.device("cpu") for _, dev in fake_devices)
 
 
-def test_async_collective_tensors_are_waited_on_not_read_by_pointer(seed):
+def test_async_collective_tensors_are_waited_on_not_read_by_pointer(seed, monkeypatch):
     """diffusers' ring and unified context parallelism hand K/V over as ``AsyncCollectiveTensor``s,
-    whose raw pointer is no data until waited on (0 here): they go through the custom op."""
+    whose raw pointer is no data until waited on (0 here): they go through the custom op, so no kernel
+    is ever launched with one (a GPU launch reads every tensor argument's pointer; the interpreter
+    copies through torch, which waits, so only the arguments' types tell here)."""
     from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    launched = []
+    run = InterpretedFunction.run
+
+    def noting_run(self, *args, **kwargs):
+        launched.extend(type(a).__name__ for a in args if isinstance(a, torch.Tensor))
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(InterpretedFunction, "run", noting_run)
 
     q, k, v = (torch.randn(1, 2, 40, 32, dtype=torch.float16) for _ in range(3))
     expected, expected_lse = kernels.sageattn(q, k, v, return_lse=True)
@@ -139,3 +150,4 @@ def test_async_collective_tensors_are_waited_on_not_read_by_pointer(seed):
     wrapped = api.attention_forward(q, AsyncCollectiveTensor(k.clone()), AsyncCollectiveTensor(v.clone()), "HND",
                                     False, None, None, False, cfg, True, False)[0]
     assert torch.equal(plain, wrapped)
+    assert launched and set(launched) == {"Tensor"}, set(launched)
