@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from . import attention as attn
-from . import footprint, hopper_gluon, quant, replay, rotation, tail_split
+from . import footprint, hopper_gluon, hopper_lse, quant, replay, rotation, tail_split
 from .arch import (
     FP8_MAX,
     PV_ACCUM_DTYPES,
@@ -491,7 +491,8 @@ def _forward(inputs: list, layout, is_causal, sm_scale, attn_mask, return_lse, c
         B, H, H_KV, LQ, LK, D = plan.dims
         if _run_shared_kv(qz.q8, qz.qs, qz.k8, qz.ks, qz.v_op, qz.v_scale, qz.v_mean, qz.v_tile_bias, plan.oh,
                           (H, H_KV, LQ, LK, D),
-                          math.log2(qz.p_scale), cfg.v_residual, plan.shared_kv, plan.pdl):
+                          math.log2(qz.p_scale), cfg.v_residual, plan.shared_kv, plan.pdl,
+                          plan.lse if return_lse else None, qz.qbias):
             return plan
     _launch_attention(plan, qz, cfg, is_causal, attn_mask, return_lse)
     return plan
@@ -500,10 +501,11 @@ def _forward(inputs: list, layout, is_causal, sm_scale, attn_mask, return_lse, c
 def uses_long_sequence_kernel(cfg: KernelConfig, q_len: int, head_dim: int, masked: bool, is_causal: bool,
                               return_lse: bool) -> bool:
     """Whether ``cfg`` sends a call to Hopper's Gluon kernel (where this Triton can build it): long
-    enough, unmasked, 8-bit P·V through tensor descriptors, one K scale per tile, and its fixed tiles."""
+    enough, unmasked, not causal, 8-bit P·V through tensor descriptors, one K scale per tile, its fixed
+    tiles; with or without the LSE (``return_lse`` is kept for callers)."""
     d_pad = head_dim_padded(head_dim)
     return bool(cfg.shared_kv_min_len and q_len >= cfg.shared_kv_min_len and not masked and not is_causal
-                and not return_lse and cfg.group_sizes()[1] == cfg.block_n and cfg.pv_precision in ("fp8", "int8")
+                and cfg.group_sizes()[1] == cfg.block_n and cfg.pv_precision in ("fp8", "int8")
                 and cfg.use_tma and d_pad == hopper_gluon.HEAD_DIM and head_dim % 8 == 0
                 and cfg.block_n == hopper_gluon.BLOCK_N and cfg.block_m == hopper_gluon.ROWS)
 
@@ -671,10 +673,11 @@ def _shared_kv_plan(n_heads: int, LQ: int, LK: int, device):
 
 
 def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, v_tile_bias, oh, dims, p_log2: float, v_residual: bool, plan,
-                   pdl: bool = False) -> bool:
+                   pdl: bool = False, lse=None, qbias=None) -> bool:
     """Hopper's Gluon kernel on the quantized tensors, split last wave as ``plan`` (``_shared_kv_plan``);
     False (and the portable kernel from then on, logged once) if this Triton cannot build or launch it.
-    With ``pdl`` the whole CTAs may start while the V conversion ends (they wait for its output)."""
+    With ``pdl`` the whole CTAs may start while the V conversion ends (they wait for its output). ``lse``:
+    the (B, H, LQ) LSE to write (its kernels' twins), plus ``qbias`` where K was smoothed."""
     global _shared_kv_error
     H, H_KV, LQ, LK, D = dims
     # The kernel tells the compiler its output rows are 16-byte aligned with contiguous channels.
@@ -687,13 +690,18 @@ def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, v_tile_bias, oh, dims, 
     v_tile_bias = v_tile_bias if v_tile_bias is not None else qs
     args = (*g.descriptors(q8, k8, v_t), qs, ks, v_scale, v_mean, v_tile_bias, oh, *oh.stride()[:3], H, H_KV, LQ, LK, D)
     consts = dict(P_LOG2=p_log2, STAGES=g.STAGES, **flags, REGISTERS=g.REGISTERS, V_RES=v_residual)
+    whole, split, lse_args = g.shared_kv_attention_kernel, g.shared_kv_split_kernel, ()
+    if lse is not None:
+        whole, split, lse_args = hopper_lse.shared_kv_attention_lse_kernel, hopper_lse.shared_kv_split_lse_kernel, (
+            lse, qbias if qbias is not None else qs)
+        consts["HAS_QBIAS"] = qbias is not None
     try:
         with sm90_ptxas_scope():  # Triton 3.9: built by a CUDA 12 ptxas, as on 3.6-3.8 (triton_compat)
             if n_whole:
-                _launch(g.shared_kv_attention_kernel, (n_whole,), args, consts, num_warps=4, **_pdl_launch(pdl))
+                _launch(whole, (n_whole,), (*args, *lse_args), consts, num_warps=4, **_pdl_launch(pdl))
             if n_units:  # launch_pdl: may start while the whole CTAs finish (it reads none of their output)
                 split_consts = dict(consts, STAGES=g.SPLIT_RESIDUAL_STAGES) if v_residual else consts
-                _launch(g.shared_kv_split_kernel, (n_units,), (*args, n_whole, splits, turns, ml), split_consts,
+                _launch(split, (n_units,), (*args, n_whole, splits, turns, ml, *lse_args), split_consts,
                         num_warps=4, launch_pdl=bool(n_whole))
     except Exception as e:  # noqa: BLE001 - a compiler error must not break the user's run
         if _launch_hook is not None:  # the cross-compile check must see the error
