@@ -206,8 +206,15 @@ def record(key, cfg, launches: list, tensors: tuple, zero: tuple = (), lse=None)
     return rec
 
 
-def clear() -> None:
-    """Forget every recording (their buffers are freed with them)."""
+def clear(this_thread: bool = False) -> None:
+    """Forget every recording (their buffers are freed with them); ``this_thread``: only the calling
+    thread's, so a sampling run ending on one GPU's thread leaves another's running one its own."""
     with _lock:
-        _recordings.clear()
-        _refused.clear()
+        if not this_thread:
+            _recordings.clear()
+            _refused.clear()
+            return
+        me = threading.get_ident()
+        for table in (_recordings, _refused):
+            for key in [k for k in table if k[-1] == me]:
+                del table[key]
