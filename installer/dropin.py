@@ -146,10 +146,11 @@ def _files(pack_dir: Path) -> dict:
     }
 
 
-def install(target: Optional[Path] = None, pack_dir: Path = PACK_DIR) -> tuple[bool, str]:
-    """Write the drop-in into ``target`` (default: this Python's site-packages). Returns (ok, what happened)."""
+def install(target: Optional[Path] = None, pack_dir: Path = PACK_DIR, check_others: bool = True) -> tuple[bool, str]:
+    """Write the drop-in into ``target`` (default: this Python's site-packages). Returns (ok, what happened).
+    ``check_others=False``: a benchmark's own folder put first on its path, beside a reference build."""
     target = Path(target or site_dir())
-    other = find_other()
+    other = find_other() if check_others else None
     if other is not None:
         return False, (f"{other} is already installed for this Python: left as it is, and the drop-in was not "
                        "installed (it would replace or hide it). Nodes and engines that import sageattention use that "
