@@ -450,14 +450,15 @@ def _run_on_device(inputs: list, layout, is_causal, sm_scale, attn_mask, return_
         q, k, v = inputs
         inputs.clear()
         return _replay_call(rec, q, k, v, layout, out_layout or layout, attn_mask, return_lse)
-    gluon_error = _shared_kv_error
+    gluon_error = (_shared_kv_error, _shared_kv_lse_error)
     replay.start()
     try:
         plan = _forward(inputs, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
                         out_layout, release=False)
     finally:
         launches = replay.stop()
-    if _shared_kv_error is gluon_error:  # not when the Gluon kernel failed and the portable one took over
+    # Not recorded when a Gluon kernel failed and the portable one took over.
+    if (_shared_kv_error, _shared_kv_lse_error) == gluon_error:
         turns = plan.shared_kv[3] if plan.shared_kv is not None else None
         replay.record(key, cfg, launches, (plan.qh, plan.kh, plan.vh, plan.oh, plan.lse, plan.mask_view),
                       zero=(turns,) if turns is not None else (), lse=None if return_lse else plan.lse)
@@ -544,7 +545,8 @@ def _plan_call(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg:
     # The Gluon kernel's workspace is allocated here, before the quantization launches, so that no fill
     # runs between them and the kernel (with ``pdl`` each launch may start as the one before it ends).
     shared_kv = None
-    if LQ and uses_long_sequence_kernel(cfg, LQ, D, attn_mask is not None, is_causal, return_lse):
+    if LQ and uses_long_sequence_kernel(cfg, LQ, D, attn_mask is not None, is_causal, return_lse) and not (
+            return_lse and _shared_kv_lse_error is not None):
         shared_kv = _shared_kv_plan(B * H, LQ, LK, q.device)
     return _CallPlan(qh, kh, vh, out, oh, lse, (B, H, H_KV, LQ, LK, D), head_dim_padded(D), sm_scale,
                      cfg.group_sizes()[1] == cfg.block_n, cfg.pdl and not interpreter_enabled(), shared_kv,
@@ -646,6 +648,7 @@ def _launch_attention(plan: _CallPlan, qz: _Quantized, cfg: KernelConfig, is_cau
 
 
 _shared_kv_error: Optional[str] = None  # why the Gluon kernel could not run here (then never tried again)
+_shared_kv_lse_error: Optional[str] = None  # the same for its LSE twins alone (calls without the LSE keep it)
 
 
 def shared_kv_error() -> Optional[str]:
@@ -678,7 +681,7 @@ def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, v_tile_bias, oh, dims, 
     False (and the portable kernel from then on, logged once) if this Triton cannot build or launch it.
     With ``pdl`` the whole CTAs may start while the V conversion ends (they wait for its output). ``lse``:
     the (B, H, LQ) LSE to write (its kernels' twins), plus ``qbias`` where K was smoothed."""
-    global _shared_kv_error
+    global _shared_kv_error, _shared_kv_lse_error
     H, H_KV, LQ, LK, D = dims
     # The kernel tells the compiler its output rows are 16-byte aligned with contiguous channels.
     assert oh.stride(3) == 1 and D % 8 == 0, "the Gluon kernel writes only our own (.., D % 8 == 0) outputs"
@@ -706,6 +709,11 @@ def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, v_tile_bias, oh, dims, 
     except Exception as e:  # noqa: BLE001 - a compiler error must not break the user's run
         if _launch_hook is not None:  # the cross-compile check must see the error
             raise
+        if lse is not None:
+            _shared_kv_lse_error = root_cause(e)
+            logger.warning("Hopper Gluon kernel with the LSE unavailable with this Triton (%s); the portable kernel "
+                           "runs calls that ask for the LSE instead", _shared_kv_lse_error)
+            return False
         _shared_kv_error = root_cause(e)
         logger.warning("Hopper Gluon kernel unavailable with this Triton (%s); the portable kernel runs "
                        "every call instead (a few %% slower from 4.6K tokens)", _shared_kv_error)

@@ -5,8 +5,6 @@ bench/gpu_check.py's (``--only lse``) on an H200; the cost against no LSE, bench
 import pytest
 from compile_child import compile_in_child
 
-pytestmark = pytest.mark.slow
-
 _SCRIPT = """
 import json, re, sys
 from sagetriton_import import import_pack
@@ -44,13 +42,14 @@ STORES_ADDED = 8   # 16 / 8 stores in its split last wave, in the epilogue once 
 
 
 @pytest.fixture(scope="module")
-def lse_builds():
+def lse_builds():  # (slow: cross-compiled in a child)
     r = compile_in_child(_SCRIPT, ["fp8", "int8"])
     if not r["gluon"]:
         pytest.skip("this Triton has no Gluon")
     return r
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["fp8", "int8"])
 def test_lse_calls_take_the_long_sequence_kernels_lse_twins(lse_builds, variant):
     r = lse_builds[variant]
@@ -70,3 +69,30 @@ def test_lse_calls_take_the_long_sequence_kernels_lse_twins(lse_builds, variant)
         assert twin.get("spills", 0) <= base.get("spills", 0) + SPILLS_ADDED, (plain, twin, base)
         assert twin.get("spill_stores", 0) <= base.get("spill_stores", 0) + STORES_ADDED, (plain, twin, base)
     assert r["shared_kv_attention_kernel"]["scalar_stores"] == 0
+
+
+def test_a_failing_lse_twin_leaves_the_plain_kernel_on(monkeypatch):
+    """If this Triton cannot build the LSE twins, calls asking for the LSE take the portable kernel, and the
+    others keep the long-sequence kernel (never one failure turning it off for every call)."""
+    import torch
+    from sagetriton.kernels import api, hopper_gluon
+
+    if not hopper_gluon.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    monkeypatch.setattr(hopper_gluon, "descriptors", lambda *a: (None, None, None))
+    monkeypatch.setattr(api, "_shared_kv_error", None)
+    monkeypatch.setattr(api, "_shared_kv_lse_error", None)
+
+    def failing(kernel, *a, **kw):
+        raise RuntimeError(f"cannot build {kernel.__name__}")
+
+    monkeypatch.setattr(api, "_launch", failing)
+    t = torch.zeros(1)
+    plan = (1, 1, 0, None, None)
+    args = (t, t, t, t, t, None, None, None, torch.zeros(1, 1, 8, 8), (1, 1, 8, 8, 8), 8.0, False, plan)
+    assert api._run_shared_kv(*args, lse=torch.zeros(1, 1, 8)) is False
+    assert api._shared_kv_lse_error.endswith("cannot build shared_kv_attention_lse_kernel")
+    assert api._shared_kv_error is None
+    assert api._run_shared_kv(*args) is False  # the plain kernel failing is what turns it off
+    assert api._shared_kv_error.endswith("cannot build shared_kv_attention_kernel")
+
