@@ -28,9 +28,11 @@ def _guard(device: torch.device):
 def device_scope(device: torch.device):
     """A context under which launches go to ``device`` and its current stream; a no-op for devices
     without a current-device notion (CPU under the interpreter, meta tensors)."""
-    if device.type in GUARDED:
-        return _guard(device)
-    return _NULL
+    if device.type not in GUARDED:
+        return _NULL
+    if device.index is not None and device.index == torch.cuda.current_device():
+        return _NULL  # already current (the common case): no guard object, no device switch, ~2 µs less
+    return _guard(device)
 
 
 def launch_device(args) -> torch.device | None:

@@ -54,9 +54,13 @@ def fake_devices(monkeypatch):
 
 def test_the_guard_is_torch_cuda_device_with_the_inputs_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device", FakeGuard)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     FakeGuard.entered = []
     with devices.device_scope(torch.device("cuda", 1)):
         assert FakeGuard.local.current == torch.device("cuda", 1)
+    assert FakeGuard.entered == [torch.device("cuda", 1)]
+    with devices.device_scope(torch.device("cuda", 0)):  # already current: nothing to switch
+        pass
     assert FakeGuard.entered == [torch.device("cuda", 1)]
     with devices.device_scope(torch.device("cpu")):  # no current-device notion: nothing entered
         pass
