@@ -155,3 +155,13 @@ def test_async_collective_tensors_are_waited_on_not_read_by_pointer(seed, monkey
                                     False, None, None, False, cfg, True, False)[0]
     assert torch.equal(plain, wrapped)
     assert launched and set(launched) == {"Tensor"}, set(launched)
+
+
+def test_the_rope_kernel_leaves_wrapper_subclasses_to_comfyui():
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    x, freqs = torch.randn(1, 2, 8, 16), torch.randn(1, 1, 8, 8, 2, 2)
+    assert rope.unsupported(x, freqs) is None
+    assert rope.unsupported(AsyncCollectiveTensor(x), freqs) == "not plain tensors"
+    assert rope.unsupported(x, AsyncCollectiveTensor(freqs)) == "not plain tensors"
+
