@@ -40,6 +40,12 @@ def parse_args(argv=None):
     p.add_argument("--skip-cross-compile", action="store_true", help="no GPU: skip the cross-compile check")
     p.add_argument("--quick", action="store_true",
                    help="build and test only the default variant (the others are checked on first use)")
+    drop = p.add_mutually_exclusive_group()
+    drop.add_argument("--provide-sageattention", action="store_true",
+                      help="install a `sageattention` package backed by these kernels into this Python, for nodes "
+                           "and engines that import SageAttention by name (never over a real SageAttention)")
+    drop.add_argument("--remove-sageattention", action="store_true",
+                      help="remove what --provide-sageattention installed (nothing else)")
     p.add_argument("--worker", metavar="STATE_JSON", help=argparse.SUPPRESS)  # internal: the self-test child
     p.add_argument("--mode", choices=("gpu", "interpreter"), default="gpu", help=argparse.SUPPRESS)
     p.add_argument("--no-progress", action="store_true", help=argparse.SUPPRESS)
@@ -212,6 +218,12 @@ def main(argv=None) -> int:
         return firststart.worker_main(args.worker, args.mode, not args.no_progress)
     if args.check_targets:
         return check_targets_main(args)
+    if args.provide_sageattention or args.remove_sageattention:
+        from . import dropin
+
+        ok, message = dropin.install() if args.provide_sageattention else dropin.remove()
+        print(f"SageTriton install.py: {message}", file=sys.stdout if ok else sys.stderr)
+        return 0 if ok else 1
     try:
         return install_main(args)
     except KeyboardInterrupt:

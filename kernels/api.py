@@ -11,13 +11,14 @@ import functools
 import math
 import numbers
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from . import attention as attn
-from . import footprint, hopper_gluon, quant, replay, rotation, tail_split
+from . import footprint, hopper_gluon, hopper_lse, quant, replay, rotation, tail_split
 from .arch import (
     FP8_MAX,
     PV_ACCUM_DTYPES,
@@ -28,6 +29,7 @@ from .arch import (
     resolve_config,
 )
 from .build_errors import root_cause
+from .devices import device_scope, launch_device, wrapped
 from .footprint import head_dim_padded
 from .log import logger
 from .rotation import ROTATION_BLOCK, hadamard_block
@@ -75,8 +77,10 @@ def _launch(kernel, grid, args: tuple, constexprs: dict, num_warps: int, num_sta
                                                             **options})
         return
     kwargs = {**constexprs, "num_warps": num_warps, "num_stages": num_stages, **options}
-    compiled = kernel[grid](*args, **kwargs)
-    replay.note_launch(kernel, grid, args, kwargs, compiled)
+    device = launch_device(args)
+    with device_scope(device) if device is not None else nullcontext():  # Triton launches on the current device
+        compiled = kernel[grid](*args, **kwargs)
+        replay.note_launch(kernel, grid, args, kwargs, compiled)
 
 
 def _check_inputs(q, k, v, layout: str, attn_mask, is_causal: bool) -> None:
@@ -428,7 +432,32 @@ def attention_forward_taking(inputs: list, layout: str, is_causal: bool, sm_scal
 
 
 def _run(inputs: list, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v, out_layout,
-         release: bool):
+         release: bool, in_op: bool = False):
+    """The call on its inputs' device (``devices``); wrapper subclasses through the custom op, which
+    waits on and unwraps them (``in_op``: this is that op's implementation)."""
+    if wrapped(*inputs, attn_mask):
+        if in_op or _launch_hook is not None:
+            kind = type(next(t for t in (*inputs, attn_mask) if wrapped(t))).__name__
+            raise TypeError(f"sageattn cannot read a {kind} by pointer and its dispatch did not unwrap it: "
+                            "pass plain tensors")
+        q, k, v = inputs
+        inputs.clear()
+        return attention_op(q, k, v, layout, bool(is_causal), float(_check_scale(sm_scale, q.shape[-1])), attn_mask,
+                            bool(return_lse), *_op_config(cfg), bool(smooth_k), bool(smooth_v), out_layout or layout)
+    with device_scope(inputs[0].device):
+        return _run_on_device(inputs, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
+                              out_layout, release)
+
+
+def _op_config(cfg: KernelConfig) -> tuple:
+    """``cfg``'s fields in the custom op's argument order."""
+    return (cfg.qk_quant_gran, cfg.pv_precision, cfg.pv_accum_dtype, cfg.fp8_format or "", cfg.block_m, cfg.block_n,
+            cfg.num_warps, cfg.num_stages, cfg.use_tma, cfg.max_registers, cfg.shared_kv_min_len, cfg.v_residual,
+            cfg.pdl, cfg.qk_rotation, cfg.rotation_tiles)
+
+
+def _run_on_device(inputs: list, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
+                   out_layout, release: bool):
     """Replay a recorded call, or work the call out in full (recording it where it may be replayed)."""
     key = None
     # A negative scale quantizes a negated copy of q (``_plan_call``), which a replay would not make.
@@ -445,14 +474,15 @@ def _run(inputs: list, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, 
         q, k, v = inputs
         inputs.clear()
         return _replay_call(rec, q, k, v, layout, out_layout or layout, attn_mask, return_lse)
-    gluon_error = _shared_kv_error
+    gluon_error = (_shared_kv_error, _shared_kv_lse_error)
     replay.start()
     try:
         plan = _forward(inputs, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
                         out_layout, release=False)
     finally:
         launches = replay.stop()
-    if _shared_kv_error is gluon_error:  # not when the Gluon kernel failed and the portable one took over
+    # Not recorded when a Gluon kernel failed and the portable one took over.
+    if (_shared_kv_error, _shared_kv_lse_error) == gluon_error:
         turns = plan.shared_kv[3] if plan.shared_kv is not None else None
         replay.record(key, cfg, launches, (plan.qh, plan.kh, plan.vh, plan.oh, plan.lse, plan.mask_view),
                       zero=(turns,) if turns is not None else (), lse=None if return_lse else plan.lse)
@@ -486,7 +516,8 @@ def _forward(inputs: list, layout, is_causal, sm_scale, attn_mask, return_lse, c
         B, H, H_KV, LQ, LK, D = plan.dims
         if _run_shared_kv(qz.q8, qz.qs, qz.k8, qz.ks, qz.v_op, qz.v_scale, qz.v_mean, qz.v_tile_bias, plan.oh,
                           (H, H_KV, LQ, LK, D),
-                          math.log2(qz.p_scale), cfg.v_residual, plan.shared_kv, plan.pdl):
+                          math.log2(qz.p_scale), cfg.v_residual, plan.shared_kv, plan.pdl,
+                          lse=plan.lse if return_lse else None, qbias=qz.qbias):
             return plan
     _launch_attention(plan, qz, cfg, is_causal, attn_mask, return_lse)
     return plan
@@ -495,10 +526,11 @@ def _forward(inputs: list, layout, is_causal, sm_scale, attn_mask, return_lse, c
 def uses_long_sequence_kernel(cfg: KernelConfig, q_len: int, head_dim: int, masked: bool, is_causal: bool,
                               return_lse: bool) -> bool:
     """Whether ``cfg`` sends a call to Hopper's Gluon kernel (where this Triton can build it): long
-    enough, unmasked, 8-bit P·V through tensor descriptors, one K scale per tile, and its fixed tiles."""
+    enough, unmasked, not causal, 8-bit P·V through tensor descriptors, one K scale per tile, its fixed
+    tiles; with or without the LSE (``return_lse`` is kept for callers)."""
     d_pad = head_dim_padded(head_dim)
     return bool(cfg.shared_kv_min_len and q_len >= cfg.shared_kv_min_len and not masked and not is_causal
-                and not return_lse and cfg.group_sizes()[1] == cfg.block_n and cfg.pv_precision in ("fp8", "int8")
+                and cfg.group_sizes()[1] == cfg.block_n and cfg.pv_precision in ("fp8", "int8")
                 and cfg.use_tma and d_pad == hopper_gluon.HEAD_DIM and head_dim % 8 == 0
                 and cfg.block_n == hopper_gluon.BLOCK_N and cfg.block_m == hopper_gluon.ROWS)
 
@@ -544,7 +576,8 @@ def _plan_call(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg:
     # The Gluon kernel's workspace is allocated here, before the quantization launches, so that no fill
     # runs between them and the kernel (with ``pdl`` each launch may start as the one before it ends).
     shared_kv = None
-    if LQ and uses_long_sequence_kernel(cfg, LQ, D, attn_mask is not None, is_causal, return_lse):
+    if LQ and uses_long_sequence_kernel(cfg, LQ, D, attn_mask is not None, is_causal, return_lse) and not (
+            return_lse and _shared_kv_lse_error is not None):
         shared_kv = _shared_kv_plan(B * H, LQ, LK, q.device)
     return _CallPlan(qh, kh, vh, out, oh, lse, (B, H, H_KV, LQ, LK, D), head_dim_padded(D), sm_scale,
                      cfg.group_sizes()[1] == cfg.block_n, cfg.pdl and not interpreter_enabled(), shared_kv,
@@ -646,6 +679,7 @@ def _launch_attention(plan: _CallPlan, qz: _Quantized, cfg: KernelConfig, is_cau
 
 
 _shared_kv_error: Optional[str] = None  # why the Gluon kernel could not run here (then never tried again)
+_shared_kv_lse_error: Optional[str] = None  # the same for its LSE twins alone (calls without the LSE keep it)
 
 
 def shared_kv_error() -> Optional[str]:
@@ -673,11 +707,12 @@ def _shared_kv_plan(n_heads: int, LQ: int, LK: int, device):
 
 
 def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, v_tile_bias, oh, dims, p_log2: float, v_residual: bool, plan,
-                   pdl: bool = False) -> bool:
+                   pdl: bool = False, lse=None, qbias=None) -> bool:
     """Hopper's Gluon kernel on the quantized tensors, split last wave as ``plan`` (``_shared_kv_plan``);
     False (and the portable kernel from then on, logged once) if this Triton cannot build or launch it.
-    With ``pdl`` the whole CTAs may start while the V conversion ends (they wait for its output)."""
-    global _shared_kv_error
+    With ``pdl`` the whole CTAs may start while the V conversion ends (they wait for its output). ``lse``:
+    the (B, H, LQ) LSE to write (its kernels' twins), plus ``qbias`` where K was smoothed."""
+    global _shared_kv_error, _shared_kv_lse_error
     H, H_KV, LQ, LK, D = dims
     # The kernel tells the compiler its output rows are 16-byte aligned with contiguous channels.
     assert oh.stride(3) == 1 and D % 8 == 0, "the Gluon kernel writes only our own (.., D % 8 == 0) outputs"
@@ -689,17 +724,27 @@ def _run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, v_tile_bias, oh, dims, 
     v_tile_bias = v_tile_bias if v_tile_bias is not None else qs
     args = (*g.descriptors(q8, k8, v_t), qs, ks, v_scale, v_mean, v_tile_bias, oh, *oh.stride()[:3], H, H_KV, LQ, LK, D)
     consts = dict(P_LOG2=p_log2, STAGES=g.STAGES, **flags, REGISTERS=g.REGISTERS, V_RES=v_residual)
+    whole, split, lse_args = g.shared_kv_attention_kernel, g.shared_kv_split_kernel, ()
+    if lse is not None:
+        whole, split, lse_args = hopper_lse.shared_kv_attention_lse_kernel, hopper_lse.shared_kv_split_lse_kernel, (
+            lse, qbias if qbias is not None else qs)
+        consts["HAS_QBIAS"] = qbias is not None
     try:
         with sm90_ptxas_scope():  # Triton 3.9: built by a CUDA 12 ptxas, as on 3.6-3.8 (triton_compat)
             if n_whole:
-                _launch(g.shared_kv_attention_kernel, (n_whole,), args, consts, num_warps=4, **_pdl_launch(pdl))
+                _launch(whole, (n_whole,), (*args, *lse_args), consts, num_warps=4, **_pdl_launch(pdl))
             if n_units:  # launch_pdl: may start while the whole CTAs finish (it reads none of their output)
                 split_consts = dict(consts, STAGES=g.SPLIT_RESIDUAL_STAGES) if v_residual else consts
-                _launch(g.shared_kv_split_kernel, (n_units,), (*args, n_whole, splits, turns, ml), split_consts,
+                _launch(split, (n_units,), (*args, n_whole, splits, turns, ml, *lse_args), split_consts,
                         num_warps=4, launch_pdl=bool(n_whole))
     except Exception as e:  # noqa: BLE001 - a compiler error must not break the user's run
         if _launch_hook is not None:  # the cross-compile check must see the error
             raise
+        if lse is not None:
+            _shared_kv_lse_error = root_cause(e)
+            logger.warning("Hopper Gluon kernel with the LSE unavailable with this Triton (%s); the portable kernel "
+                           "runs calls that ask for the LSE instead", _shared_kv_lse_error)
+            return False
         _shared_kv_error = root_cause(e)
         logger.warning("Hopper Gluon kernel unavailable with this Triton (%s); the portable kernel runs "
                        "every call instead (a few %% slower from 4.6K tokens)", _shared_kv_error)
@@ -732,8 +777,9 @@ def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: s
                        block_m, block_n, num_warps, num_stages, use_tma=use_tma, max_registers=max_registers,
                        shared_kv_min_len=shared_kv_min_len, v_residual=v_residual, pdl=pdl, qk_rotation=qk_rotation,
                        rotation_tiles=rotation_tiles)
-    return attention_forward(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
-                             out_layout)
+    check_config(cfg)
+    return _run([q, k, v], layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v, out_layout,
+                release=False, in_op=True)
 
 
 def _attention_fake(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, qk_quant_gran, pv_precision,
@@ -823,12 +869,11 @@ def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: s
     sm_scale = _check_scale(sm_scale, q.shape[-1])
     # The custom op is what torch.compile traces (and what refuses autograd); plain eager calls skip
     # its dispatcher layers, host time that short sequences pay on every call.
-    if torch.compiler.is_compiling() or q.requires_grad or k.requires_grad or v.requires_grad:
+    # Wrapper subclasses (AsyncCollectiveTensor) too: the op's dispatch waits on and unwraps them.
+    if torch.compiler.is_compiling() or q.requires_grad or k.requires_grad or v.requires_grad or \
+            wrapped(q, k, v, attn_mask):
         out, lse = attention_op(q, k, v, tensor_layout, bool(is_causal), float(sm_scale), attn_mask,
-                                bool(return_lse), cfg.qk_quant_gran, cfg.pv_precision, cfg.pv_accum_dtype,
-                                cfg.fp8_format or "", cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages,
-                                cfg.use_tma, cfg.max_registers, cfg.shared_kv_min_len, cfg.v_residual, cfg.pdl,
-                                cfg.qk_rotation, cfg.rotation_tiles, bool(smooth_k), bool(smooth_v),
+                                bool(return_lse), *_op_config(cfg), bool(smooth_k), bool(smooth_v),
                                 out_layout or tensor_layout)
     else:
         out, lse = attention_forward(q, k, v, tensor_layout, bool(is_causal), sm_scale, attn_mask,

@@ -24,9 +24,11 @@ runs its CTAs in key shares instead, which merge their rows into the output in t
 Scope: FP8 P·V (with fp8+residual, a second MMA with V's rounding error into the same tile sum) or
 INT8 P·V (P shifted by each tile's own row max and rounded to 0..255, exact int32 sums scaled back),
 head_dim padded to 128 and a multiple of 8 (16-byte output stores), per-tile K scales, no mask, not
-causal, no LSE. It wins from 4,608 query tokens (bench/results/sm90_gluon_min_len_ab2.json); ``api``
-sends it nothing else. Gluon ships inside the triton package (3.5+); without it ``AVAILABLE`` is False
-and the portable kernel runs.
+causal. With the LSE (ring attention's every step), ``hopper_lse``'s twins of both kernels also store
+each row's natural-log log-sum-exp (the last key share of a split CTA, once merged). It wins from
+4,608 query tokens (bench/results/sm90_gluon_min_len_ab2.json); ``api`` sends it nothing
+else. Gluon ships inside the triton package (3.5+); without it ``AVAILABLE`` is False and the portable
+kernel runs.
 """
 from __future__ import annotations
 
@@ -167,11 +169,13 @@ if AVAILABLE:
 
     @gluon.jit
     def _warpgroup(args, descs, C: gl.constexpr, P_LOG2: gl.constexpr, STAGES: gl.constexpr,
-                   HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr):
+                   HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr,
+                   LSE: gl.constexpr):
         """Rows C·64.. of this CTA's 192 query rows, over its key range (every key, or one share with
         SPLIT). Warpgroup 0 also loads Q and keeps the K/V ring STAGES - 1 tiles ahead of itself."""
         (q_smem, k_smem, v_smem, vres_smem, ones_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, TileBias,
-         Out, stride_ob, stride_oh, stride_om, H, H_KV, LQ, LK, D, n_whole, splits, Flags, ML, ticket_smem) = args
+         Out, stride_ob, stride_oh, stride_om, H, H_KV, LQ, LK, D, n_whole, splits, Flags, ML, ticket_smem, Lse,
+         QBias) = args
         q_desc, k_desc, v_desc = descs
         NCONS: gl.constexpr = q_smem.type.shape[0]
         ROWS: gl.constexpr = q_smem.type.shape[1]
@@ -271,9 +275,30 @@ if AVAILABLE:
             if v_smem.dtype == gl.int8:  # the row sums are in units of the last shift, not of the max
                 m_i = sh_i
             _merge_share(out, gl.convert_layout(m_i, rows), gl.convert_layout(l_i, rows), o_ptrs, o_mask, Flags, ML,
-                         (pid // splits) * NCONS + C, pid % splits, splits)
+                         (pid // splits) * NCONS + C, pid % splits, splits, (Lse, QBias, bh, row0, LQ), P_LOG2, LSE)
         else:
             gl.store(o_ptrs, out, mask=o_mask)
+            if LSE:  # the row sums are in units of 2^(max - P_LOG2), INT8's of its last shift
+                unit = sh_i if v_smem.dtype == gl.int8 else m_i
+                _store_lse(Lse, QBias, gl.convert_layout(unit, row_o), l_i, bh, row0, LQ, P_LOG2, LSE == 2)
+
+    @gluon.jit
+    def _store_lse(Lse, QBias, m, l_sum, bh, row0, LQ, P_LOG2: gl.constexpr, HAS_QBIAS: gl.constexpr):
+        """One warpgroup's rows of the natural-log LSE (B·H, LQ), from the row max (or INT8 shift) ``m`` and
+        the row sums in units of 2^(m - P_LOG2), as the portable kernel writes it: -inf for a row with no
+        live key, NaN where the sums are; plus Q's K-mean bias (``QBias``) when K was smoothed."""
+        ROWS: gl.constexpr = m.type.shape[0]
+        one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # a row per thread: few registers at the end
+        m = gl.convert_layout(m, one)
+        l_sum = gl.convert_layout(l_sum, one)
+        offs = row0 + gl.arange(0, ROWS, layout=one)
+        live = l_sum != 0
+        lse = gl.where(live, (m - P_LOG2 + gl.log2(gl.where(live, l_sum, 1.0))) * 0.6931471805599453, float("-inf"))
+        ok = offs < LQ
+        base = bh.to(gl.int64) * LQ
+        if HAS_QBIAS:
+            lse += gl.load(QBias + base + offs, mask=ok, other=0.0)
+        gl.store(Lse + base + offs, lse, mask=ok)
 
     @gluon.jit
     def _out_rows(tile, Out, stride_ob, stride_oh, stride_om, b, h, row0, LQ, D):
@@ -295,12 +320,14 @@ if AVAILABLE:
         return o_ptrs, (offs_mo < LQ)[:, None] & (offs_do < D)[None, :]
 
     @gluon.jit
-    def _merge_share(out, m_i, l_i, o_ptrs, o_mask, Flags, ML, slot, p, splits):
+    def _merge_share(out, m_i, l_i, o_ptrs, o_mask, Flags, ML, slot, p, splits, lse_args, P_LOG2: gl.constexpr,
+                     LSE: gl.constexpr):
         """This share's finished rows (``out``, with their row max and row sum) merged into what shares
         0..p-1 of the CTA left at ``o_ptrs``, then handed on: the rows, then (row max, row sum) in
         ``ML`` (two buffers, by the parity of the writer), then ``Flags[slot] = p + 1``, released at
         GPU scope once every thread of the warpgroup has stored and fenced. Rows travel in the output's
-        dtype: a 16-bit rounding per share, far below the fp8 P·V error."""
+        dtype: a 16-bit rounding per share, far below the fp8 P·V error. With ``LSE`` the last share, which
+        holds the whole rows' max and sum, stores their LSE (``_store_lse`` of ``lse_args``)."""
         ROWS: gl.constexpr = out.type.shape[0]
         r = gl.arange(0, ROWS, layout=m_i.type.layout).to(gl.int64)
         flag = Flags + slot
@@ -317,6 +344,10 @@ if AVAILABLE:
             merged, m_i, l_i = merge_rows(o_prev, m_prev, l_prev, out.to(gl.float32), m_i, l_i)
             out = merged.to(out.dtype)
         gl.store(o_ptrs, out, mask=o_mask)
+        if LSE:
+            if p + 1 == splits:
+                Lse, QBias, bh, row0, LQ = lse_args
+                _store_lse(Lse, QBias, m_i, l_i, bh, row0, LQ, P_LOG2, LSE == 2)
         if p + 1 < splits:
             gl.store(ml_out, m_i)
             gl.store(ml_out + 1, l_i)
@@ -328,24 +359,24 @@ if AVAILABLE:
     # they would reach the partitions as runtime values.
     @gluon.jit
     def _warpgroup0(args, descs, P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr,
-                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr):
-        _warpgroup(args, descs, 0, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT)
+                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr, LSE: gl.constexpr):
+        _warpgroup(args, descs, 0, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE)
 
     @gluon.jit
     def _warpgroup1(args, descs, P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr,
-                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr):
-        _warpgroup(args, descs, 1, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT)
+                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr, LSE: gl.constexpr):
+        _warpgroup(args, descs, 1, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE)
 
     @gluon.jit
     def _warpgroup2(args, descs, P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr,
-                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr):
-        _warpgroup(args, descs, 2, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT)
+                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr, LSE: gl.constexpr):
+        _warpgroup(args, descs, 2, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE)
 
     @gluon.jit
     def _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, TileBias, Out, stride_ob, stride_oh, stride_om,
-                   H, H_KV, LQ, LK, D, n_whole, splits, Flags, ML, P_LOG2: gl.constexpr, STAGES: gl.constexpr,
-                   HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr, REGISTERS: gl.constexpr, V_RES: gl.constexpr,
-                   SPLIT: gl.constexpr):
+                   H, H_KV, LQ, LK, D, n_whole, splits, Flags, ML, Lse, QBias, P_LOG2: gl.constexpr,
+                   STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr, REGISTERS: gl.constexpr,
+                   V_RES: gl.constexpr, SPLIT: gl.constexpr, LSE: gl.constexpr):
         NCONS: gl.constexpr = 3  # = CONSUMERS: one warp_specialize partition per warpgroup below
         ONES_N: gl.constexpr = 8  # columns of the row-sum MMA: the smallest N of a warpgroup MMA
         ROWS: gl.constexpr = q_desc.block_type.shape[0]
@@ -389,7 +420,7 @@ if AVAILABLE:
             ticket_smem = q_bar  # never read: the whole kernel's CTAs are their program ids
         args = (q_smem, k_smem, v_smem, vres_smem, ones_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean,
                 TileBias, Out, stride_ob, stride_oh, stride_om, H, H_KV, LQ, LK, D, n_whole, splits, Flags, ML,
-                ticket_smem)
+                ticket_smem, Lse, QBias)
         descs = (q_desc, k_desc, v_desc)
         if not SPLIT:
             # Programmatic dependent launch. This kernel may be launched while the V conversion ends
@@ -401,9 +432,9 @@ if AVAILABLE:
             gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                       is_pure=False, pack=1)
         gl.warp_specialize([
-            (_warpgroup0, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT)),
-            (_warpgroup1, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT)),
-            (_warpgroup2, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT)),
+            (_warpgroup0, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE)),
+            (_warpgroup1, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE)),
+            (_warpgroup2, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE)),
         ], [4, 4], [REGISTERS, REGISTERS])
 
     @gluon.jit
@@ -417,7 +448,8 @@ if AVAILABLE:
     ):
         """CTA i: query rows 192·(i mod ceil(LQ/192)) of head i div ceil(LQ/192), every key."""
         _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, TileBias, Out, stride_ob, stride_oh, stride_om,
-                   H, H_KV, LQ, LK, D, 0, 1, QS, QS, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, REGISTERS, V_RES, False)
+                   H, H_KV, LQ, LK, D, 0, 1, QS, QS, QS, QS, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, REGISTERS, V_RES,
+                   False, 0)
 
     @gluon.jit
     def shared_kv_split_kernel(
@@ -433,8 +465,8 @@ if AVAILABLE:
         a CTA merge into its Out rows in turn (``Flags``: int32, zeroed: the ticket counter, then a flag
         per warpgroup of each tail CTA; ``ML``: fp32 row max and sum)."""
         _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, TileBias, Out, stride_ob, stride_oh, stride_om,
-                   H, H_KV, LQ, LK, D, n_whole, splits, Flags, ML, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, REGISTERS,
-                   V_RES, True)
+                   H, H_KV, LQ, LK, D, n_whole, splits, Flags, ML, QS, QS, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN,
+                   REGISTERS, V_RES, True, 0)
 
     def descriptors(q8, k8, v_t):
         """TMA descriptors over the quantized tensors as 2-D views: q8, k8 int8 (B*H, L, D_PAD), v_t

@@ -32,6 +32,7 @@ _recordings: dict = {}  # key -> Recording, oldest first
 _refused: dict = {}
 MAX_REFUSED = 64
 _local = threading.local()  # .launches: the list the call being recorded appends to
+_lock = threading.Lock()  # the two dicts above change as a whole (one thread per GPU records at once)
 
 
 def _tensor_key(t: Optional[torch.Tensor]):
@@ -48,18 +49,20 @@ def call_key(q, k, v, attn_mask, cfg, options: tuple) -> Optional[tuple]:
     device = q.device
     if device.type not in DEVICE_TYPES:
         return None
-    stream = _current_stream() if device.type == "cuda" else 0
+    stream = _current_stream(device) if device.type == "cuda" else 0
     return (_tensor_key(q), _tensor_key(k), _tensor_key(v), _tensor_key(attn_mask), device, id(cfg), options,
             stream, threading.get_ident())
 
 
-def _current_stream() -> int:
-    """The current device's current stream, the one Triton launches on (its own lookup, not a Stream object)."""
+def _current_stream(device: Optional[torch.device] = None) -> int:
+    """``device``'s current stream (default: the current device's), the one Triton launches on under the
+    call's device guard (``devices``); its own lookup, not a Stream object."""
+    index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
     try:
         from torch._C import _cuda_getCurrentRawStream
     except ImportError:
-        return torch.cuda.current_stream().cuda_stream
-    return _cuda_getCurrentRawStream(torch.cuda.current_device())
+        return torch.cuda.current_stream(index).cuda_stream
+    return _cuda_getCurrentRawStream(index)
 
 
 def lookup(key, cfg) -> Optional[Recording]:
@@ -89,7 +92,7 @@ def note_launch(kernel, grid, args: tuple, kwargs: dict, compiled=None) -> None:
         direct = None
         first = next((a for a in args if isinstance(a, torch.Tensor)), None)  # Gluon kernels start with descriptors
         if compiled is not None and first is not None and first.device.type == "cuda":
-            direct = launcher.direct_launch(kernel, grid, args, kwargs, compiled, _current_stream())
+            direct = launcher.direct_launch(kernel, grid, args, kwargs, compiled, _current_stream(first.device))
         launches.append((kernel, grid, args, kwargs, direct))
 
 
@@ -145,7 +148,9 @@ class Recording:
 
 def _forget_direct(kernel) -> None:
     """Every recording with a direct launch of ``kernel`` replays through ``kernel[grid]`` from now on."""
-    for rec in _recordings.values():
+    with _lock:
+        recs = list(_recordings.values())
+    for rec in recs:
         if rec.direct is not None and any(d.kernel is kernel for d in rec.direct):
             rec.direct = None
 
@@ -186,20 +191,30 @@ def record(key, cfg, launches: list, tensors: tuple, zero: tuple = (), lse=None)
     if not launches:
         return None
     if nbytes > MAX_BYTES:
-        _refused[key] = None
-        while len(_refused) > MAX_REFUSED:
-            _refused.pop(next(iter(_refused)))
+        with _lock:
+            _refused[key] = None
+            while len(_refused) > MAX_REFUSED:
+                _refused.pop(next(iter(_refused)))
         return None
     rec = Recording(cfg, kept, launch_slots, direct if all(d is not None for d in direct) else None,
                     _alignment(tensors), zero, lse, nbytes)
-    _recordings.pop(key, None)
-    _recordings[key] = rec
-    while len(_recordings) > MAX_ENTRIES:
-        _recordings.pop(next(iter(_recordings)))
+    with _lock:
+        _recordings.pop(key, None)
+        _recordings[key] = rec
+        while len(_recordings) > MAX_ENTRIES:
+            _recordings.pop(next(iter(_recordings)))
     return rec
 
 
-def clear() -> None:
-    """Forget every recording (their buffers are freed with them)."""
-    _recordings.clear()
-    _refused.clear()
+def clear(this_thread: bool = False) -> None:
+    """Forget every recording (their buffers are freed with them); ``this_thread``: only the calling
+    thread's, so a sampling run ending on one GPU's thread leaves another's running one its own."""
+    with _lock:
+        if not this_thread:
+            _recordings.clear()
+            _refused.clear()
+            return
+        me = threading.get_ident()
+        for table in (_recordings, _refused):
+            for key in [k for k in table if k[-1] == me]:
+                del table[key]

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from .arch import interpreter_enabled
+from .devices import wrapped
 
 BLOCK_ROWS = 4  # rows per program, one warp: fastest on the H200 at Flux and Wan shapes (bench/NOTES.md)
 NUM_WARPS = 1
@@ -65,8 +66,8 @@ def rope_kernel(X, OX, Y, OY, F, n_rows, S1, S2,
 
 def unsupported(x: torch.Tensor, freqs: torch.Tensor) -> Optional[str]:
     """Why ``apply`` cannot take ``x`` with ``freqs`` (None: it can)."""
-    if not isinstance(x, torch.Tensor) or not isinstance(freqs, torch.Tensor):
-        return "not plain tensors"
+    if not isinstance(x, torch.Tensor) or not isinstance(freqs, torch.Tensor) or wrapped(x, freqs):
+        return "not plain tensors"  # a wrapper subclass's pointer need not be its data (``devices``)
     if x.dtype not in DTYPES or freqs.dtype != torch.float32:
         return f"dtypes {x.dtype} / {freqs.dtype}"
     if x.device != freqs.device or not (x.is_cuda or (x.device.type == "cpu" and interpreter_enabled())):

@@ -144,7 +144,7 @@ def notify_browser(node_id: Optional[str]) -> bool:
 
 
 def finish_run(state: PatchState) -> Optional[dict]:
-    replay.clear()  # the kernel's reused buffers live for a sampling run, not between runs
+    replay.clear(this_thread=True)  # reused buffers live for a sampling run (its thread's), not between runs
     run = state.runs.end()
     if run is None:
         return None

@@ -1,0 +1,105 @@
+"""``gpu_check.py --only lse``: Hopper's long-sequence kernel with the LSE (``kernels/hopper_lse.py``).
+
+Ring attention asks every step for the LSE; these calls used to leave the Gluon kernel for the portable
+one. Each case checks that the LSE twins ran (whole CTAs and split last waves, fp8, fp8+residual, INT8
+P·V, GQA, smooth_k's bias, odd lengths), that the output is the plain Gluon kernel's bit for bit (the
+LSE is an extra store), that the LSE agrees with fp64 and with the portable
+kernel's, that a second call (replayed) gives the same bits, and that the drop-in's names return it too.
+Speed is bench/bench_dropin.py's (``--lse``).
+"""
+from __future__ import annotations
+
+import torch
+from common import cosine
+from sagetriton.kernels import api
+from sagetriton.kernels import reference as ref
+from sagetriton.kernels.arch import default_config, detect_arch
+
+LSE_MAX_ERROR = 0.05  # natural-log units against fp64: the portable kernel's CPU tests hold the same bound
+LSE_AGREE = 0.02  # against the portable kernel's LSE on the same quantized inputs
+
+
+def _qkv(B, H, LQ, LK=None, HKV=None, D=128):
+    LK, HKV = LK or LQ, HKV or H
+    q = torch.randn(B, H, LQ, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, HKV, LK, D, device="cuda", dtype=torch.bfloat16) + 2 * torch.randn(D, device="cuda",
+                                                                                           dtype=torch.bfloat16)
+    v = torch.randn(B, HKV, LK, D, device="cuda", dtype=torch.bfloat16)
+    return q, k, v
+
+
+def lse_cases() -> list:
+    cfg = default_config(detect_arch(), 128)
+    if not cfg.shared_kv_min_len:
+        print("-- LSE of the Gluon kernel: not used on this GPU")
+        return []
+    n = cfg.shared_kv_min_len
+    residual = cfg.with_pv_choice("fp8+residual")
+    int8 = cfg.with_pv_choice("int8").replace(qk_rotation=True)
+    seen = []
+    real = api._run_shared_kv
+
+    def noting(*a, **kw):
+        seen.append(kw.get("lse") is not None)
+        return real(*a, **kw)
+
+    api._run_shared_kv = noting
+    results = []
+    try:
+        for name, (q, k, v), c_run, smooth_k in (
+                ("fp8, odd lengths", _qkv(1, 4, n + 77, n + 129), cfg, True),
+                ("fp8, no smooth_k (no bias)", _qkv(1, 4, n + 77, n + 129), cfg, False),
+                ("fp8, GQA 8/2, Lk > Lq", _qkv(1, 8, n, n + 1000, HKV=2), cfg, True),
+                ("fp8, tail split, 2 heads", _qkv(1, 2, n + 77, n + 129), cfg, True),
+                ("fp8, 3.9 waves, batch 2", _qkv(2, 8, n, n + 129), cfg, True),
+                ("fp8, 16K, 24 heads (a ring step)", _qkv(1, 24, 16384), cfg, True),
+                ("fp8+residual, tail split", _qkv(1, 2, n + 77, n + 129), residual, True),
+                ("fp8+residual, 3.9 waves", _qkv(2, 8, n, n + 129), residual, True),
+                ("int8 P·V, odd lengths", _qkv(1, 4, n + 77, n + 129), int8, True),
+                ("int8 P·V, tail split, 2 heads", _qkv(1, 2, n + 77, n + 129), int8, True),
+                ("int8 P·V, 3.9 waves, batch 2", _qkv(2, 8, n, n + 129), int8, True)):
+            seen.clear()
+            out, lse = api.attention_forward(q, k, v, "HND", False, None, None, True, c_run, smooth_k, False)
+            again, lse_again = api.attention_forward(q, k, v, "HND", False, None, None, True, c_run, smooth_k, False)
+            ran = len(seen) == 2 and all(seen)
+            plain, _ = api.attention_forward(q, k, v, "HND", False, None, None, False, c_run, smooth_k, False)
+            portable_out, portable_lse = api.attention_forward(q, k, v, "HND", False, None, None, True,
+                                                               c_run.replace(shared_kv_min_len=0), smooth_k, False)
+            exact_out, exact_lse = ref.exact_attention(q, k, v)
+            error = (lse.double() - exact_lse).abs().max().item()
+            agree = (lse - portable_lse).abs().max().item()
+            # Same arithmetic as the plain kernel: the LSE is one more store (bits compared, cosine required).
+            as_plain = cosine(out, plain)
+            same = torch.equal(out, again) and torch.equal(lse, lse_again)
+            c = cosine(out, exact_out)
+            ok = (ran and same and as_plain >= 0.999999 and error <= LSE_MAX_ERROR and agree <= LSE_AGREE
+                  and lse.shape == q.shape[:3] and lse.dtype == torch.float32 and torch.isfinite(lse).all().item()
+                  and c >= 0.999)
+            print(f"{'ok ' if ok else 'BAD'} {'Gluon LSE: ' + name:60s} cos={c:.6f} ran={ran} deterministic={same} "
+                  f"as without LSE: bits={torch.equal(out, plain)} cos={as_plain:.7f} lse err={error:.5f} "
+                  f"vs portable={agree:.5f}", flush=True)
+            results.append(ok)
+        results += _dropin_cases(n)
+    finally:
+        api._run_shared_kv = real
+    return results
+
+
+def _dropin_cases(n: int) -> list:
+    """The drop-in's names as yunchang calls them (NHD, return_lse): the LSE as SageAttention returns it."""
+    from sagetriton.kernels import sageattention_compat as sa
+
+    results = []
+    q, k, v = (t.transpose(1, 2) for t in _qkv(1, 8, n + 77))
+    exact_out, exact_lse = ref.exact_attention(q, k, v, layout="NHD")
+    for name in ("sageattn", "sageattn_qk_int8_pv_fp8_cuda", "sageattn_qk_int8_pv_fp8_cuda_sm90",
+                 "sageattn_qk_int8_pv_fp16_cuda", "sageattn_qk_int8_pv_fp16_triton"):
+        out, lse = getattr(sa, name)(q, k, v, tensor_layout="NHD", return_lse=True, dropout_p=0.0,
+                                     softmax_scale=None, causal=False)
+        error = (lse.double() - exact_lse).abs().max().item()
+        c = cosine(out, exact_out)
+        ok = error <= LSE_MAX_ERROR and c >= 0.999 and lse.shape == (1, 8, n + 77)
+        print(f"{'ok ' if ok else 'BAD'} {'drop-in ' + name + ', NHD, LSE':60s} cos={c:.6f} lse err={error:.5f}",
+              flush=True)
+        results.append(ok)
+    return results
