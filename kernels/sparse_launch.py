@@ -23,6 +23,10 @@ from .sparse_route import POOL_MEAN, POOL_SUM, pool_kernel, route_kernel
 
 POOL_BLOCKS = 4  # 64-token blocks per pool program
 _TOPK_SLICE_BYTES = 256 << 20  # the top-k scores are worked out this many bytes of heads at a time
+# The top-k threshold is backed off this much (relative) below the k-th score torch finds: the router's
+# TF32 scores differ from torch's fp32 ones by about that, and a tie kept costs one block, a block lost
+# the accuracy it was chosen for.
+TOPK_BACKOFF = 2e-3
 
 
 def sparse_config(cfg: KernelConfig) -> KernelConfig:
@@ -32,11 +36,11 @@ def sparse_config(cfg: KernelConfig) -> KernelConfig:
 
 
 def dot_precisions(device) -> tuple[str, str]:
-    """(scores, tail P·V) precision of the router's fp32 products: TF32 on NVIDIA tensor cores (the
-    scores as three TF32 products, about fp32's accuracy, so a top-k threshold taken in torch holds),
-    full fp32 on AMD, the interpreter and meta tensors."""
+    """(scores, tail P·V) precision of the router's fp32 products: TF32 on NVIDIA tensor cores (10-bit
+    mantissas: a block within ~1e-3 of its threshold may go either way), full fp32 on AMD, the
+    interpreter and meta tensors."""
     if device.type == "cuda" and torch.version.hip is None and not interpreter_enabled():
-        return "tf32x3", "tf32"
+        return "tf32", "tf32"
     return "ieee", "ieee"
 
 
@@ -76,14 +80,15 @@ def _topk_threshold(cen, kc, kv_of, nb, ratio, log2s, sinks):
         if s1 > s0:
             s[..., s0:s1] = float("-inf")
         thr[a:a + step] = s.topk(kk, dim=-1, sorted=False).values.amin(dim=-1)
-    return thr - thr.abs() * 1e-5
+    return thr - thr.abs() * TOPK_BACKOFF
 
 
-def route(cen, kc, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q, topk_ratio):
+def route(cen, kc, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q, topk_ratio, stages: int = 1):
     """The router on the block proxies (fp32: centroids (B*H, nb, d_pad), centred K block means and V
     block sums (B*H_KV, nb, d_pad), K's per-channel block variance (B*H_KV, d_pad)). Returns the exact
     key blocks per query block (B*H, nb, nb; the first ``count`` of each row, ascending), ``count``
-    (B*H, nb) and the pooled tail's max, sum (B*H, nb) and P·V (B*H, nb, d_pad)."""
+    (B*H, nb) and the pooled tail's max, sum (B*H, nb) and P·V (B*H, nb, d_pad). ``stages``: software
+    pipelining of its loop (2 takes 128 KB of shared memory at head_dim 128: Hopper's size)."""
     nb, d_pad, dev = cen.shape[1], cen.shape[2], cen.device
     kv_of = (torch.arange(B * H, device=dev) // H) * H_KV + (torch.arange(B * H, device=dev) % H) // (H // H_KV)
     thr = (_topk_threshold(cen, kc, kv_of, nb, topk_ratio, log2s, sinks) if topk_ratio
@@ -93,15 +98,19 @@ def route(cen, kc, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q, topk_r
     tail_m = torch.empty((B * H, nb), dtype=torch.float32, device=dev)
     tail_l = torch.empty_like(tail_m)
     tail_acc = torch.empty((B * H, nb, d_pad), dtype=torch.float32, device=dev)
-    qb = 64 if d_pad <= 128 else 32
+    score_prec, tail_prec = dot_precisions(dev)
+    # Query blocks x key blocks per step: TF32 on 64 x 32 fits without spills (sm80-sm120); full fp32
+    # products are FMA loops (AMD), which spill at that size.
+    qb, kb = (64, 32) if score_prec == "tf32" else (32, 16)
+    if d_pad > 128:
+        qb = max(16, qb // 2)
     s0, s1 = sinks if sinks is not None else (0, 0)
     q0, q1 = sinks_q if sinks_q is not None else (0, 0)
-    score_prec, tail_prec = dot_precisions(dev)
     api._launch(route_kernel, (-(-nb // qb), B * H), (
         cen, kc, vsum, kvar, thr, lists, count, tail_m, tail_l, tail_acc,
         H, H_KV, L, nb, float(tau), log2s, min(s0, nb), min(s1, nb), min(q0, nb), min(q1, nb),
-    ), dict(QB=qb, KB=qb, D_PAD=d_pad, HAS_THR=bool(topk_ratio), SCORE_PREC=score_prec, TAIL_PREC=tail_prec),
-        num_warps=8)
+    ), dict(QB=qb, KB=kb, D_PAD=d_pad, HAS_THR=bool(topk_ratio), SCORE_PREC=score_prec, TAIL_PREC=tail_prec),
+        num_warps=8, num_stages=stages)
     return lists, count, tail_m, tail_l, tail_acc
 
 
@@ -154,7 +163,7 @@ def run(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, r
     v_op, v_strides, v_scale, _, pv_mode, p_scale, tile_bias = api._prepare_v(vh, cfg, False, d_pad, final)
 
     lists, count, tail_m, tail_l, tail_acc = route(cen, kc, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q,
-                                                   topk_ratio)
+                                                   topk_ratio, stages=2 if cfg.use_tma else 1)
 
     out = torch.empty(api._out_shape(B, H, L, D, out_layout), dtype=q.dtype, device=dev)
     oh = api._as_bhld(out, out_layout)
