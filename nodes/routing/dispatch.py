@@ -39,6 +39,7 @@ _disabled_variants: dict[tuple, str] = {}
 VARIANT_DISABLED = "kernel failed (variant disabled until restart)"
 # Autograd through the kernel: it has no backward, ComfyUI's attention has (LoRA training, gradient guidance).
 NEEDS_GRAD = "needs gradients (training)"
+NOT_SPARSE = object()  # ``sparse_calls.SparseRouter.dispatch``: the call goes on to the dense dispatcher
 
 
 def _bind_backend_arguments(q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False,
@@ -270,6 +271,7 @@ class PatchState:
         self._calls = CallCache()  # decisions by call signature: a repeated call skips binding and checks
         self.kernel_runner: Optional[Callable] = None  # Sage Settings' backend choice; None: our kernel (sageattn)
         self.composition: dict = {}  # which backend this patch replaced and which serves fallbacks (run summary)
+        self.sparse = None  # a ``sparse_calls.SparseRouter`` when Sage Settings' sparse is on; asked first
 
     @property
     def run(self) -> Optional[RunTally]:
@@ -379,6 +381,10 @@ class PatchState:
         if torch.is_grad_enabled() and needs_grad(args):  # False while ComfyUI samples (inference mode)
             self.runs.fallback(NEEDS_GRAD)
             return self.run_fallback(func, args, kwargs, None)
+        if self.sparse is not None:
+            out = self.sparse.dispatch(self, args, kwargs)
+            if out is not NOT_SPARSE:
+                return out
         key = call_signature(args, kwargs)
         if key is not None:
             s, calls = self.settings, self._calls
