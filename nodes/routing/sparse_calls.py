@@ -75,10 +75,12 @@ class SparseRouter:
         self._lock = threading.Lock()
 
     # --- where in the model and the schedule --------------------------------------------------------
-    def layer_index(self, topts: dict, call: AttentionCall) -> Optional[int]:
+    def layer_index(self, call: AttentionCall) -> Optional[int]:
         """The call's transformer block: the model's ``block_index``, else the count of self-attention
-        calls before it in this forward. None for cross-attention (never counted)."""
-        if call.q_len != call.k_len:
+        calls before it in this forward. None for cross-attention (never counted) and for a call without
+        transformer_options (no forward to count in)."""
+        topts = call.extra.get("transformer_options")  # the forward's own dict, even while empty
+        if call.q_len != call.k_len or not isinstance(topts, dict):
             return None
         local = self.local
         if local.topts is not topts:
@@ -137,7 +139,7 @@ class SparseRouter:
 
     def take(self, state: PatchState, call: AttentionCall):
         """(plan, sinks) when this call runs sparse, else None (its reason counted)."""
-        layer = self.layer_index(call.transformer_options, call)
+        layer = self.layer_index(call)
         if call_fallback_reason(call) is not None or state._full_precision_step(call.transformer_options):
             return None  # the dense dispatcher falls back, for its own reason
         reason = self.dense_reason(call, layer)
