@@ -48,8 +48,11 @@ def outer_summary(outer: dict) -> Optional[dict]:
     if not outer:
         return None
     calls, reached = outer.get("calls"), outer.get("reached", 0)
-    return {"name": outer["name"], "forwards": outer["forwards"], "calls": calls, "reached": reached,
-            "ran_itself": None if calls is None else max(0, calls - reached), "ours_unused": reached == 0}
+    summary = {"name": outer["name"], "label": outer.get("label", outer["name"]), "forwards": outer["forwards"],
+               "calls": calls, "reached": reached,
+               "ran_itself": None if calls is None else max(0, calls - reached), "ours_unused": reached == 0}
+    summary["text"] = outer_text(summary)
+    return summary
 
 
 def outer_text(outer: dict) -> str:

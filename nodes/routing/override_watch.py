@@ -37,14 +37,16 @@ def is_core_sparse(override) -> bool:
     return any(hasattr(v, "dense_reason") and hasattr(v, "installed") for v in _closure_values(override))
 
 
-def describe_outer(override) -> str:
+def describe_outer(override) -> tuple[str, str]:
+    """(the run summary's name for the override on top, a short label for the node's panel)."""
     if override is None:
-        return "ComfyUI's own attention (the override was taken off)"
+        return "ComfyUI's own attention (the override was taken off)", "ComfyUI's attention"
     if is_core_sparse(override):
-        return CORE_SPARSE
+        return CORE_SPARSE, CORE_SPARSE
     from ..core_backends import describe_replaced
 
-    return describe_replaced(override)
+    name = describe_replaced(override)
+    return name, "Model Attention Backend" if name.endswith("(Model Attention Backend node)") else "another node"
 
 
 def counting_shim(override: Callable, counter: list) -> Callable:
@@ -70,12 +72,12 @@ def _reached(before: tuple, after: tuple) -> int:
     return after[0] - before[0] + sum(after[1].values()) - sum(before[1].values())
 
 
-def note_forward(state: PatchState, name: str, calls, reached: int) -> None:
+def note_forward(state: PatchState, names: tuple[str, str], calls, reached: int) -> None:
     run = state.run
     if run is None:
         return
     outer = run.outer
-    outer["name"] = name
+    outer["name"], outer["label"] = names
     outer["forwards"] = outer.get("forwards", 0) + 1
     outer["reached"] = outer.get("reached", 0) + reached
     if calls is not None:
