@@ -102,7 +102,6 @@ def test_cpu_without_the_interpreter_is_refused(monkeypatch):
 def _proxies(q, k, v, scale=None):
     r = sref.route_reference(q, k, dtype=torch.float64, scale=scale)
     B, H, nb, D = r["centroid"].shape
-    H_KV = r["kc"].shape[1]
     d_pad = max(32, 1 << (D - 1).bit_length())
     pad = lambda x: torch.nn.functional.pad(x, (0, d_pad - D)).float().reshape(-1, nb, d_pad).contiguous()  # noqa: E731
     vh = v.permute(0, 2, 1, 3).double()
