@@ -17,6 +17,8 @@ from sagetriton.kernels import sageattn, sparse_attn
 from sagetriton.kernels import sparse_reference as sref
 from sagetriton.kernels.api import attention_forward
 
+DEVICE = "cuda"  # "cpu" under TRITON_INTERPRET=1: a smoke run of these checks' own code on small shapes
+
 
 def rel(a, b) -> float:
     a, b = a.double(), b.double()
@@ -25,16 +27,16 @@ def rel(a, b) -> float:
 
 def smooth_qkv(T, H=4, H_KV=2, D=128, strength=1.0, seed=0, dtype=torch.bfloat16):
     """As tests/test_sparse.py's: features smooth along the sequence, so attention is local."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    pos = torch.arange(T, device="cuda", dtype=torch.float32)[:, None]
-    base = torch.sin(pos * torch.rand(D, generator=g, device="cuda") * 0.15 + torch.rand(D, generator=g, device="cuda")
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    pos = torch.arange(T, device=DEVICE, dtype=torch.float32)[:, None]
+    base = torch.sin(pos * torch.rand(D, generator=g, device=DEVICE) * 0.15 + torch.rand(D, generator=g, device=DEVICE)
                      * 6.3)
 
     def t(h, amp, noise):
-        return (amp * base[None, :, None, :] + noise * torch.randn(1, T, h, D, generator=g, device="cuda")).to(dtype)
+        return (amp * base[None, :, None, :] + noise * torch.randn(1, T, h, D, generator=g, device=DEVICE)).to(dtype)
 
     q = t(H, strength, 0.5)
-    k = t(H_KV, strength, 0.5) + torch.randn(D, generator=g, device="cuda").to(dtype)
+    k = t(H_KV, strength, 0.5) + torch.randn(D, generator=g, device=DEVICE).to(dtype)
     return q, k, t(H_KV, 1.0, 1.0)
 
 
@@ -138,4 +140,4 @@ def long_case(T: int = 300_000, H: int = 24) -> list:
 
 
 def sparse_cases() -> list:
-    return own_cases() + hostile_cases() + family_cases() + long_case()
+    return own_cases() + hostile_cases() + long_case() + family_cases()
