@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import json
 import os
 import statistics
 import time
@@ -27,7 +28,8 @@ import torch
 from common import RESULTS, environment, import_pack, write_json
 
 import_pack()
-from sagetriton.kernels import sageattn, sparse_attn  # noqa: E402
+from sagetriton.kernels import sageattn, sparse_attn, sparse_launch  # noqa: E402
+from sagetriton.kernels.arch import detect_arch, resolve_config  # noqa: E402
 from sagetriton.kernels.sparse_reference import route_reference  # noqa: E402
 
 SHAPES = "32760x24,75600x24,103950x56,160000x40"
@@ -117,7 +119,9 @@ def bench_case(T: int, H: int, family: str, sol, args) -> dict:
 
     run("sdpa", lambda: torch.nn.functional.scaled_dot_product_attention(qh, kh, vh).transpose(1, 2))
     run("dense", lambda: sageattn(q, k, v, "NHD"))
-    run("sparse all blocks", lambda: sparse_attn(q, k, v, tau=-1e9, return_density=True))
+    for pv, cfg in args.configs:
+        name = "sparse all blocks" if pv == args.configs[0][0] else f"sparse[{pv}] all blocks"
+        run(name, lambda cfg=cfg: sparse_attn(q, k, v, tau=-1e9, return_density=True, config=cfg))
     for kind, value in SETTINGS:
         kw = {"tau": value} if kind == "tau" else {"topk_ratio": value}
         label = f"{kind} {value}"
@@ -127,10 +131,12 @@ def bench_case(T: int, H: int, family: str, sol, args) -> dict:
             del r
             ck_kw = dict(tau=value if kind == "tau" else 1.3, topk_ratio=value if kind == "topk" else 0.0, token_aug=0)
             run(f"sol {label}", lambda ck_kw=ck_kw: sol(q, k, v, **ck_kw), density=ref_density)
-        run(f"sparse {label}", lambda kw=kw: sparse_attn(q, k, v, **kw, return_density=True))
+        for pv, cfg in args.configs:
+            name = f"sparse {label}" if pv == args.configs[0][0] else f"sparse[{pv}] {label}"
+            run(name, lambda kw=kw, cfg=cfg: sparse_attn(q, k, v, **kw, return_density=True, config=cfg))
     entry["methods"] = results
     try:
-        entry["profile_tau_1.3"] = routing_share(lambda: sparse_attn(q, k, v, 1.3))
+        entry["profile_tau_1.3"] = routing_share(lambda: sparse_attn(q, k, v, 1.3, config=args.configs[0][1]))
     except Exception as e:  # noqa: BLE001 - no profiler here: the rest of the table still counts
         entry["profile_tau_1.3"] = {"routing_share": float("nan"), "error": f"{type(e).__name__}: {e}"}
     print(f"  routing share at tau 1.3: {entry['profile_tau_1.3']['routing_share']:.2%}"
@@ -169,11 +175,25 @@ def main(argv=None):
     ap.add_argument("--families", default=",".join(si.FAMILIES))
     ap.add_argument("--rows", type=int, default=2048, help="query rows the error is measured on")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--pv", default="default", help="P·V precisions of the sparse columns, the first one the "
+                    "main column: default (this GPU's), fp8, int8, fp16, fp8+residual")
+    ap.add_argument("--pick", help="bench/sparse_ab.py's pick (JSON): its TUNING, and its P·V as the main column "
+                    "(then this GPU's default beside it)")
     ap.add_argument("--out", default=str(Path(os.environ.get("OUT", RESULTS)) / "sparse_bench.json"))
     args = ap.parse_args(argv)
+    if args.pick:
+        pick = json.loads(Path(args.pick).read_text())
+        sparse_launch.TUNING.update(pick["tuning"])
+        if args.pv == "default":
+            args.pv = pick["pv"] if pick["pv"] == "fp8" else f"{pick['pv']},default"
+    arch = detect_arch()
+    args.configs = [(pv, resolve_config(arch, 128, pv_precision=None if pv == "default" else pv)[0])
+                    for pv in args.pv.split(",")]
     sol, version = kitchen_sol()
     env = environment()
     env["comfy_kitchen"] = version
+    env["sparse_tuning"] = dict(sparse_launch.TUNING)
+    env["sparse_pv"] = [(pv, cfg.pv_choice()) for pv, cfg in args.configs]
     print(env, flush=True)
     cases = []
     for shape in args.shapes.split(","):

@@ -22,6 +22,9 @@ from .sparse_reference import BLOCK, topk_count
 from .sparse_route import POOL_MEAN, POOL_SUM, pool_kernel, route_kernel
 
 POOL_BLOCKS = 4  # 64-token blocks per pool program
+# Knobs the A/B benchmark (bench/sparse_ab.py) flips; the defaults are what was measured fastest.
+TUNING = {"pairs": True, "pool_stages": 3, "attn_stages": None, "attn_tma": True, "attn_maxnreg": None,
+          "route_prec": None, "route_tiles": None, "route_warps": 8}
 _TOPK_SLICE_BYTES = 256 << 20  # the top-k scores are worked out this many bytes of heads at a time
 # The top-k threshold is backed off this much (relative) below the k-th score torch finds: the router's
 # TF32 scores differ from torch's fp32 ones by about that, and a tie kept costs one block, a block lost
@@ -52,7 +55,8 @@ def _pool(x, heads, L, d_pad, nb, mode, absmax=False):
     progs = -(-nb // POOL_BLOCKS)
     amax = torch.empty((B * heads, progs, d_pad) if absmax else (1,), dtype=torch.float32, device=x.device)
     api._launch(pool_kernel, (progs, B * heads), (x, *x.stride(), out, amax, heads, L, D, nb, POOL_BLOCKS),
-                dict(D_PAD=d_pad, MODE=mode, ABSMAX=absmax, INTERPRETER=interpreter_enabled()), num_warps=4)
+                dict(D_PAD=d_pad, MODE=mode, ABSMAX=absmax, INTERPRETER=interpreter_enabled()), num_warps=4,
+                num_stages=TUNING["pool_stages"])
     return out, amax
 
 
@@ -98,19 +102,20 @@ def route(cen, kc, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q, topk_r
     tail_m = torch.empty((B * H, nb), dtype=torch.float32, device=dev)
     tail_l = torch.empty_like(tail_m)
     tail_acc = torch.empty((B * H, nb, d_pad), dtype=torch.float32, device=dev)
-    score_prec, tail_prec = dot_precisions(dev)
+    score_prec, tail_prec = TUNING["route_prec"] or dot_precisions(dev)
     # Query blocks x key blocks per step: TF32 on 64 x 32 fits without spills (sm80-sm120); full fp32
     # products are FMA loops (AMD), which spill at that size.
     qb, kb = (64, 32) if score_prec == "tf32" else (32, 16)
     if d_pad > 128:
         qb = max(16, qb // 2)
+    qb, kb = TUNING["route_tiles"] or (qb, kb)
     s0, s1 = sinks if sinks is not None else (0, 0)
     q0, q1 = sinks_q if sinks_q is not None else (0, 0)
     api._launch(route_kernel, (-(-nb // qb), B * H), (
         cen, kc, vsum, kvar, thr, lists, count, tail_m, tail_l, tail_acc,
-        H, H_KV, L, nb, float(tau), log2s, min(s0, nb), min(s1, nb), min(q0, nb), min(q1, nb),
+        H, H_KV, nb, float(L - (nb - 1) * BLOCK), float(tau), log2s, min(s0, nb), min(s1, nb), min(q0, nb), min(q1, nb),
     ), dict(QB=qb, KB=kb, D_PAD=d_pad, HAS_THR=bool(topk_ratio), SCORE_PREC=score_prec, TAIL_PREC=tail_prec),
-        num_warps=8, num_stages=stages)
+        num_warps=TUNING["route_warps"], num_stages=stages)
     return lists, count, tail_m, tail_l, tail_acc
 
 
@@ -169,7 +174,7 @@ def run(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, r
     oh = api._as_bhld(out, out_layout)
     lse = torch.empty((B, H, L) if return_lse else (1,), dtype=torch.float32, device=dev)
     k_desc = v_desc = None
-    if cfg.use_tma:
+    if cfg.use_tma and TUNING["attn_tma"]:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         k3 = k8.view(B * H_KV, L, d_pad)
@@ -187,9 +192,10 @@ def run(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, r
         HAS_QBIAS=qbias is not None, K_SCALAR=k_scalar, RETURN_LSE=return_lse,
         EVEN_D=(D == d_pad) or (v_op is not vh), INTERPRETER=interpreter_enabled(), K_TMA=k_desc is not None,
         V_TMA=v_desc is not None, V_T=pv_mode in (attn.PV_FP8, attn.PV_INT8),
-        V_RES=pv_mode == attn.PV_FP8 and cfg.v_residual, PDL=False,
-    ), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}))
+        V_RES=pv_mode == attn.PV_FP8 and cfg.v_residual, PDL=False, PAIRS=TUNING["pairs"] and k_scalar,
+    ), num_warps=cfg.num_warps, num_stages=TUNING["attn_stages"] or cfg.num_stages,
+        **({"maxnreg": regs} if (regs := TUNING["attn_maxnreg"] if TUNING["attn_maxnreg"] is not None
+                                  else cfg.max_registers) else {}))
     res = (out,)
     if return_lse:
         res += (lse,)
