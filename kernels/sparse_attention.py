@@ -12,69 +12,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .attention import HOT_LOGIT_LIMIT, HOT_LOGIT_LIMIT_FP8, _attn_tile, finish_rows, int8_p_shift
-from .quant import P_OFFSET, gdc_wait, mma_operand_order, round_p_offset_int8, to_fp8
-
-
-@triton.jit
-def _pair_tile(acc, l_i, m_i, sh_i, q, qs, j1, j2, k_base, ks_base, v_base, tb_base, stride_vn, stride_vd, D,
-               D_PAD: tl.constexpr, PV_MODE: tl.constexpr, P_LOG2: tl.constexpr, EVEN_D: tl.constexpr,
-               INTERPRETER: tl.constexpr, V_RES: tl.constexpr):
-    """Two listed key blocks j1, j2 (any two) as one 128-key tile: their rows gathered, Q·Kᵀ in one MMA, each
-    half scaled by its block's K scale, then ``_attn_tile``'s unmasked one-scale-per-block arithmetic (the
-    same units and INT8 shift convention, so both tiles mix in one row's sums)."""
-    r = tl.arange(0, 128)
-    offs_d = tl.arange(0, D_PAD)
-    first = r < 64
-    offs_n = tl.where(first, j1 * 64 + r, j2 * 64 + (r - 64))
-    k = tl.load(k_base + offs_n[:, None].to(tl.int64) * D_PAD + offs_d[None, :])
-    s = tl.dot(q, tl.trans(k))
-    ks = tl.where(first, tl.load(ks_base + j1), tl.load(ks_base + j2))
-    x = s.to(tl.float32) * qs[:, None] * ks[None, :]
-    t_max = tl.max(x, 1)
-    m_new = tl.maximum(m_i, t_max)
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    if PV_MODE == 3:
-        shift = int8_p_shift(t_max, m_use)
-        alpha = tl.math.exp2(sh_i - shift)
-        base = shift - P_LOG2
-    else:
-        base = m_use - P_LOG2
-        alpha = tl.math.exp2(m_i - m_use)
-    p = tl.math.exp2(x - base[:, None])
-    if PV_MODE == 3:
-        p8 = round_p_offset_int8(p)
-        l_i = l_i * alpha + (tl.sum(p8.to(tl.int32), 1) + P_OFFSET * 128).to(tl.float32)
-    else:
-        l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
-    v_ptrs = v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_d[None, :] * stride_vd
-    if EVEN_D:
-        v = tl.load(v_ptrs)
-    else:
-        v = tl.load(v_ptrs, mask=offs_d[None, :] < D, other=0.0)
-    if PV_MODE == 0:
-        if v.dtype == tl.float32:
-            v = v.to(tl.bfloat16)
-        if INTERPRETER and v.dtype == tl.bfloat16:
-            acc = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), acc)
-        else:
-            acc = tl.dot(p.to(v.dtype), v, acc)
-    elif PV_MODE == 1:
-        acc += tl.dot(p.to(tl.float16), v.to(tl.float16), out_dtype=tl.float16).to(tl.float32)
-    elif PV_MODE == 2:
-        p8 = mma_operand_order(to_fp8(p, v.dtype, INTERPRETER), 128)
-        pv = tl.dot(p8, v)
-        if V_RES:
-            pv = tl.dot(p8, tl.load(v_ptrs + D_PAD * stride_vd), pv)
-        acc += pv
-    else:
-        pv = tl.dot(mma_operand_order(p8, 128), v)
-        bias = tl.load(tb_base + j1 * D_PAD + offs_d) + tl.load(tb_base + j2 * D_PAD + offs_d)
-        acc += (pv + bias[None, :]).to(tl.float32)
-    if PV_MODE == 3:
-        sh_i = shift
-    return acc, l_i, m_new, sh_i
+from .attention import HOT_LOGIT_LIMIT, HOT_LOGIT_LIMIT_FP8, _attn_tile, finish_rows
+from .quant import gdc_wait
 
 
 @triton.jit
@@ -88,7 +27,7 @@ def sparse_attention_kernel(
     BLOCK_M: tl.constexpr, D_PAD: tl.constexpr, PV_MODE: tl.constexpr, P_LOG2: tl.constexpr,
     HAS_VSCALE: tl.constexpr, HAS_QBIAS: tl.constexpr, K_SCALAR: tl.constexpr, RETURN_LSE: tl.constexpr,
     EVEN_D: tl.constexpr, INTERPRETER: tl.constexpr, K_TMA: tl.constexpr, V_TMA: tl.constexpr,
-    V_T: tl.constexpr, V_RES: tl.constexpr, PDL: tl.constexpr, PAIRS: tl.constexpr = False,
+    V_T: tl.constexpr, V_RES: tl.constexpr, PDL: tl.constexpr,
 ):
     if PDL:
         gdc_wait()
@@ -134,16 +73,7 @@ def sparse_attention_kernel(
     ragged = (L % BLOCK_N) != 0
     if ragged:  # the short last key block, if listed, is the list's last entry
         n_full = cnt - (tl.load(list_base + cnt - 1).to(tl.int32) == NB - 1).to(tl.int32)
-    first = 0
-    if PAIRS:  # two listed blocks per 128-key tile (K_SCALAR only), an odd one left to the 64-key tile below
-        for t in range(0, n_full // 2):
-            j1 = tl.load(list_base + 2 * t).to(tl.int32)
-            j2 = tl.load(list_base + 2 * t + 1).to(tl.int32)
-            acc, l_i, m_i, sh_i = _pair_tile(acc, l_i, m_i, sh_i, q, qs, j1, j2, k_base, ks_base, v_base, tb_base,
-                                             stride_vn, stride_vd, D, D_PAD, PV_MODE, P_LOG2, EVEN_D, INTERPRETER,
-                                             V_RES)
-        first = (n_full // 2) * 2
-    for t in range(first, n_full):
+    for t in range(0, n_full):
         start_n = tl.load(list_base + t).to(tl.int32) * BLOCK_N
         acc, l_i, m_i, sh_i = _attn_tile(
             acc, l_i, m_i, sh_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, tb_base, Q8, KDesc, VDesc, bhk,

@@ -22,9 +22,10 @@ from .sparse_reference import BLOCK, topk_count
 from .sparse_route import POOL_MEAN, POOL_SUM, pool_kernel, route_kernel
 
 POOL_BLOCKS = 4  # 64-token blocks per pool program
-# Knobs the A/B benchmark (bench/sparse_ab.py) flips; the defaults are what was measured fastest.
-TUNING = {"pairs": True, "pool_stages": 3, "attn_stages": None, "attn_tma": True, "attn_maxnreg": None,
-          "route_prec": None, "route_tiles": None, "route_warps": 8}
+# Knobs the A/B benchmark (bench/sparse_ab.py) flips; the defaults are what it measured fastest on the H200
+# (bench/results/sm90_sparse_ab.json; None: the config's own choice). bench/NOTES.md, "Sparse attention".
+TUNING = {"pool_stages": 1, "attn_stages": None, "attn_tma": True, "attn_maxnreg": None, "route_prec": None,
+          "route_tiles": None, "route_warps": 8}
 _TOPK_SLICE_BYTES = 256 << 20  # the top-k scores are worked out this many bytes of heads at a time
 # The top-k threshold is backed off this much (relative) below the k-th score torch finds: the router's
 # TF32 scores differ from torch's fp32 ones by about that, and a tie kept costs one block, a block lost
@@ -87,12 +88,13 @@ def _topk_threshold(cen, kc, kv_of, nb, ratio, log2s, sinks):
     return thr - thr.abs() * TOPK_BACKOFF
 
 
-def route(cen, kc, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q, topk_ratio, stages: int = 1):
+def route(cen, kc, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q, topk_ratio, stages: int = 1,
+          tiles=None):
     """The router on the block proxies (fp32: centroids (B*H, nb, d_pad), centred K block means and V
     block sums (B*H_KV, nb, d_pad), K's per-channel block variance (B*H_KV, d_pad)). Returns the exact
     key blocks per query block (B*H, nb, nb; the first ``count`` of each row, ascending), ``count``
     (B*H, nb) and the pooled tail's max, sum (B*H, nb) and P·V (B*H, nb, d_pad). ``stages``: software
-    pipelining of its loop (2 takes 128 KB of shared memory at head_dim 128: Hopper's size)."""
+    pipelining of its loop (Hopper's shared memory takes 2); ``tiles``: (query blocks, key blocks) per step."""
     nb, d_pad, dev = cen.shape[1], cen.shape[2], cen.device
     kv_of = (torch.arange(B * H, device=dev) // H) * H_KV + (torch.arange(B * H, device=dev) % H) // (H // H_KV)
     thr = (_topk_threshold(cen, kc, kv_of, nb, topk_ratio, log2s, sinks) if topk_ratio
@@ -108,7 +110,7 @@ def route(cen, kc, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q, topk_r
     qb, kb = (64, 32) if score_prec == "tf32" else (32, 16)
     if d_pad > 128:
         qb = max(16, qb // 2)
-    qb, kb = TUNING["route_tiles"] or (qb, kb)
+    qb, kb = TUNING["route_tiles"] or tiles or (qb, kb)
     s0, s1 = sinks if sinks is not None else (0, 0)
     q0, q1 = sinks_q if sinks_q is not None else (0, 0)
     api._launch(route_kernel, (-(-nb // qb), B * H), (
@@ -168,7 +170,8 @@ def run(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, r
     v_op, v_strides, v_scale, _, pv_mode, p_scale, tile_bias = api._prepare_v(vh, cfg, False, d_pad, final)
 
     lists, count, tail_m, tail_l, tail_acc = route(cen, kc, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q,
-                                                   topk_ratio, stages=2 if cfg.use_tma else 1)
+                                                   topk_ratio, stages=2 if cfg.use_tma else 1,
+                                                   tiles=(128, 32) if cfg.use_tma and d_pad <= 128 else None)
 
     out = torch.empty(api._out_shape(B, H, L, D, out_layout), dtype=q.dtype, device=dev)
     oh = api._as_bhld(out, out_layout)
@@ -192,7 +195,7 @@ def run(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, r
         HAS_QBIAS=qbias is not None, K_SCALAR=k_scalar, RETURN_LSE=return_lse,
         EVEN_D=(D == d_pad) or (v_op is not vh), INTERPRETER=interpreter_enabled(), K_TMA=k_desc is not None,
         V_TMA=v_desc is not None, V_T=pv_mode in (attn.PV_FP8, attn.PV_INT8),
-        V_RES=pv_mode == attn.PV_FP8 and cfg.v_residual, PDL=False, PAIRS=TUNING["pairs"] and k_scalar,
+        V_RES=pv_mode == attn.PV_FP8 and cfg.v_residual, PDL=False,
     ), num_warps=cfg.num_warps, num_stages=TUNING["attn_stages"] or cfg.num_stages,
         **({"maxnreg": regs} if (regs := TUNING["attn_maxnreg"] if TUNING["attn_maxnreg"] is not None
                                   else cfg.max_registers) else {}))
