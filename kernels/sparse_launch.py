@@ -22,6 +22,10 @@ from .sparse_reference import BLOCK, topk_count
 from .sparse_route import POOL_MEAN, POOL_SUM, pool_kernel, route_kernel
 
 POOL_BLOCKS = 4  # 64-token blocks per pool program
+# Knobs the A/B benchmark (bench/sparse_ab.py) flips; the defaults are what it measured fastest on the H200
+# (bench/results/sm90_sparse_ab.json; None: the config's own choice). bench/NOTES.md, "Sparse attention".
+TUNING = {"pool_stages": 1, "attn_stages": None, "attn_tma": True, "attn_maxnreg": None, "route_prec": None,
+          "route_tiles": None, "route_warps": 8}
 _TOPK_SLICE_BYTES = 256 << 20  # the top-k scores are worked out this many bytes of heads at a time
 # The top-k threshold is backed off this much (relative) below the k-th score torch finds: the router's
 # TF32 scores differ from torch's fp32 ones by about that, and a tie kept costs one block, a block lost
@@ -52,7 +56,8 @@ def _pool(x, heads, L, d_pad, nb, mode, absmax=False):
     progs = -(-nb // POOL_BLOCKS)
     amax = torch.empty((B * heads, progs, d_pad) if absmax else (1,), dtype=torch.float32, device=x.device)
     api._launch(pool_kernel, (progs, B * heads), (x, *x.stride(), out, amax, heads, L, D, nb, POOL_BLOCKS),
-                dict(D_PAD=d_pad, MODE=mode, ABSMAX=absmax, INTERPRETER=interpreter_enabled()), num_warps=4)
+                dict(D_PAD=d_pad, MODE=mode, ABSMAX=absmax, INTERPRETER=interpreter_enabled()), num_warps=4,
+                num_stages=TUNING["pool_stages"])
     return out, amax
 
 
@@ -83,12 +88,13 @@ def _topk_threshold(cen, kc, kv_of, nb, ratio, log2s, sinks):
     return thr - thr.abs() * TOPK_BACKOFF
 
 
-def route(cen, kc, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q, topk_ratio, stages: int = 1):
+def route(cen, kc, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q, topk_ratio, stages: int = 1,
+          tiles=None):
     """The router on the block proxies (fp32: centroids (B*H, nb, d_pad), centred K block means and V
     block sums (B*H_KV, nb, d_pad), K's per-channel block variance (B*H_KV, d_pad)). Returns the exact
     key blocks per query block (B*H, nb, nb; the first ``count`` of each row, ascending), ``count``
     (B*H, nb) and the pooled tail's max, sum (B*H, nb) and P·V (B*H, nb, d_pad). ``stages``: software
-    pipelining of its loop (2 takes 128 KB of shared memory at head_dim 128: Hopper's size)."""
+    pipelining of its loop (Hopper's shared memory takes 2); ``tiles``: (query blocks, key blocks) per step."""
     nb, d_pad, dev = cen.shape[1], cen.shape[2], cen.device
     kv_of = (torch.arange(B * H, device=dev) // H) * H_KV + (torch.arange(B * H, device=dev) % H) // (H // H_KV)
     thr = (_topk_threshold(cen, kc, kv_of, nb, topk_ratio, log2s, sinks) if topk_ratio
@@ -98,19 +104,20 @@ def route(cen, kc, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q, topk_r
     tail_m = torch.empty((B * H, nb), dtype=torch.float32, device=dev)
     tail_l = torch.empty_like(tail_m)
     tail_acc = torch.empty((B * H, nb, d_pad), dtype=torch.float32, device=dev)
-    score_prec, tail_prec = dot_precisions(dev)
+    score_prec, tail_prec = TUNING["route_prec"] or dot_precisions(dev)
     # Query blocks x key blocks per step: TF32 on 64 x 32 fits without spills (sm80-sm120); full fp32
     # products are FMA loops (AMD), which spill at that size.
     qb, kb = (64, 32) if score_prec == "tf32" else (32, 16)
     if d_pad > 128:
         qb = max(16, qb // 2)
+    qb, kb = TUNING["route_tiles"] or tiles or (qb, kb)
     s0, s1 = sinks if sinks is not None else (0, 0)
     q0, q1 = sinks_q if sinks_q is not None else (0, 0)
     api._launch(route_kernel, (-(-nb // qb), B * H), (
         cen, kc, vsum, kvar, thr, lists, count, tail_m, tail_l, tail_acc,
-        H, H_KV, L, nb, float(tau), log2s, min(s0, nb), min(s1, nb), min(q0, nb), min(q1, nb),
+        H, H_KV, nb, float(L - (nb - 1) * BLOCK), float(tau), log2s, min(s0, nb), min(s1, nb), min(q0, nb), min(q1, nb),
     ), dict(QB=qb, KB=kb, D_PAD=d_pad, HAS_THR=bool(topk_ratio), SCORE_PREC=score_prec, TAIL_PREC=tail_prec),
-        num_warps=8, num_stages=stages)
+        num_warps=TUNING["route_warps"], num_stages=stages)
     return lists, count, tail_m, tail_l, tail_acc
 
 
@@ -163,13 +170,14 @@ def run(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, r
     v_op, v_strides, v_scale, _, pv_mode, p_scale, tile_bias = api._prepare_v(vh, cfg, False, d_pad, final)
 
     lists, count, tail_m, tail_l, tail_acc = route(cen, kc, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q,
-                                                   topk_ratio, stages=2 if cfg.use_tma else 1)
+                                                   topk_ratio, stages=2 if cfg.use_tma else 1,
+                                                   tiles=(128, 32) if cfg.use_tma and d_pad <= 128 else None)
 
     out = torch.empty(api._out_shape(B, H, L, D, out_layout), dtype=q.dtype, device=dev)
     oh = api._as_bhld(out, out_layout)
     lse = torch.empty((B, H, L) if return_lse else (1,), dtype=torch.float32, device=dev)
     k_desc = v_desc = None
-    if cfg.use_tma:
+    if cfg.use_tma and TUNING["attn_tma"]:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         k3 = k8.view(B * H_KV, L, d_pad)
@@ -188,8 +196,9 @@ def run(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, r
         EVEN_D=(D == d_pad) or (v_op is not vh), INTERPRETER=interpreter_enabled(), K_TMA=k_desc is not None,
         V_TMA=v_desc is not None, V_T=pv_mode in (attn.PV_FP8, attn.PV_INT8),
         V_RES=pv_mode == attn.PV_FP8 and cfg.v_residual, PDL=False,
-    ), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}))
+    ), num_warps=cfg.num_warps, num_stages=TUNING["attn_stages"] or cfg.num_stages,
+        **({"maxnreg": regs} if (regs := TUNING["attn_maxnreg"] if TUNING["attn_maxnreg"] is not None
+                                  else cfg.max_registers) else {}))
     res = (out,)
     if return_lse:
         res += (lse,)

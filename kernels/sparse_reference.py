@@ -134,12 +134,13 @@ def _extra_select(c: torch.Tensor, live: torch.Tensor, budget: int) -> torch.Ten
 def sparse_reference(q, k, v, tau: float = 1.3, *, tensor_layout: str = "NHD", scale: Optional[float] = None,
                      sink_blocks=None, sink_q=None, topk_ratio: Optional[float] = None, extra_tokens: int = 0,
                      return_lse: bool = False, return_density: bool = False, dtype=torch.float64,
-                     chunk_blocks: int = 16):
+                     chunk_blocks: int = 16, query_blocks: Optional[range] = None):
     """The method in plain torch (see the module docstring); arguments as ``kernels.sparse_attn``.
     Computed in ``dtype``, ``chunk_blocks`` query blocks at a time (memory O(chunk · T) per head).
     Returns ``out`` in the input layout and dtype, then ``lse`` (B, H, L) fp32 and ``density`` (a
-    0-dim float32 tensor: the fraction of (query block, key block) pairs attended exactly, over batch and heads) if
-    asked for, in that order."""
+    0-dim float32 tensor: the fraction of (query block, key block) pairs attended exactly, over batch
+    and heads) if asked for, in that order. ``query_blocks``: work out only these query blocks (a range
+    of 64-row blocks; the other rows come out NaN), for spot checks of long sequences."""
     qh, kh, vh = (_as_bhld(x, tensor_layout).to(dtype) for x in (q, k, v))
     b, h, t, d = qh.shape
     rep = h // kh.shape[1]
@@ -155,10 +156,11 @@ def sparse_reference(q, k, v, tau: float = 1.3, *, tensor_layout: str = "NHD", s
     vsum = _block_pool(v_e, n, "sum")
     lengths = _lengths(t, n, qh.device).to(dtype)
     tok_blk = torch.arange(t, device=qh.device) // BLOCK
-    out = torch.empty_like(qh)
-    lse = torch.empty((b, h, t), dtype=dtype, device=qh.device)
-    for i0 in range(0, n, chunk_blocks):
-        i1 = min(n, i0 + chunk_blocks)
+    out = torch.full_like(qh, float("nan"))
+    lse = torch.full((b, h, t), float("nan"), dtype=dtype, device=qh.device)
+    todo = range(n) if query_blocks is None else range(max(0, query_blocks.start), min(n, query_blocks.stop))
+    for i0 in range(todo.start, todo.stop, chunk_blocks):
+        i1 = min(todo.stop, i0 + chunk_blocks)
         rows = slice(i0 * BLOCK, min(t, i1 * BLOCK))
         row_blk = tok_blk[rows] - i0  # query block of each row, within the chunk
         ex = exact[:, :, i0:i1]  # (B, H, c, n)

@@ -65,7 +65,7 @@ def route_kernel(
     Count,  # int32 (B*H, NB)
     TailM, TailL,  # fp32 (B*H, NB): the pooled tail's max and sum (weights = block lengths)
     TailAcc,  # fp32 (B*H, NB, D_PAD): its P·V
-    H, H_KV, L, NB, tau, log2s, s0, s1, q0, q1,
+    H, H_KV, NB, last_len, tau, log2s, s0, s1, q0, q1,
     QB: tl.constexpr, KB: tl.constexpr, D_PAD: tl.constexpr, HAS_THR: tl.constexpr,
     SCORE_PREC: tl.constexpr, TAIL_PREC: tl.constexpr,
 ):
@@ -92,7 +92,6 @@ def route_kernel(
     kc_base = KC + kvh.to(tl.int64) * NB * D_PAD
     vs_base = VSum + kvh.to(tl.int64) * NB * D_PAD
     list_rows = List + (bh.to(tl.int64) * NB + offs_i) * NB
-    last_len = (L - (NB - 1) * 64).to(tl.float32)
     for j0 in range(0, NB, KB):
         offs_j = j0 + tl.arange(0, KB)
         j_ok = offs_j < NB

@@ -102,7 +102,6 @@ def test_cpu_without_the_interpreter_is_refused(monkeypatch):
 def _proxies(q, k, v, scale=None):
     r = sref.route_reference(q, k, dtype=torch.float64, scale=scale)
     B, H, nb, D = r["centroid"].shape
-    H_KV = r["kc"].shape[1]
     d_pad = max(32, 1 << (D - 1).bit_length())
     pad = lambda x: torch.nn.functional.pad(x, (0, d_pad - D)).float().reshape(-1, nb, d_pad).contiguous()  # noqa: E731
     vh = v.permute(0, 2, 1, 3).double()
@@ -198,14 +197,17 @@ def test_head_dims_padded_and_fp32_inputs(D):
     assert rel(out, sref.sparse_reference(q, k, v, 1.0)) <= budget(q, k, v)
 
 
-@pytest.mark.parametrize("gran,pv,rotation", [("per_warp", "fp8", True), ("per_block", "int8", True),
+@pytest.mark.parametrize("gran,pv,rotation", [("per_warp", "fp8", True), ("per_warp", "fp8", "tiles"),
+                                              ("per_block", "int8", True),
                                               ("per_thread", "int8", False), ("per_thread", "fp16", False),
                                               ("per_warp", "fp8+residual", False)])
 def test_every_quantized_path_of_the_gpus(gran, pv, rotation):
-    cfg = CPU_CFG.replace(qk_quant_gran=gran, qk_rotation=rotation).with_pv_choice(pv)
+    # "tiles": Hopper's rotation (``KernelConfig.rotation_tiles``: K's centre subtracted after the product)
+    cfg = CPU_CFG.replace(qk_quant_gran=gran, qk_rotation=bool(rotation),
+                          rotation_tiles=rotation == "tiles").with_pv_choice(pv)
     if cfg.pv_precision == "fp8":
         cfg = cfg.replace(fp8_format="e4m3fn")
-    q, k, v = smooth_qkv(200, H=2, H_KV=1, seed=11)
+    q, k, v = smooth_qkv(200, H=2, H_KV=1, seed=11, dtype=torch.bfloat16)
     out, lse = sparse_attn(q, k, v, 1.0, config=cfg, return_lse=True)
     ref, ref_lse = sref.sparse_reference(q, k, v, 1.0, return_lse=True)
     assert rel(out, ref) <= budget(q, k, v, config=cfg)
