@@ -239,3 +239,20 @@ def test_a_redone_forward_takes_its_sparse_calls_back(monkeypatch, pack):
     assert state.run.sparse == 1
     stats.take_back(since, state.run)
     assert (state.run.kernel, state.run.sparse, state.run.density_sum) == (0, 0, None)
+
+
+def test_current_comfyui_hands_holders_to_the_patch_and_a_sparse_call_takes_them(monkeypatch, pack):
+    """Current core's ``wrap_attn`` (emulated) with the Patch node's override: holders go to its container
+    entry, the sparse call runs and consumes them."""
+    from current_comfy import current_wrap_attn
+    from sagetriton.nodes.routing.forward_plan import ForwardPlans, make_planned_override
+
+    spy = SparseSpy(monkeypatch, pack)
+    state = patched()
+    override = make_planned_override(state, ForwardPlans(state))
+    attention = current_wrap_attn(reference_backend)
+    q, k, v = comfy_args(*qkv(), skip_reshape=False)
+    holders = [Holder(t) for t in (q, k, v)]
+    out = attention(*holders, heads=2, transformer_options={"optimized_attention_override": override})
+    assert len(spy.calls) == 1 and state.run.sparse == 1 and all(h.tensor is None for h in holders)
+    assert out.shape == (1, T, 128)
