@@ -103,3 +103,20 @@ def test_sparse_choices_reach_the_settings(settings_node):
     assert settings.sparse == SparseSettings(mode="top-k", topk_ratio=0.2, dense_layers="0, 29", min_tokens=4096,
                                              start_percent=0.1, sink_conditioning="exact_kv")
     assert settings.sparse.layers == {0, 29} and settings.sparse.describe() == "top-k 20 %"
+
+
+def test_sparse_is_the_pack_s_kernel_only_and_says_so_with_another_backend(comfyui_path):
+    import comfy.model_patcher
+    import torch
+    from sagetriton.nodes.patching import patch_model, patch_state_of
+    from sagetriton.nodes.reporting.run_summary import build_summary, format_summary
+
+    base = comfy.model_patcher.ModelPatcher(torch.nn.Linear(1, 1), torch.device("cpu"), torch.device("cpu"))
+    on = patch_state_of(patch_model(base, SageSettings(sparse=SparseSettings(mode="sol"))))
+    assert on.sparse is not None and on.sparse.sigma_window is None  # no model_sampling: the step decides
+    other = patch_state_of(patch_model(base, SageSettings(backend="SDPA", sparse=SparseSettings(mode="sol"))))
+    assert other.sparse is None
+    other.begin_run()
+    text = format_summary(build_summary(other, other.run))
+    assert "sparse attention is SageTriton's kernel: off while Sage Settings' backend is SDPA" in text
+    assert patch_state_of(patch_model(base, SageSettings())).sparse is None  # off by default
