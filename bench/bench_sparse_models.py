@@ -98,6 +98,7 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=5, help="timed forwards per variant")
     ap.add_argument("--steps", type=int, default=None, help="sampling steps of the whole run (default 20; 5 tiny)")
     ap.add_argument("--skip-sampling", action="store_true", help="forwards only")
+    ap.add_argument("--skip-forwards", action="store_true", help="the sampling runs only")
     ap.add_argument("--out", default=None)
     ap.add_argument("--tiny", action="store_true", help="tiny config on the CPU: checks this script, times nothing")
     args = ap.parse_args(argv)
@@ -117,10 +118,10 @@ def main(argv=None):
     print(payload["env"], payload["model"], "tokens", payload["tokens"], flush=True)
 
     base = bm.build(MODEL)
-    variants = forward_variants(base, min_tokens)
+    variants = {} if args.skip_forwards else forward_variants(base, min_tokens)
     x, sigma, kwargs = bm.forward_inputs(base, MODEL)
-    timed = bm.time_variants(variants, x, sigma, kwargs, args.runs)
-    ref = timed["unpatched"]
+    timed = bm.time_variants(variants, x, sigma, kwargs, args.runs) if variants else {}
+    ref = timed.get("unpatched")
     for label, t in timed.items():
         row = dict(variant=label, seconds=t["seconds"], speedup=ref["seconds"] / t["seconds"],
                    paired_speedup=t["paired_speedup"], quartiles=t["quartiles"], runs=args.runs, peak_gib=t["peak_gib"],
@@ -130,7 +131,7 @@ def main(argv=None):
         print(row, flush=True)
 
     if not args.skip_sampling:
-        runs = {"unpatched": base, "patched dense (defaults)": variants["patched dense (defaults)"],
+        runs = {"unpatched": base, "patched dense (defaults)": patch_model(base, SageSettings()),
                 "sparse sol tau 1.3, first 20 % dense": patch_model(base, sparse(min_tokens, mode="sol", tau=1.3))}
         ref_out = None
         for label, patcher in runs.items():
