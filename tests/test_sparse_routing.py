@@ -256,3 +256,31 @@ def test_current_comfyui_hands_holders_to_the_patch_and_a_sparse_call_takes_them
     out = attention(*holders, heads=2, transformer_options={"optimized_attention_override": override})
     assert len(spy.calls) == 1 and state.run.sparse == 1 and all(h.tensor is None for h in holders)
     assert out.shape == (1, T, 128)
+
+
+def test_the_shim_around_another_override_counts_and_keeps_its_container_entry():
+    """ComfyUI hands holders only to an override with a container entry: the shim keeps that shape."""
+    from sagetriton.nodes.routing.override_watch import counting_shim
+
+    def plain(func, *args, **kwargs):
+        return func(*args, **kwargs)
+
+    def with_entry(func, *args, **kwargs):
+        return "tensors"
+
+    with_entry.container_function = lambda *args, **kwargs: "holders"
+    counter = [0]
+    assert not hasattr(counting_shim(plain, counter), "container_function")
+    shim = counting_shim(with_entry, counter)
+    assert shim(None) == "tensors" and shim.container_function() == "holders" and counter == [2]
+
+
+def test_core_sparse_taking_every_call_is_said_without_a_false_warning():
+    from sagetriton.nodes.reporting.sparse_summary import CORE_SPARSE, outer_summary
+
+    core = outer_summary({"name": CORE_SPARSE, "label": CORE_SPARSE, "forwards": 2, "calls": 8, "reached": 0})
+    assert core["ours_unused"] and core["text"] == f"{CORE_SPARSE} ran all 8 attention calls itself; none was left " \
+        "to SageTriton"
+    other = outer_summary({"name": "x, set per model (Model Attention Backend node)", "label": "Model Attention "
+                           "Backend", "forwards": 1, "calls": 4, "reached": 0})
+    assert other["text"].startswith("Patch Model Attention's override did not run: x, set per model")
