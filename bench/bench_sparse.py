@@ -169,6 +169,27 @@ def verdicts(cases: list) -> list:
     return lines
 
 
+def markdown(cases: list) -> str:
+    """The results as docs/RESULTS.md's table: per case, ms / relative L2 / density of each method."""
+    cols = ["sdpa", "dense", "sparse all blocks"] + [f"{w} {k} {v}" for k, v in SETTINGS for w in ("sol", "sparse")]
+    head = ["tokens × heads, input (top-5 % blocks' mass)"] + cols
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in cases:
+        m = c["methods"]
+        row = [f"{c['tokens']:,} × {c['heads']} {c['family']} ({c['concentration']['mass_in_top5pct_blocks']:.2f})"]
+        for col in cols:
+            r = m.get(col)
+            if r is None:
+                row.append("–")
+                continue
+            cell = f"{r['ms']:.1f} / {r['rel_l2']:.3f}"
+            if "density" in r and col.split()[0] in ("sol", "sparse") and "all" not in col:
+                cell += f" / {r['density']:.3f}"
+            row.append(f"**{cell}**" if col.startswith("sparse") and "all" not in col else cell)
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default=SHAPES)
@@ -180,7 +201,13 @@ def main(argv=None):
     ap.add_argument("--pick", help="bench/sparse_ab.py's pick (JSON): its TUNING, and its P·V as the main column "
                     "(then this GPU's default beside it)")
     ap.add_argument("--out", default=str(Path(os.environ.get("OUT", RESULTS)) / "sparse_bench.json"))
+    ap.add_argument("--markdown", help="print the table of a results JSON and exit")
     args = ap.parse_args(argv)
+    if args.markdown:
+        data = json.loads(Path(args.markdown).read_text())
+        print(markdown(data["cases"]))
+        print("\n".join(data.get("verdicts") or verdicts(data["cases"])))
+        return
     if args.pick:
         pick = json.loads(Path(args.pick).read_text())
         sparse_launch.TUNING.update(pick["tuning"])

@@ -122,7 +122,8 @@ def sparse_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: float = 
     extra_tokens: 0, 64, 128, 192 or 256: per query block, up to that many single tokens outside its
     exact blocks, the ones its centroid scores highest, are attended exactly too, and the rest of the
     tail is scored per token by the centroid instead of pooled per block (comfy-kitchen's
-    ``token_aug``).
+    ``token_aug``). Defined in ``sparse_reference``; the kernels do not run it yet: a value other than 0
+    raises NotImplementedError.
     return_lse: also return the natural-log log-sum-exp (B, H, L) fp32 of each row's softmax
     denominator (pooled terms included), in the frame of the logits ``q·k·scale``.
     return_density: also return the fraction of (query block, key block) pairs attended exactly, over
@@ -132,7 +133,8 @@ def sparse_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: float = 
     None: this GPU's defaults.
 
     Returns ``out`` (B, L, H, D) or (B, H, L, D) per ``out_layout``, q's dtype; then ``lse`` and
-    ``density`` when asked for, in that order, as a tuple.
+    ``density`` when asked for, in that order, as a tuple. Under ``torch.compile`` the call is the custom op
+    ``sagetriton::sparse_attention`` (no graph break).
 
     Refuses, before any GPU work: non-tensors (TypeError), dtypes other than fp16/bf16/fp32 or mixed
     (TypeError), other than 4-D, different lengths (cross-attention), batches, head dims or a head
@@ -144,7 +146,65 @@ def sparse_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: float = 
     """
     scale, sinks, sinks_q, topk_ratio, out_layout = check_sparse_args(
         q, k, v, tau, tensor_layout, scale, sink_blocks, sink_q, topk_ratio, extra_tokens, out_layout)
+    if torch.compiler.is_compiling():
+        # torch.compile traces the custom op (fake shapes below), as ``api.sageattn``'s dense one
+        from . import api
+        from .arch import arch_for_device
+
+        cfg = config if config is not None else api._resolved_config(arch_for_device(q.device), q.shape[-1], None,
+                                                                      None, None)
+        out, lse, density = sparse_op(q, k, v, float(tau), tensor_layout, scale, list(sinks or ()),
+                                         list(sinks_q or ()), float(topk_ratio or 0.0), int(extra_tokens),
+                                         bool(return_lse), out_layout, *_cfg_fields(cfg))  # checked in the op
+        res = (out,) + ((lse,) if return_lse else ()) + ((density,) if return_density else ())
+        return res[0] if len(res) == 1 else res
     from . import sparse_launch
 
     return sparse_launch.run(q, k, v, float(tau), tensor_layout, scale, sinks, sinks_q, topk_ratio, int(extra_tokens),
                              bool(return_lse), bool(return_density), out_layout, config)
+
+
+_CFG_FIELDS = ("qk_quant_gran", "pv_precision", "pv_accum_dtype", "fp8_format", "block_m", "block_n", "num_warps",
+               "num_stages", "use_tma", "max_registers", "shared_kv_min_len", "v_residual", "pdl", "qk_rotation",
+               "rotation_tiles")
+
+
+def _cfg_fields(cfg: KernelConfig) -> list:
+    return [getattr(cfg, f) if f != "fp8_format" else (cfg.fp8_format or "") for f in _CFG_FIELDS]
+
+
+def _sparse_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: float, layout: str, scale: float,
+                 sinks: list[int], sinks_q: list[int], topk_ratio: float, extra_tokens: int, return_lse: bool,
+                 out_layout: str, qk_quant_gran: str, pv_precision: str, pv_accum_dtype: str, fp8_format: str,
+                 block_m: int, block_n: int, num_warps: int, num_stages: int, use_tma: bool, max_registers: int,
+                 shared_kv_min_len: int, v_residual: bool, pdl: bool, qk_rotation: bool,
+                 rotation_tiles: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from . import sparse_launch
+
+    cfg = KernelConfig(qk_quant_gran, pv_precision, pv_accum_dtype, fp8_format or None, block_m, block_n, num_warps,
+                       num_stages, use_tma=use_tma, max_registers=max_registers, shared_kv_min_len=shared_kv_min_len,
+                       v_residual=v_residual, pdl=pdl, qk_rotation=qk_rotation, rotation_tiles=rotation_tiles)
+    out, lse, density = sparse_launch.run(q, k, v, tau, layout, scale, tuple(sinks) or None, tuple(sinks_q) or None,
+                                          topk_ratio or None, extra_tokens, True, True, out_layout, cfg)
+    return out, lse if return_lse else lse.new_empty((0,)), density
+
+
+def _sparse_fake(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, return_lse, out_layout,
+                 *cfg_fields):
+    hd, ld = (1, 2) if layout == "HND" else (2, 1)
+    B, H, L, D = q.shape[0], q.shape[hd], q.shape[ld], q.shape[3]
+    shape = (B, H, L, D) if out_layout == "HND" else (B, L, H, D)
+    lse = q.new_empty((B, H, L) if return_lse else (0,), dtype=torch.float32)
+    return q.new_empty(shape), lse, q.new_empty((), dtype=torch.float32)
+
+
+def _register_op():
+    # Defined once per process (the pack may be imported under two names), at import: defining it while
+    # torch.compile traces is a graph break.
+    if not hasattr(torch.ops.sagetriton, "sparse_attention"):
+        op = torch.library.custom_op("sagetriton::sparse_attention", _sparse_impl, mutates_args=())
+        op.register_fake(_sparse_fake)
+    return torch.ops.sagetriton.sparse_attention
+
+
+sparse_op = _register_op()

@@ -272,3 +272,17 @@ def test_reference_extra_tokens_admit_whole_bins_within_the_budget():
     assert sref._extra_select(c, live, 3).tolist() == [[True, True, True, False, False, False]]
     assert sref._extra_select(c, live, 5).sum() == 5
     assert sref._extra_select(torch.zeros(1, 6), live, 5).sum() == 0  # a flat profile admits none
+
+
+def test_torch_compile_traces_without_graph_breaks():
+    q, k, v = smooth_qkv(130, seed=16)
+
+    def f(q, k, v):
+        out, density = sparse_attn(q * 1, k, v, 1.0, return_density=True)
+        return out.float().sum(-1), density
+
+    explanation = torch._dynamo.explain(f)(q, k, v)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    (a, da), (b, db) = compiled(q, k, v), f(q, k, v)
+    assert torch.equal(a, b) and float(da) == float(db)
