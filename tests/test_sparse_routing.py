@@ -99,6 +99,24 @@ def test_a_long_self_attention_call_runs_sparse_and_is_counted_with_its_density(
     assert "sparse (sol tau 1.3): 1 calls" in format_summary(summary)
 
 
+def test_extra_tokens_the_kernel_cannot_run_yet_are_dropped_with_a_note_not_sparse_itself(monkeypatch, pack):
+    spy = SparseSpy(monkeypatch, pack)
+    real = spy._real
+
+    def no_extra(q, k, v, **kw):
+        if kw["extra_tokens"]:
+            raise NotImplementedError("extra_tokens > 0 is not in the sparse kernels yet")
+        return real(q, k, v, **kw)
+
+    spy._real = no_extra
+    state = patched(SparseSettings(mode="sol", min_tokens=128, extra_tokens=128))
+    call(state, *qkv())
+    call(state, *qkv())
+    assert [c["extra_tokens"] for c in spy.calls] == [128, 0, 0] and state.run.sparse == 2
+    notes = build_summary(state, state.run)["sparse"]["notes"]
+    assert notes == ["sparse_extra_tokens ignored: extra_tokens > 0 is not in the sparse kernels yet"]
+
+
 def test_top_k_and_extra_tokens_reach_the_kernel(monkeypatch, pack):
     spy = SparseSpy(monkeypatch, pack)
     state = patched(SparseSettings(mode="top-k", topk_ratio=0.25, min_tokens=128))

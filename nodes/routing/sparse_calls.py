@@ -159,13 +159,27 @@ class SparseRouter:
         q, k, v, layout = kernel_inputs(call)
         out_layout = "HND" if call.skip_output_reshape else "NHD"
         keys, rows, _ = sinks
-        out, density = sparse_attn(q, k, v, tensor_layout=layout, scale=call.extra.get("scale"),
-                                   sink_blocks=list(keys), sink_q=list(rows), return_density=True,
-                                   out_layout=out_layout, config=plan.config, **self.kernel_options)
+        kw = dict(tensor_layout=layout, scale=call.extra.get("scale"), sink_blocks=list(keys), sink_q=list(rows),
+                  return_density=True, out_layout=out_layout, config=plan.config)
+        try:
+            out, density = sparse_attn(q, k, v, **kw, **self.kernel_options)
+        except NotImplementedError as e:
+            if not self.kernel_options["extra_tokens"]:
+                raise
+            self._without_extra_tokens(e)  # the kernel has no extra tokens (yet): sparse without them beats dense
+            out, density = sparse_attn(q, k, v, **kw, **self.kernel_options)
         state.last_plan = plan
         state.runs.kernel()
         state.runs.sparse(density)
         return comfy_output(out, out_layout, call)
+
+    def _without_extra_tokens(self, error: Exception) -> None:
+        with self._lock:
+            self.kernel_options = {**self.kernel_options, "extra_tokens": 0}
+            note = f"sparse_extra_tokens ignored: {error}"
+            if note not in self.notes:
+                self.notes.append(note)
+        logger.warning("[SageTriton] %s.", note)
 
     def failed_here(self, state: PatchState, call: AttentionCall, error: Exception) -> None:
         key = self._failure_key(state, call)
