@@ -7,6 +7,7 @@
     python bench/gpu_check.py --only replay    # core's replayed calls alone
     python bench/gpu_check.py --only rope      # the RoPE kernel against ComfyUI's RoPE, bit for bit
     python bench/gpu_check.py --only lse       # Hopper's long-sequence kernel returning the LSE (bench/lse_check.py)
+    python bench/gpu_check.py --only sparse    # sparse_attn against its fp64 reference (bench/sparse_check.py)
 
 ``families`` runs the portable kernel with each arch table entry's default and selectable configs
 (Ampere, Ada, Blackwell datacenter and consumer, RDNA3, RDNA4, CDNA3: tiles, warps, stages, P·V
@@ -527,8 +528,15 @@ def rope_cases() -> list:
 
 from lse_check import lse_cases  # noqa: E402
 
+
+def sparse_cases() -> list:
+    from sparse_check import sparse_cases as cases
+
+    return cases()
+
+
 PARTS = {"core": core_cases, "hostile": hostile_fast_path_cases, "families": family_cases, "replay": replay_cases,
-         "rope": rope_cases, "lse": lse_cases}
+         "rope": rope_cases, "lse": lse_cases, "sparse": sparse_cases}
 
 
 def main(argv=None):

@@ -123,7 +123,7 @@ def _arg_type(a) -> str:
     """The Triton signature type of one launch argument."""
     import torch
 
-    dtypes = {torch.int8: "i8", torch.int32: "i32", torch.float32: "fp32", torch.float16: "fp16",
+    dtypes = {torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.float32: "fp32", torch.float16: "fp16",
               torch.bfloat16: "bf16", torch.bool: "i1", torch.float8_e4m3fn: "fp8e4nv",
               torch.float8_e4m3fnuz: "fp8e4b8"}
     if isinstance(a, torch.Tensor):
@@ -203,6 +203,43 @@ def rope_specs(head_dim: int = 128, dtype=None, seq_len: int = 1024) -> list:
     return recorded
 
 
+def sparse_specs(cfg: KernelConfig, head_dim: int = 128, backend: str = "cuda", dtype=None,
+                 seq_len: int = 1000) -> list:
+    """The launches of ``sparse_attn`` calls with ``cfg`` (tau and top-k; a length that is no multiple of 64,
+    so the ragged last block is in), recorded on meta tensors as ``compile_specs`` records the dense ones.
+    The router's fp32 products take the precision the target's backend runs (``sparse_launch.dot_precisions``)."""
+    import torch
+
+    from ..kernels import sparse_launch
+    from ..kernels.sparse_api import sparse_attn
+
+    q = torch.empty((1, seq_len, 2, head_dim), dtype=dtype or torch.bfloat16, device="meta")
+    specs: list = []
+    with record_launches() as recorded:
+        sparse_attn(q, q, q, 1.3, config=cfg, return_lse=True)
+        sparse_attn(q, q, q, topk_ratio=0.2, config=cfg)
+    score, tail = sparse_launch.dot_precisions(torch.device("cuda")) if backend == "cuda" else ("ieee", "ieee")
+    seen: set = set()
+    for spec in recorded:
+        name = spec["name"]
+        if name not in ("pool_kernel", "route_kernel", "sparse_attention_kernel"):
+            continue  # the quantization launches: the dense specs build them
+        key = (name, tuple(sorted((k, str(v)) for k, v in spec["constexprs"].items())))
+        if key in seen:
+            continue
+        seen.add(key)
+        c = spec["constexprs"]
+        if name == "route_kernel":
+            c.update(SCORE_PREC=score, TAIL_PREC=tail)
+            spec["name"] = "route_kernel_topk" if c["HAS_THR"] else "route_kernel"
+        elif name == "pool_kernel":
+            spec["name"] = f"pool_kernel_{'sum' if c['MODE'] else 'mean'}{'_absmax' if c['ABSMAX'] else ''}"
+        elif not c["RETURN_LSE"]:
+            spec["name"] = "sparse_attention_kernel_nolse"
+        specs.append(spec)
+    return specs
+
+
 def launch_source(spec: dict, target: Target):
     """The ``ASTSource`` a real launch with ``spec["args"]`` compiles: specialized by Triton's own
     launcher code (16-byte-aligned pointers and integers, integers equal to 1 as constants).
@@ -234,7 +271,8 @@ def launch_source(spec: dict, target: Target):
 
 # Attention kernel name -> where compile_target reports its registers, spills and shared memory.
 _ATTENTION_KERNELS = {"attention_kernel": None, "shared_kv_attention_kernel": "shared_kv_kernel",
-                      "shared_kv_split_kernel": "shared_kv_split_kernel"}
+                      "shared_kv_split_kernel": "shared_kv_split_kernel", "sparse_attention_kernel": "sparse_kernel",
+                      "route_kernel": "route_kernel"}
 
 
 def _compile_one(spec: dict, target: Target) -> dict:
@@ -289,7 +327,8 @@ def compile_target(target: Target, head_dim: int = 128, specs_for: Optional[Call
     result = {"ok": False, "instructions": [], "arch": arch.arch, "family": arch.family,
               "config": cfg.as_dict(), "head_dim": head_dim, "triton": ".".join(map(str, TRITON_VERSION))}
     try:
-        specs = specs_for(cfg, head_dim) if specs_for else compile_specs(cfg, head_dim) + rope_specs(head_dim)
+        specs = (specs_for(cfg, head_dim) if specs_for else
+                 compile_specs(cfg, head_dim) + rope_specs(head_dim) + sparse_specs(cfg, head_dim, target.backend))
         found: set = set()
         for spec in specs:
             try:

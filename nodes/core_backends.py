@@ -63,6 +63,10 @@ def describe_replaced(previous_override, registry: Optional[dict] = None, global
             global_backend = global_backend if global_backend is not None else attention.optimized_attention
         except ImportError:
             registry, global_backend = registry or {}, global_backend
+    from .routing.override_watch import CORE_SPARSE, is_core_sparse
+
+    if is_core_sparse(previous_override):
+        return CORE_SPARSE
     if previous_override is None:
         if global_backend is None:
             return "ComfyUI's global attention"

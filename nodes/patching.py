@@ -22,6 +22,9 @@ from .routing.forward_plan import WRAPPER_KEY as PLAN_KEY
 from .routing.forward_plan import ForwardPlans, make_forward_wrapper, make_planned_override
 from .routing.nonfinite_guard import WRAPPER_KEY as GUARD_KEY
 from .routing.nonfinite_guard import make_apply_model_wrapper
+from .routing.override_watch import WRAPPER_KEY as WATCH_KEY
+from .routing.override_watch import make_override_watch
+from .sparse_patch import attach_sparse
 
 OVERRIDE_KEY = "optimized_attention_override"
 MIN_COMFYUI = "0.3.60"
@@ -69,6 +72,9 @@ def patch_model(model, settings: Optional[SageSettings] = None, node_id: Optiona
     patched.remove_wrappers_with_key(outer, WRAPPER_KEY)  # re-patching: one summary per run, not two
     patched.add_wrapper_with_key(outer, WRAPPER_KEY, make_outer_sample_wrapper(state))
     apply = comfy.patcher_extension.WrappersMP.APPLY_MODEL
+    # First, so outermost: it sees each forward's override as the sampler hands it over
+    patched.remove_wrappers_with_key(apply, WATCH_KEY)
+    patched.add_wrapper_with_key(apply, WATCH_KEY, make_override_watch(state))
     patched.remove_wrappers_with_key(apply, GUARD_KEY)
     patched.add_wrapper_with_key(apply, GUARD_KEY, make_apply_model_wrapper(state))
     # After the guard, so inside it: the guard's redo runs through the dispatcher, with no plan.
@@ -77,6 +83,7 @@ def patch_model(model, settings: Optional[SageSettings] = None, node_id: Optiona
     patched.remove_wrappers_with_key(apply, rope_hooks.WRAPPER_KEY)
     if state.settings.fast_rope and rope_hooks.install():
         patched.add_wrapper_with_key(apply, rope_hooks.WRAPPER_KEY, rope_hooks.make_apply_model_wrapper(state))
+    attach_sparse(state, model, patched)
     return patched
 
 

@@ -148,6 +148,25 @@ def test_default_attention_kernel_fits_without_spills(check_targets_json, target
         assert "shared_kv_kernel" not in r  # Gluon's Hopper kernel is built for sm90 only
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_sparse_kernels_compile_with_the_dense_matrix_instructions(check_targets_json, target):
+    """``sparse_attn``'s kernels (installer.crosscompile.sparse_specs) build for every target with the default
+    config's matrix instructions: INT8 Q·Kᵀ and the family's P·V in the sparse attention kernel, the router's
+    tile sizes within the shared memory one block may use."""
+    import re
+
+    r = check_targets_json[target]
+    kernels = r["kernels"]
+    assert {"pool_kernel_mean", "route_kernel", "route_kernel_topk", "sparse_attention_kernel",
+            "sparse_attention_kernel_nolse"} <= set(kernels), sorted(kernels)
+    qk, pv = EXPECTED[target]
+    for name in ("sparse_attention_kernel", "sparse_attention_kernel_nolse"):
+        assert any(re.search(qk, i) for i in kernels[name]), (target, name, kernels[name])
+        assert any(re.search(pv, i) for i in kernels[name]), (target, name, kernels[name])
+    for key in ("sparse_kernel", "route_kernel"):
+        assert 0 < r[key]["shared"] <= SHARED_LIMIT[target], (target, key, r[key])
+
+
 def _compile_in_child(script: str, targets) -> dict:
     return compile_in_child(script, targets)
 

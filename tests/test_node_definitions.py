@@ -44,7 +44,15 @@ def test_sage_settings_sockets_and_defaults():
     assert settings == SageSettings()
     # Added later as optional, so workflows saved before it keep their widget order.
     optional = cls.INPUT_TYPES()["optional"]
-    assert list(optional) == ["qk_rotation", "backend", "fast_rope"]
+    assert list(optional) == ["qk_rotation", "backend", "fast_rope", "sparse", "sparse_tau", "sparse_topk_ratio",
+                              "sparse_start_percent", "sparse_end_percent", "sparse_dense_layers", "sparse_min_tokens",
+                              "sparse_sink_conditioning", "sparse_extra_tokens"]
+    # Sparse attention is off unless asked for; its defaults are core's Model Sparse Attention's
+    assert optional["sparse"][0] == ["off", "sol", "top-k"] and optional["sparse"][1]["default"] == "off"
+    assert {n: optional[n][1]["default"] for n in ("sparse_tau", "sparse_start_percent", "sparse_end_percent",
+                                                   "sparse_min_tokens", "sparse_dense_layers")} == \
+        {"sparse_tau": 1.3, "sparse_start_percent": 0.2, "sparse_end_percent": 1.0, "sparse_min_tokens": 12288,
+         "sparse_dense_layers": ""}
     assert optional["qk_rotation"][0] == ["auto", "on", "off"]
     assert optional["fast_rope"][0] == "BOOLEAN" and optional["fast_rope"][1]["default"] is True
     assert optional["backend"][0] == ["SageTriton", "SageAttention", "comfy-kitchen", "SDPA"]

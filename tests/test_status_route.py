@@ -65,7 +65,7 @@ def test_status_route_in_real_comfyui(comfyui_path, tmp_path):
     for p in (direct, mirrored):
         assert EXPECTED_KEYS <= set(p), sorted(p)
         assert p["vendor"] == "cpu" and p["device"] == "cpu"  # ComfyUI runs with --cpu
-        assert p["stats"] == {"kernel": 0, "fallback": {}}
+        assert p["stats"] == {"kernel": 0, "fallback": {}, "sparse": 0}
         assert p["last_run"] is None
         assert p["setup"]["phase"] in ("waiting", "skipped")  # no GPU: nothing is built in the background
     ours = [ln for ln in log.splitlines() if "ComfyUI-SageTriton" in ln]

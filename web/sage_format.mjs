@@ -103,6 +103,9 @@ export function runLines(run, top = 3) {
   if (run.backend && run.backend !== "SageTriton") lines.push(`kernel calls on ${run.backend} (Sage Settings)`);
   if (run.rope) lines.push(`RoPE: ${run.rope} calls on SageTriton's kernel`);
   else if (run.rope_off) lines.push("RoPE: ComfyUI's, compiled by torch.compile");
+  lines.push(...sparseLines(run.sparse));
+  const outer = outerLine(run.outer);
+  if (outer) lines.push(outer);
   // What runs the fallbacks, and the attention this patch took over from when that is another one
   // (nodes/core_backends.py); the same words as the run summary (nodes/reporting/run_summary.py).
   if (run.replaced) lines.push(fallbackLine(run.replaced, run.fallback_backend));
@@ -110,6 +113,34 @@ export function runLines(run, top = 3) {
   if (fb.length > top) lines.push(`+${fb.length - top} more fallback reasons`);
   for (const note of run.notes ?? []) lines.push(`⚠ ${shortReason("", note)}`);
   return lines;
+}
+
+// Sparse attention's part of a run (nodes/reporting/sparse_summary.py): its calls and density, then the
+// calls it left dense by reason, on one line; notes (a kernel failure) as warnings.
+export function sparseLines(sparse, top = 3) {
+  if (!sparse) return [];
+  if (sparse.off) return [`⚠ ${sparse.off}`];
+  const density = typeof sparse.density === "number" ? ` · ${(sparse.density * 100).toFixed(1)} % blocks exact` : "";
+  const lines = [`sparse ${sparse.mode}: ${sparse.calls ?? 0} calls${density}`];
+  const dense = Object.entries(sparse.dense ?? {}).sort((a, b) => b[1] - a[1]);
+  if (dense.length) {
+    const shown = dense.slice(0, top).map(([why, n]) => `${n}× ${why}`).join(" · ");
+    lines.push(`left dense: ${shown}${dense.length > top ? ` · +${dense.length - top} more` : ""}`);
+  }
+  for (const note of sparse.notes ?? []) lines.push(`⚠ ${note}`);
+  return lines;
+}
+
+// Another node's attention override on top of this patch's (nodes/routing/override_watch.py, the run
+// summary's `outer`): who ran the calls; a warning when this patch's override ran none.
+export function outerLine(outer) {
+  if (!outer) return null;
+  const calls = outer.calls ?? "?";
+  if (outer.ours_unused) {
+    return outer.label === "core's Model Sparse Attention"
+      ? `${outer.label} ran all ${calls} calls` : `⚠ not running: ${outer.label} replaced it`;
+  }
+  return `${outer.label}: ${outer.ran_itself ?? "?"} calls · ${outer.reached} to SageTriton`;
 }
 
 // The one-time build + self-test that runs in the background on a first start (status.setup):

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ...kernels.arch import PV_ACCUM_DTYPES, PV_PRECISIONS, QK_QUANT_GRANS
 from ..backends.alt_backends import BACKENDS, DEFAULT_BACKEND
+from .sparse_settings import SPARSE_OFF, SparseSettings
 
 AUTO = "auto"
 QK_QUANT_GRAN_CHOICES = (AUTO, *QK_QUANT_GRANS)
@@ -36,6 +37,7 @@ class SageSettings:
     qk_rotation: str = AUTO
     backend: str = DEFAULT_BACKEND  # another installed attention for the kernel's calls, to compare
     fast_rope: bool = True  # ComfyUI's RoPE before attention in the pack's kernel (``routing.rope_hooks``)
+    sparse: SparseSettings = SPARSE_OFF  # block-sparse attention for long self-attention (``routing.sparse_calls``)
 
     def __post_init__(self):
         for name, allowed in (("qk_quant_gran", QK_QUANT_GRAN_CHOICES), ("pv_precision", PV_PRECISION_CHOICES),
@@ -52,6 +54,8 @@ class SageSettings:
         for name in ("full_precision_first_steps", "full_precision_last_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"Sage Settings: {name} must be >= 0, got {getattr(self, name)}")
+        if not isinstance(self.sparse, SparseSettings):
+            raise ValueError(f"Sage Settings: sparse must be SparseSettings, got {type(self.sparse).__name__}")
 
     def explicit_kernel_choices(self) -> dict:
         """The kernel options for ``resolve_config``: None where the user left "auto"."""

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Optional
 from ...kernels import replay
 from ...kernels.log import logger
 from ..backends.preferred_attention import describe
+from .sparse_summary import outer_text, sparse_and_outer, sparse_text
 from .stats import LENGTH_REASONS, RunTally, set_last_run
 
 if TYPE_CHECKING:  # annotations only: routing imports reporting (stats), not the other way round
@@ -51,6 +52,7 @@ def build_summary(state: PatchState, run: RunTally) -> dict:
         "fallback_backend": state.composition.get("fallback"),
         "backend": state.composition.get("backend", "SageTriton"),
         "preferred_overridden": state.composition.get("preferred") or {},
+        **sparse_and_outer(state, run),
     }
 
 
@@ -113,6 +115,10 @@ def format_summary(summary: dict) -> str:
         text += f"; {summary['config_text']}"
     if summary.get("replaced"):
         text += "; " + fallback_text(summary["replaced"], summary.get("fallback_backend"))
+    if summary.get("sparse"):
+        text += f"; {sparse_text(summary['sparse'])}"
+    if summary.get("outer"):
+        text += f"; {outer_text(summary['outer'])}"
     if summary.get("preferred_overridden"):
         text += f"; overrode the checkpoint's preferred attention of {describe(summary['preferred_overridden'])}"
     if summary["notes"]:

@@ -18,6 +18,7 @@ POLICY_REASONS = LENGTH_REASONS + ("full-precision step", "accuracy-critical cal
 
 _lock = threading.Lock()
 _total_kernel = 0
+_total_sparse = 0  # of the kernel calls, those on the sparse kernel
 _total_fallback: Counter = Counter()
 _last_run: dict | None = None
 # The last run of each Patch node (by the prompt's node id): each node in the UI shows its own run.
@@ -31,6 +32,9 @@ class _ThreadCalls(threading.local):
     kernel = 0
     fallback: Counter | None = None
     rope = 0  # RoPE calls on the pack's kernel
+    sparse = 0  # of the kernel calls, those on the sparse kernel, with their densities summed
+    density = 0.0
+    sparse_dense: Counter | None = None  # calls sparse attention left dense, by reason
 
 
 _this_thread = _ThreadCalls()
@@ -68,12 +72,38 @@ def record_fallback(reason: str, run: RunTally | None = None, n: int = 1) -> boo
     return first
 
 
-def thread_calls() -> tuple[int, Counter, int]:
-    """(kernel calls, fallbacks by reason, RoPE calls) counted on this thread so far; see ``take_back``."""
-    return _this_thread.kernel, Counter(_this_thread.fallback or ()), _this_thread.rope
+def record_sparse(density, run: RunTally | None = None) -> None:
+    """A kernel call (already counted by ``record_kernel``) that ran the sparse kernel, with its density
+    (a 0-dim device tensor: summed on the device, read once at the run's end)."""
+    global _total_sparse
+    _this_thread.sparse += 1
+    _this_thread.density = _this_thread.density + density
+    with _lock:  # the run's tally is shared by threads running forwards of one model
+        _total_sparse += 1
+        if run is not None:
+            run.sparse += 1
+            run.density_sum = density if run.density_sum is None else run.density_sum + density
 
 
-def take_back(since: tuple[int, Counter, int], run: RunTally | None = None) -> None:
+def record_sparse_dense(reason: str, run: RunTally | None = None) -> None:
+    """A call sparse attention left to the dense path (a dense step, a short call, ...): not a fallback."""
+    mine = _this_thread.sparse_dense
+    if mine is None:
+        mine = _this_thread.sparse_dense = Counter()
+    mine[reason] += 1
+    if run is not None:
+        with _lock:
+            run.sparse_dense[reason] += 1
+
+
+def thread_calls() -> tuple:
+    """(kernel calls, fallbacks by reason, RoPE calls, sparse calls, their density sum, sparse-left-dense by
+    reason) counted on this thread so far; see ``take_back``."""
+    return (_this_thread.kernel, Counter(_this_thread.fallback or ()), _this_thread.rope, _this_thread.sparse,
+            _this_thread.density, Counter(_this_thread.sparse_dense or ()))
+
+
+def take_back(since: tuple, run: RunTally | None = None) -> None:
     """Uncount this thread's calls after ``since`` (``thread_calls()``): a forward whose result was discarded."""
     global _total_kernel
     kernel = _this_thread.kernel - since[0]
@@ -96,18 +126,37 @@ def take_back(since: tuple[int, Counter, int], run: RunTally | None = None) -> N
             for reason in fallback:
                 if run.fallback[reason] <= 0:
                     del run.fallback[reason]
+    _take_back_sparse(since, run)
+
+
+def _take_back_sparse(since: tuple, run: RunTally | None) -> None:
+    global _total_sparse
+    sparse = _this_thread.sparse - since[3]
+    density = _this_thread.density - since[4]
+    dense = Counter(_this_thread.sparse_dense or ())
+    dense.subtract(since[5])
+    _this_thread.sparse, _this_thread.density, _this_thread.sparse_dense = since[3], since[4], Counter(since[5])
+    with _lock:
+        _total_sparse -= sparse
+        if run is not None and sparse:
+            run.sparse -= sparse
+            run.density_sum = None if run.sparse == 0 else run.density_sum - density
+        if run is not None:
+            run.sparse_dense.subtract(+dense)
+            run.sparse_dense = +run.sparse_dense
 
 
 def attention_stats() -> dict:
     """``{"kernel": int, "fallback": {reason: int}}`` for every attention call since start."""
     with _lock:
-        return {"kernel": _total_kernel, "fallback": dict(_total_fallback)}
+        return {"kernel": _total_kernel, "fallback": dict(_total_fallback), "sparse": _total_sparse}
 
 
 def reset_stats() -> None:
-    global _total_kernel, _last_run
+    global _total_kernel, _total_sparse, _last_run
     with _lock:
         _total_kernel = 0
+        _total_sparse = 0
         _total_fallback.clear()
         _last_run = None
         _runs_by_node.clear()
@@ -145,6 +194,11 @@ class RunTally:
         self.fallback: Counter = Counter()
         self.passed_through = 0  # forwards run without the override (``forward_plan``); their calls in ``fallback``
         self.rope = 0  # RoPE calls on the pack's kernel (``routing.rope_hooks``)
+        self.sparse = 0  # kernel calls on the sparse kernel (``routing.sparse_calls``), in ``kernel`` too
+        self.density_sum = None  # their densities summed (a device tensor until the run's end)
+        self.sparse_dense: Counter = Counter()  # calls sparse attention left dense, by reason
+        # Forwards whose attention override was another node's, not this patch's (``routing.override_watch``)
+        self.outer: dict = {}  # {"name", "forwards", "calls", "reached"}
 
     def summary(self) -> dict:
         return {"kernel": self.kernel, "fallback": dict(self.fallback.most_common())}
@@ -205,6 +259,13 @@ class RunLog:
         _warned_outside_runs.add(reason)
         log = logger.info if reason.startswith(POLICY_REASONS) else logger.warning
         log("[SageTriton] attention falls back (%s)%s.", reason, f": {detail}" if detail else "")
+
+    def sparse(self, density) -> None:
+        """A kernel call that ran sparse (``kernel()`` counts it as a kernel call)."""
+        record_sparse(density, self.current)
+
+    def sparse_dense(self, reason: str) -> None:
+        record_sparse_dense(reason, self.current)
 
     def passed_through(self, reasons: dict) -> None:
         """A forward run without the override: its calls counted under the reasons its first run had."""

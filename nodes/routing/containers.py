@@ -85,6 +85,10 @@ def dispatch_containers(state: PatchState, args: tuple, kwargs: dict, backend: O
     if torch.is_grad_enabled() and needs_grad(args):  # the kernel has no backward
         state.runs.fallback(NEEDS_GRAD)
         return run_fallback(state, args, kwargs, None, backend)
+    if state.sparse is not None:
+        out = state.sparse.dispatch_containers(state, args, kwargs)
+        if out is not dispatch.NOT_SPARSE:
+            return out
     try:
         call = bind_call((args[0].peek(), args[1].peek(), args[2].peek(), *args[3:]), kwargs)
     except (TypeError, ValueError, AttributeError) as e:

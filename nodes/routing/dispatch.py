@@ -45,6 +45,7 @@ EMPTY_CALL = "empty q or k (no batch or no tokens)"
 REFUSED_ARGUMENTS = "arguments the kernel refuses (the caller's; nothing disabled)"
 # Autograd through the kernel: it has no backward, ComfyUI's attention has (LoRA training, gradient guidance).
 NEEDS_GRAD = "needs gradients (training)"
+NOT_SPARSE = object()  # ``sparse_calls.SparseRouter.dispatch``: the call goes on to the dense dispatcher
 
 
 def _bind_backend_arguments(q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False,
@@ -290,6 +291,7 @@ class PatchState:
         self.kernel_runner: Optional[Callable] = None  # Sage Settings' backend choice; None: our kernel (sageattn)
         self.composition: dict = {}  # which backend this patch replaced and which serves fallbacks (run summary)
         self.rope_compiled = False  # a forward torch.compile traced kept ComfyUI's RoPE (``rope_hooks``)
+        self.sparse = None  # a ``sparse_calls.SparseRouter`` when Sage Settings' sparse is on; asked first
 
     @property
     def run(self) -> Optional[RunTally]:
@@ -399,6 +401,10 @@ class PatchState:
         if torch.is_grad_enabled() and needs_grad(args):  # False while ComfyUI samples (inference mode)
             self.runs.fallback(NEEDS_GRAD)
             return self.run_fallback(func, args, kwargs, None)
+        if self.sparse is not None:
+            out = self.sparse.dispatch(self, args, kwargs)
+            if out is not NOT_SPARSE:
+                return out
         key = call_signature(args, kwargs)
         if key is not None:
             s, calls = self.settings, self._calls

@@ -149,6 +149,8 @@ def make_forward_wrapper(state: PatchState, plans: ForwardPlans) -> Callable:
         if (type(topts) is not dict or state.redo_reason is not None or getattr(local, "forward", None) is not None
                 or topts.get(OVERRIDE_KEY) is not plans.override or torch.is_grad_enabled()):
             return executor(*args, **kwargs)  # not our forward's usual form, a redo, or a nested forward
+        if state.sparse is not None:  # its calls change with the step and the layer; long-video forwards: few calls
+            return executor(*args, **kwargs)
         s = state.settings
         full_precision = (s.full_precision_first_steps > 0 or s.full_precision_last_steps > 0) and \
             state._full_precision_step(topts)

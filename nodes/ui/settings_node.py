@@ -10,6 +10,8 @@ from ..config.settings import (
     QK_ROTATION_CHOICES,
     SageSettings,
 )
+from ..config.sparse_settings import dense_layers_problem, split_node_choices
+from .sparse_inputs import SPARSE_INPUTS
 from .user_figures import PV_ERROR, QK_ROTATION_COST, QK_ROTATION_GAIN, ROPE_GAIN
 
 SETTINGS_TYPE = "SAGE_SETTINGS"
@@ -97,7 +99,15 @@ class SageTritonSettings:
                 "tooltip": "Rotate q and k by position (RoPE) for Flux, Chroma, HiDream and Wan in SageTriton's "
                            "kernel: ComfyUI's own math, same bits, in one pass instead of five. A Flux step is "
                            f"{ROPE_GAIN} faster with ComfyUI 0.3.64's RoPE replaced. Off = ComfyUI's RoPE."}),
+            **SPARSE_INPUTS,
         }}
 
+    @classmethod
+    def VALIDATE_INPUTS(cls, sparse_dense_layers=""):
+        # a typo in the layer list stops the prompt here, naming the input, not at the first sampling step
+        problem = dense_layers_problem(sparse_dense_layers)
+        return True if problem is None else problem
+
     def build(self, **choices):
-        return (SageSettings(**choices),)
+        rest, sparse = split_node_choices(choices)
+        return (SageSettings(**rest, sparse=sparse),)

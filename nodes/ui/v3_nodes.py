@@ -14,7 +14,8 @@ from typing import Optional
 from ...kernels.log import logger
 
 # The V3 names this module uses; a ComfyUI whose comfy_api.latest lacks any of them gets the classic nodes.
-_V3_NAMES = ("ComfyNode", "Schema", "NodeOutput", "Combo", "Boolean", "Int", "Model", "Custom", "Hidden")
+_V3_NAMES = ("ComfyNode", "Schema", "NodeOutput", "Combo", "Boolean", "Int", "Float", "String", "Model", "Custom",
+             "Hidden")
 SCHEMA_ENV = "SAGETRITON_NODE_SCHEMA"  # "v3" or "classic": overrides the choice by version
 # The newest ComfyUI served the classic definitions by default. Its early V3 support was tested with these
 # nodes and falls short: no combo or range checks (done in validate_inputs here), no per-node cache keys
@@ -67,6 +68,11 @@ def _v3_input(io, name: str, spec: tuple, optional: bool):
     if kind == "INT":
         return io.Int.Input(name, default=opts.get("default"), min=opts.get("min"), max=opts.get("max"),
                             step=opts.get("step"), **common)
+    if kind == "FLOAT":
+        return io.Float.Input(name, default=opts.get("default"), min=opts.get("min"), max=opts.get("max"),
+                              step=opts.get("step"), **common)
+    if kind == "STRING":
+        return io.String.Input(name, default=opts.get("default"), multiline=opts.get("multiline", False), **common)
     if kind == "MODEL":
         return io.Model.Input(name, **common)
     return io.Custom(kind).Input(name, **common)
@@ -78,7 +84,7 @@ def _v3_output(io, kind: str, name, tooltip):
 
 
 def _widget_ranges(input_types: dict) -> dict:
-    """name -> allowed choices (list) or (min, max) for every combo and INT input."""
+    """name -> allowed choices (list) or (min, max) for every combo and INT input, (min, max, float) for FLOAT."""
     ranges = {}
     for section in ("required", "optional"):
         for name, spec in input_types.get(section, {}).items():
@@ -87,6 +93,8 @@ def _widget_ranges(input_types: dict) -> dict:
                 ranges[name] = list(spec[0])
             elif spec[0] == "INT":
                 ranges[name] = (opts.get("min"), opts.get("max"))
+            elif spec[0] == "FLOAT":
+                ranges[name] = (opts.get("min"), opts.get("max"), float)
     return ranges
 
 
@@ -101,8 +109,10 @@ def check_widget_values(ranges: dict, values: dict, linked=()):
             if value not in allowed:
                 return f"{name}: {value!r} is not one of {', '.join(map(str, allowed))}"
         else:
-            low, high = allowed
-            if not isinstance(value, int) or (low is not None and value < low) or (high is not None and value > high):
+            low, high, *real = allowed
+            number = (int, float) if real else int
+            if isinstance(value, bool) or not isinstance(value, number) or value != value \
+                    or (low is not None and value < low) or (high is not None and value > high):
                 return f"{name}: {value!r} is outside {low}..{high}"
     return True
 

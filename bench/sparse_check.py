@@ -1,0 +1,143 @@
+"""``gpu_check.py --only sparse``: the compiled sparse kernels against the fp64 reference of the method.
+
+Every GPU family's configs (``gpu_check.family_configs``: the arch table's tiles, P·V precision, scale
+granularity and rotation, resolved as on that GPU) and this GPU's own defaults, on smooth inputs (local
+attention, far from dense) of a ragged length, with tau, top-k and sinks; then hostile inputs (a NaN
+query token, NaN keys, huge logits, sinks past the end), one-block and shorter sequences, and 300K tokens
+through a fused-QKV view (element offsets past 2^31). The error allowed is the dense kernel's own
+quantization error on the same inputs (as tests/test_sparse.py, which runs the same checks on the CPU).
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from sagetriton.kernels import sageattn, sparse_attn
+from sagetriton.kernels import sparse_reference as sref
+from sagetriton.kernels.api import attention_forward
+
+DEVICE = "cuda"  # "cpu" under TRITON_INTERPRET=1: a smoke run of these checks' own code on small shapes
+
+
+def rel(a, b) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm())
+
+
+def smooth_qkv(T, H=4, H_KV=2, D=128, strength=1.0, seed=0, dtype=torch.bfloat16):
+    """As tests/test_sparse.py's: features smooth along the sequence, so attention is local."""
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    pos = torch.arange(T, device=DEVICE, dtype=torch.float32)[:, None]
+    base = torch.sin(pos * torch.rand(D, generator=g, device=DEVICE) * 0.15 + torch.rand(D, generator=g, device=DEVICE)
+                     * 6.3)
+
+    def t(h, amp, noise):
+        return (amp * base[None, :, None, :] + noise * torch.randn(1, T, h, D, generator=g, device=DEVICE)).to(dtype)
+
+    q = t(H, strength, 0.5)
+    k = t(H_KV, strength, 0.5) + torch.randn(D, generator=g, device=DEVICE).to(dtype)
+    return q, k, t(H_KV, 1.0, 1.0)
+
+
+def _report(name, ok, detail):
+    print(f"{'ok ' if ok else 'BAD'} {('sparse ' + name)[:60]:60s} {detail}", flush=True)
+    return bool(ok)
+
+
+def _budget(q, k, v, cfg=None):
+    exact = sref.dense_reference(q, k, v)
+    if cfg is None:
+        dense = sageattn(q, k, v, "NHD")
+    else:
+        dense = attention_forward(q, k, v, "NHD", False, None, None, False, cfg, True, False)[0]
+    return 1.5 * rel(dense, exact) + 2e-3
+
+
+def _against_reference(name, q, k, v, cfg=None, **kw) -> bool:
+    out, density = sparse_attn(q, k, v, return_density=True, config=cfg, **kw)
+    ref, ref_density = sref.sparse_reference(q, k, v, return_density=True, **kw)
+    err, allowed = rel(out, ref), _budget(q, k, v, cfg)
+    # TF32 proxy scores: a block within ~1e-3 of its threshold may go either way on the GPU
+    dens_ok = abs(float(density) - float(ref_density)) <= 0.002
+    return _report(name, err <= allowed and dens_ok and out.dtype == q.dtype,
+                   f"rel {err:.4f} (allowed {allowed:.4f}), density {float(density):.4f} vs {float(ref_density):.4f}")
+
+
+def family_cases() -> list:
+    from gpu_check import family_configs
+
+    results = []
+    for labels, d, cfg in family_configs():
+        name = f"{labels[0]} d{d} {cfg.pv_choice()} {cfg.qk_quant_gran}"
+        try:
+            q, k, v = smooth_qkv(1000, D=d, seed=d)
+            results.append(_against_reference(f"{name} tau 1.0", q, k, v, cfg, tau=1.0))
+            results.append(_against_reference(f"{name} top-k 0.2", q, k, v, cfg, topk_ratio=0.2))
+        except Exception as e:  # noqa: BLE001 - a config that does not compile is a failure, not a crash
+            results.append(_report(name, False, f"{type(e).__name__}: {str(e)[:200]}"))
+    return results
+
+
+def own_cases() -> list:
+    results = []
+    q, k, v = smooth_qkv(1000)
+    results.append(_against_reference("default tau 1.3", q, k, v))
+    results.append(_against_reference("sinks", q, k, v, tau=1.5, sink_blocks=[0, 2], sink_q=[3, 4]))
+    results.append(_against_reference("sinks past the end", q, k, v, tau=1.0, sink_blocks=[10, 99], sink_q=[15, 40]))
+    for T in (1, 40, 64, 65, 130):  # one block and shorter, one token past a block
+        q, k, v = smooth_qkv(T, seed=T)
+        results.append(_against_reference(f"length {T}", q, k, v, tau=1.0))
+    q, k, v = smooth_qkv(1000, H=4, H_KV=4, seed=7)
+    qkv = torch.cat([q, k, v], dim=-1)  # fused projection, split as views
+    out = sparse_attn(qkv[..., :128], qkv[..., 128:256], qkv[..., 256:], 1.0)
+    results.append(_report("fused-QKV views", torch.equal(out, sparse_attn(q, k, v, 1.0)), "same bits as contiguous"))
+    out, lse = sparse_attn(q, k, v, 1.0, return_lse=True)
+    _, ref_lse = sref.sparse_reference(q, k, v, 1.0, return_lse=True)
+    err = float((lse - ref_lse).abs().max())
+    results.append(_report("lse", err < 0.05, f"max |lse - fp64| {err:.4f}"))
+    return results
+
+
+def hostile_cases() -> list:
+    results = []
+    q, k, v = smooth_qkv(500, H=2, H_KV=2, seed=11)
+    qn = q.clone()
+    qn[0, 70, 1, 3] = float("nan")
+    bad = ~torch.isfinite(sparse_attn(qn, k, v, 1.0)[0, :, 1]).all(-1)
+    results.append(_report("NaN query token: its 64-row block NaN only", bad[64:128].all() and int(bad.sum()) == 64,
+                           f"{int(bad.sum())} rows non-finite"))
+    kn = k.clone()
+    kn[0, 5, 0, 0] = float("nan")
+    out = sparse_attn(q, kn, v, 1.0)
+    results.append(_report("NaN key: its head NaN, as SDPA", torch.isnan(out[:, :, 0]).all()
+                           and torch.isfinite(out[:, :, 1]).all(), "head 0 NaN, head 1 finite"))
+    qf, kf, vf = q.float() * 3000, k.float() * 3000, v.float()
+    out = sparse_attn(qf, kf, vf, 1.0)
+    ref = sref.sparse_reference(qf, kf, vf, 1.0)
+    rows = torch.isfinite(out).all(-1)
+    err = rel(out[rows], ref[rows]) if rows.any() else 0.0
+    results.append(_report("huge logits: right or NaN", err < 0.05, f"{int(rows.sum())} finite rows, rel {err:.4f}"))
+    return results
+
+
+def long_case(T: int = 300_000, H: int = 24) -> list:
+    """300K tokens through fused-QKV views (offsets past 2^31 elements); the last query blocks checked."""
+    t0 = time.time()
+    qkv = torch.cat(smooth_qkv(T, H=H, H_KV=H, seed=3), dim=-1)
+    q, k, v = qkv[..., :128], qkv[..., 128:256], qkv[..., 256:]
+    assert qkv.numel() > 2**31
+    out, density = sparse_attn(q, k, v, 1.3, return_density=True)
+    nb = math.ceil(T / 64)
+    blocks = range(nb - 3, nb)
+    hs = slice(H - 2, H)  # the last heads: their rows sit at the largest offsets
+    ref = sref.sparse_reference(q[:, :, hs], k[:, :, hs], v[:, :, hs], 1.3, dtype=torch.float32, query_blocks=blocks)
+    rows = slice((nb - 3) * 64, T)
+    err = rel(out[:, rows, hs], ref[:, rows])
+    torch.cuda.synchronize()
+    return [_report(f"{T} tokens x {H} heads, fused view", err < 0.05 and torch.isfinite(out).all(),
+                    f"rel {err:.4f} on the last blocks, density {float(density):.4f}, {time.time() - t0:.0f} s")]
+
+
+def sparse_cases() -> list:
+    return own_cases() + hostile_cases() + long_case() + family_cases()

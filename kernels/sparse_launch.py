@@ -1,0 +1,207 @@
+"""The launches behind ``sparse_attn`` (validated arguments only: ``sparse_api.check_sparse_args``).
+
+Order: block proxies of Q, K and V (``sparse_route.pool_kernel``: one read of each), K's centre and V's
+scale from them (small torch ops on (heads, blocks, D) tensors), the dense path's quantization of Q, K
+(centred by that same vector, rotated) and V (``api._quantize_qk``, ``api._prepare_v``), the router,
+then the sparse attention kernel. Every launch goes through ``api._launch``, so the cross-compile check
+records these as it records the dense ones.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import api, quant, rotation
+from . import attention as attn
+from .arch import KernelConfig, arch_for_device, interpreter_enabled
+from .footprint import head_dim_padded
+from .rotation import ROTATION_BLOCK
+from .sparse_attention import sparse_attention_kernel
+from .sparse_reference import BLOCK, topk_count
+from .sparse_route import POOL_MEAN, POOL_SUM, pool_kernel, route_kernel
+
+POOL_BLOCKS = 4  # 64-token blocks per pool program
+# Knobs the A/B benchmark (bench/sparse_ab.py) flips; the defaults are what it measured fastest on the H200
+# (bench/results/sm90_sparse_ab.json; None: the config's own choice). bench/NOTES.md, "Sparse attention".
+TUNING = {"pool_stages": 1, "attn_stages": None, "attn_tma": True, "attn_maxnreg": None, "route_prec": None,
+          "route_tiles": None, "route_warps": 8}
+_TOPK_SLICE_BYTES = 256 << 20  # the top-k scores are worked out this many bytes of heads at a time
+# The top-k threshold is backed off this much (relative) below the k-th score torch finds: the router's
+# TF32 scores differ from torch's fp32 ones by about that, and a tie kept costs one block, a block lost
+# the accuracy it was chosen for.
+TOPK_BACKOFF = 2e-3
+
+
+def sparse_config(cfg: KernelConfig) -> KernelConfig:
+    """The dense config's choices (P·V format, rotation, scale granularity, stages, TMA, registers) on
+    the router's 64x64 tiles: one program per query block, one key block per tile, 4 warps."""
+    return cfg.replace(block_m=BLOCK, block_n=BLOCK, num_warps=4, pdl=False, shared_kv_min_len=0)
+
+
+def dot_precisions(device) -> tuple[str, str]:
+    """(scores, tail P·V) precision of the router's fp32 products: TF32 on NVIDIA tensor cores (10-bit
+    mantissas: a block within ~1e-3 of its threshold may go either way), full fp32 on AMD, the
+    interpreter and meta tensors."""
+    if device.type == "cuda" and torch.version.hip is None and not interpreter_enabled():
+        return "tf32", "tf32"
+    return "ieee", "ieee"
+
+
+def _pool(x, heads, L, d_pad, nb, mode, absmax=False):
+    """(B*heads, nb, d_pad) fp32 block means or sums of a (B, heads, L, D) view; with ``absmax`` also
+    the per-program partial max |x| per channel (B*heads, n_progs, d_pad)."""
+    B, _, _, D = x.shape
+    out = torch.empty((B * heads, nb, d_pad), dtype=torch.float32, device=x.device)
+    progs = -(-nb // POOL_BLOCKS)
+    amax = torch.empty((B * heads, progs, d_pad) if absmax else (1,), dtype=torch.float32, device=x.device)
+    api._launch(pool_kernel, (progs, B * heads), (x, *x.stride(), out, amax, heads, L, D, nb, POOL_BLOCKS),
+                dict(D_PAD=d_pad, MODE=mode, ABSMAX=absmax, INTERPRETER=interpreter_enabled()), num_warps=4,
+                num_stages=TUNING["pool_stages"])
+    return out, amax
+
+
+def _v_scale(amax_parts, cfg: KernelConfig, D: int):
+    """V's per-channel scale as ``quant._finalize_kv_stats`` makes it, from the pool's max |v| partials."""
+    v_range, pow2 = api._v_range(cfg)
+    amax = amax_parts.amax(dim=1)[:, :D]  # NaN-propagating, as the dense statistics
+    if pow2:
+        return torch.exp2(torch.ceil(torch.log2(torch.clamp(amax / v_range, min=1.0))))
+    return torch.where(amax > 0, amax / v_range, torch.where(amax == amax, 1.0, amax))
+
+
+def _topk_threshold(cen, kc, kv_of, nb, ratio, log2s, sinks):
+    """Per query block, the score of its k-th best non-sink key block (ties kept by ``>=``), backed off a
+    few ulps since the kernel's product is not bit-identical; +inf where there is nothing to choose."""
+    s0, s1 = sinks if sinks is not None else (0, 0)
+    s0, s1 = min(s0, nb), min(s1, nb)
+    kk = topk_count(nb - (s1 - s0), ratio)
+    thr = torch.empty(cen.shape[:2], dtype=torch.float32, device=cen.device)
+    if kk == 0:
+        return thr.fill_(float("inf"))
+    step = max(1, _TOPK_SLICE_BYTES // (nb * nb * 4))
+    for a in range(0, cen.shape[0], step):
+        s = torch.bmm(cen[a:a + step], kc[kv_of[a:a + step]].transpose(1, 2)) * log2s
+        if s1 > s0:
+            s[..., s0:s1] = float("-inf")
+        thr[a:a + step] = s.topk(kk, dim=-1, sorted=False).values.amin(dim=-1)
+    return thr - thr.abs() * TOPK_BACKOFF
+
+
+def route(cen, kc, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q, topk_ratio, stages: int = 1,
+          tiles=None):
+    """The router on the block proxies (fp32: centroids (B*H, nb, d_pad), centred K block means and V
+    block sums (B*H_KV, nb, d_pad), K's per-channel block variance (B*H_KV, d_pad)). Returns the exact
+    key blocks per query block (B*H, nb, nb; the first ``count`` of each row, ascending), ``count``
+    (B*H, nb) and the pooled tail's max, sum (B*H, nb) and P·V (B*H, nb, d_pad). ``stages``: software
+    pipelining of its loop (Hopper's shared memory takes 2); ``tiles``: (query blocks, key blocks) per step."""
+    nb, d_pad, dev = cen.shape[1], cen.shape[2], cen.device
+    kv_of = (torch.arange(B * H, device=dev) // H) * H_KV + (torch.arange(B * H, device=dev) % H) // (H // H_KV)
+    thr = (_topk_threshold(cen, kc, kv_of, nb, topk_ratio, log2s, sinks) if topk_ratio
+           else torch.empty((1,), dtype=torch.float32, device=dev))
+    lists = torch.empty((B * H, nb, nb), dtype=torch.int16 if nb < 2**15 else torch.int32, device=dev)
+    count = torch.empty((B * H, nb), dtype=torch.int32, device=dev)
+    tail_m = torch.empty((B * H, nb), dtype=torch.float32, device=dev)
+    tail_l = torch.empty_like(tail_m)
+    tail_acc = torch.empty((B * H, nb, d_pad), dtype=torch.float32, device=dev)
+    score_prec, tail_prec = TUNING["route_prec"] or dot_precisions(dev)
+    # Query blocks x key blocks per step: TF32 on 64 x 32 fits without spills (sm80-sm120); full fp32
+    # products are FMA loops (AMD), which spill at that size.
+    qb, kb = (64, 32) if score_prec == "tf32" else (32, 16)
+    if d_pad > 128:
+        qb = max(16, qb // 2)
+    qb, kb = TUNING["route_tiles"] or tiles or (qb, kb)
+    s0, s1 = sinks if sinks is not None else (0, 0)
+    q0, q1 = sinks_q if sinks_q is not None else (0, 0)
+    api._launch(route_kernel, (-(-nb // qb), B * H), (
+        cen, kc, vsum, kvar, thr, lists, count, tail_m, tail_l, tail_acc,
+        H, H_KV, nb, float(L - (nb - 1) * BLOCK), float(tau), log2s, min(s0, nb), min(s1, nb), min(q0, nb), min(q1, nb),
+    ), dict(QB=qb, KB=kb, D_PAD=d_pad, HAS_THR=bool(topk_ratio), SCORE_PREC=score_prec, TAIL_PREC=tail_prec),
+        num_warps=TUNING["route_warps"], num_stages=stages)
+    return lists, count, tail_m, tail_l, tail_acc
+
+
+def run(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, return_lse, return_density,
+        out_layout, config):
+    if extra_tokens:
+        raise NotImplementedError("extra_tokens > 0 is not in the sparse kernels yet; pass extra_tokens=0")
+    qh, kh, vh = (api._as_bhld(t, layout) for t in (q, k, v))
+    B, H, L, D = qh.shape
+    H_KV = kh.shape[1]
+    if scale < 0:  # Q·Kᵀ·s = (-Q)·Kᵀ·|s|: the kernels' scales stay positive (as ``api._plan_call``)
+        qh, scale = -qh, -scale
+    if config is None:
+        config = api._resolved_config(arch_for_device(q.device), D, None, None, None)
+    cfg = sparse_config(api.check_config(config))
+    d_pad = head_dim_padded(D)
+    nb = -(-L // BLOCK)
+    dev = q.device
+    log2s = scale * quant.LOG2E
+
+    # Block proxies, K's centre (the mean of the block means) and V's scale.
+    v_stats = api._v_stats_needed(cfg, False)
+    cen, _ = _pool(qh, H, L, d_pad, nb, POOL_MEAN)
+    kbar, _ = _pool(kh, H_KV, L, d_pad, nb, POOL_MEAN)
+    vsum, vmax = _pool(vh, H_KV, L, d_pad, nb, POOL_SUM, absmax=v_stats != quant.V_NONE)
+    mu = kbar.mean(dim=1)  # (B*H_KV, d_pad)
+    kc = kbar - mu[:, None]
+    kvar = (kc * kc).mean(dim=1)
+
+    rotate = min(d_pad, ROTATION_BLOCK) if cfg.qk_rotation else 0
+    method = rotation.method_for(cfg.rotation_tiles, qh.dtype, kh.dtype, D, d_pad) if rotate else "dot"
+    final = torch.zeros((4 if method == "tiled" else 3, B * H_KV, D), dtype=torch.float32, device=dev)
+    final[0] = mu[:, :D]
+    if v_stats != quant.V_NONE:
+        final[1] = _v_scale(vmax, cfg, D)
+    if method == "tiled":  # K's centre times the rotation's signs, as ``quant._store_rotated_mean``
+        signs = api._rotation_signs(d_pad, rotate, dev, kh.dtype).float()
+        final[3].view(-1)[:B * H_KV * d_pad] = (mu @ signs).reshape(-1)
+    k_stats = (final, 0, L, 0, final)
+    q_group, k_group = cfg.group_sizes()
+    k_scalar = k_group == cfg.block_n
+    qbias = torch.empty((B * H, L), dtype=torch.float32, device=dev) if return_lse else None
+    q_block = rotation.q_rows(method, cfg.block_m) if rotate else cfg.block_m
+    q8, qs = api._quantize_qk(qh, q_group, q_block, d_pad, scale * quant.LOG2E,
+                              quant.MEAN_DOT if return_lse else quant.MEAN_NONE,
+                              (mu.view(1, B * H_KV, 1, d_pad), 1, L, 1, final), H // H_KV,
+                              bias=qbias, bias_mult=scale, rotate=rotate, method=method)
+    k8, ks = api._quantize_qk(kh, k_group, cfg.block_n, d_pad, 1.0, quant.MEAN_SUBTRACT, k_stats,
+                              per_block=k_scalar, rotate=rotate, method=method)
+    v_op, v_strides, v_scale, _, pv_mode, p_scale, tile_bias = api._prepare_v(vh, cfg, False, d_pad, final)
+
+    lists, count, tail_m, tail_l, tail_acc = route(cen, kc, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q,
+                                                   topk_ratio, stages=2 if cfg.use_tma else 1,
+                                                   tiles=(128, 32) if cfg.use_tma and d_pad <= 128 else None)
+
+    out = torch.empty(api._out_shape(B, H, L, D, out_layout), dtype=q.dtype, device=dev)
+    oh = api._as_bhld(out, out_layout)
+    lse = torch.empty((B, H, L) if return_lse else (1,), dtype=torch.float32, device=dev)
+    k_desc = v_desc = None
+    if cfg.use_tma and TUNING["attn_tma"]:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        k3 = k8.view(B * H_KV, L, d_pad)
+        k_desc = TensorDescriptor(k3, list(k3.shape), list(k3.stride()), [1, BLOCK, d_pad])
+        if v_op is not vh:
+            blk = [1, d_pad, BLOCK] if pv_mode in (attn.PV_FP8, attn.PV_INT8) else [1, BLOCK, d_pad]
+            v_desc = TensorDescriptor(v_op, list(v_op.shape), list(v_op.stride()), blk)
+    api._launch(sparse_attention_kernel, (nb, B * H), (
+        q8, qs, k8, ks, v_op, v_scale if v_scale is not None else qs, qbias if qbias is not None else qs,
+        tile_bias if tile_bias is not None else k8, oh, lse, k_desc if k_desc is not None else k8,
+        v_desc if v_desc is not None else k8, lists, count, tail_m, tail_l, tail_acc,
+        *v_strides, *oh.stride(), H, H_KV, L, D, nb,
+    ), dict(
+        BLOCK_M=BLOCK, D_PAD=d_pad, PV_MODE=pv_mode, P_LOG2=math.log2(p_scale), HAS_VSCALE=v_scale is not None,
+        HAS_QBIAS=qbias is not None, K_SCALAR=k_scalar, RETURN_LSE=return_lse,
+        EVEN_D=(D == d_pad) or (v_op is not vh), INTERPRETER=interpreter_enabled(), K_TMA=k_desc is not None,
+        V_TMA=v_desc is not None, V_T=pv_mode in (attn.PV_FP8, attn.PV_INT8),
+        V_RES=pv_mode == attn.PV_FP8 and cfg.v_residual, PDL=False,
+    ), num_warps=cfg.num_warps, num_stages=TUNING["attn_stages"] or cfg.num_stages,
+        **({"maxnreg": regs} if (regs := TUNING["attn_maxnreg"] if TUNING["attn_maxnreg"] is not None
+                                  else cfg.max_registers) else {}))
+    res = (out,)
+    if return_lse:
+        res += (lse,)
+    if return_density:
+        res += ((count.sum(dtype=torch.float64) / float(B * H * nb * nb)).float(),)
+    return res[0] if len(res) == 1 else res

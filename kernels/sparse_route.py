@@ -1,0 +1,128 @@
+"""The routing kernels of ``sparse_attn``: block proxies, then per query block which key blocks are exact.
+
+``pool_kernel`` reads each 64-token block of Q, K or V once (any strides) and writes its mean (Q's
+centroids, K's block means) or sum (V), plus V's per-channel max |v| over the program's blocks (the
+FP8/INT8 V scale). ``route_kernel`` then works a tile of query blocks against every key block: proxy
+scores on the tensor cores, the per-row threshold from the diagonal variance (no sort), the list
+of exact key blocks (ascending, compacted with a prefix sum), and the pooled tail of the rejected
+blocks reduced to one online-softmax state per query block (max, sum, P·V in fp32), which the
+attention kernel starts from. The method: ``sparse_reference``.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .quant import _reduce_nan
+
+POOL_MEAN, POOL_SUM = 0, 1
+BLOCK = 64  # tokens per routing block (sparse_reference.BLOCK)
+
+
+@triton.jit
+def pool_kernel(
+    X, stride_xb, stride_xh, stride_xl, stride_xd,
+    Out,  # fp32 (B*H, NB, D_PAD): per block mean or sum
+    AbsMax,  # fp32 (B*H, n_progs, D_PAD): max |x| per channel over this program's blocks (ABSMAX)
+    H, L, D, NB, blocks_per_prog,
+    D_PAD: tl.constexpr, MODE: tl.constexpr, ABSMAX: tl.constexpr, INTERPRETER: tl.constexpr,
+):
+    prog = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    rows = tl.arange(0, 64)
+    offs_d = tl.arange(0, D_PAD)
+    d_ok = offs_d < D
+    base = X + b.to(tl.int64) * stride_xb + h.to(tl.int64) * stride_xh
+    amax = tl.zeros((64, D_PAD), tl.float32)
+    for i in range(0, blocks_per_prog):
+        blk = prog * blocks_per_prog + i
+        offs_l = blk * 64 + rows
+        ok = offs_l < L
+        x = tl.load(base + offs_l[:, None].to(tl.int64) * stride_xl + offs_d[None, :] * stride_xd,
+                    mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        s = tl.sum(x, axis=0)
+        if MODE == 0:
+            n_live = tl.minimum(L - blk * 64, 64).to(tl.float32)
+            s = s / n_live
+        tl.store(Out + (bh.to(tl.int64) * NB + blk) * D_PAD + offs_d, s, mask=blk < NB)
+        if ABSMAX:
+            amax = tl.maximum(amax, tl.abs(x), propagate_nan=tl.PropagateNan.ALL)
+    if ABSMAX:
+        tl.store(AbsMax + (bh.to(tl.int64) * tl.num_programs(0) + prog) * D_PAD + offs_d,
+                 _reduce_nan(amax, 0, True, INTERPRETER))
+
+
+@triton.jit
+def route_kernel(
+    Cen,  # fp32 (B*H, NB, D_PAD): query centroids
+    KC,  # fp32 (B*H_KV, NB, D_PAD): centred key block means
+    VSum,  # fp32 (B*H_KV, NB, D_PAD): value block sums
+    KVar,  # fp32 (B*H_KV, D_PAD): per-channel variance of KC over the blocks
+    Thr,  # fp32 (B*H, NB): given thresholds (HAS_THR: top-k), else unused
+    List,  # int16/int32 (B*H, NB, NB): exact key blocks per query block, ascending, first Count entries
+    Count,  # int32 (B*H, NB)
+    TailM, TailL,  # fp32 (B*H, NB): the pooled tail's max and sum (weights = block lengths)
+    TailAcc,  # fp32 (B*H, NB, D_PAD): its P·V
+    H, H_KV, NB, last_len, tau, log2s, s0, s1, q0, q1,
+    QB: tl.constexpr, KB: tl.constexpr, D_PAD: tl.constexpr, HAS_THR: tl.constexpr,
+    SCORE_PREC: tl.constexpr, TAIL_PREC: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    kvh = b * H_KV + (bh % H) // (H // H_KV)
+    offs_i = pid * QB + tl.arange(0, QB)
+    i_ok = offs_i < NB
+    offs_d = tl.arange(0, D_PAD)
+    cen = tl.load(Cen + (bh.to(tl.int64) * NB + offs_i[:, None]) * D_PAD + offs_d[None, :], mask=i_ok[:, None],
+                  other=0.0)
+    if HAS_THR:
+        thr = tl.load(Thr + bh.to(tl.int64) * NB + offs_i, mask=i_ok, other=float("inf"))
+    else:
+        kvar = tl.load(KVar + kvh.to(tl.int64) * D_PAD + offs_d)
+        var = tl.sum(cen * cen * kvar[None, :], axis=1)
+        thr = tau * tl.sqrt(var * log2s * log2s + 1e-6)
+    row_sink = (offs_i >= q0) & (offs_i < q1)
+    m = tl.full((QB,), float("-inf"), tl.float32)
+    lsum = tl.zeros((QB,), tl.float32)
+    acc = tl.zeros((QB, D_PAD), tl.float32)
+    cnt = tl.zeros((QB,), tl.int32)
+    kc_base = KC + kvh.to(tl.int64) * NB * D_PAD
+    vs_base = VSum + kvh.to(tl.int64) * NB * D_PAD
+    list_rows = List + (bh.to(tl.int64) * NB + offs_i) * NB
+    for j0 in range(0, NB, KB):
+        offs_j = j0 + tl.arange(0, KB)
+        j_ok = offs_j < NB
+        kc = tl.load(kc_base + offs_j[:, None] * D_PAD + offs_d[None, :], mask=j_ok[:, None], other=0.0)
+        s = tl.dot(cen, tl.trans(kc), input_precision=SCORE_PREC) * log2s
+        if HAS_THR:
+            exact = s >= thr[:, None]
+        else:
+            exact = s > thr[:, None]
+        diff = offs_j[None, :] - offs_i[:, None]
+        exact = exact | ((diff <= 1) & (diff >= -1)) | ((offs_j >= s0) & (offs_j < s1))[None, :] | row_sink[:, None]
+        exact = exact & j_ok[None, :]
+        # the exact blocks' indices, compacted: a running count per row plus this tile's prefix sum
+        e32 = exact.to(tl.int32)
+        pos = cnt[:, None] + tl.cumsum(e32, axis=1) - 1
+        tl.store(list_rows[:, None] + pos, offs_j[None, :].to(List.dtype.element_ty),
+                 mask=exact & i_ok[:, None])
+        cnt += tl.sum(e32, axis=1)
+        # the rejected blocks' pooled terms: weight = block length, value = the block's summed V
+        pooled = j_ok[None, :] & ~exact
+        sp = tl.where(pooled, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(sp, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m - m_use)
+        p = tl.math.exp2(sp - m_use[:, None])
+        w = tl.where(offs_j == NB - 1, last_len, 64.0)
+        lsum = lsum * alpha + tl.sum(p * w[None, :], axis=1)
+        vs = tl.load(vs_base + offs_j[:, None] * D_PAD + offs_d[None, :], mask=j_ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p, vs, input_precision=TAIL_PREC)
+        m = m_new
+    tl.store(Count + bh.to(tl.int64) * NB + offs_i, cnt, mask=i_ok)
+    tl.store(TailM + bh.to(tl.int64) * NB + offs_i, m, mask=i_ok)
+    tl.store(TailL + bh.to(tl.int64) * NB + offs_i, lsum, mask=i_ok)
+    tl.store(TailAcc + (bh.to(tl.int64) * NB + offs_i[:, None]) * D_PAD + offs_d[None, :], acc, mask=i_ok[:, None])

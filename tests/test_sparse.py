@@ -1,0 +1,288 @@
+"""``sparse_attn``'s kernels (through the interpreter) against the fp64 reference of the method.
+
+The reference (``kernels.sparse_reference``) is the method in plain torch; the router is checked
+against it exactly (which key blocks, and the pooled tail's state), the whole call within the INT8
+quantization error the dense kernel makes on the same inputs. Inputs are "smooth" sequences (features
+varying slowly along the tokens, so attention is local but not one-hot): there the sparse answer is
+far from dense attention, so a kernel that ignored the routing or the pooled tail would fail. Shapes
+are tiny: the interpreter runs on a shared CPU.
+"""
+import math
+
+import pytest
+import sagetriton.kernels as kernels
+import torch
+from sagetriton.kernels import sparse_launch
+from sagetriton.kernels import sparse_reference as sref
+from sagetriton.kernels.arch import CPU_ARCH, default_config
+
+sparse_attn = kernels.sparse_attn
+CPU_CFG = default_config(CPU_ARCH, 64)
+
+
+def rel(a, b) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm())
+
+
+def smooth_qkv(T, H=2, H_KV=1, D=64, B=1, strength=1.0, seed=0, dtype=torch.float16, layout="NHD"):
+    """Tokens whose q and k are smooth functions of the position plus noise: each query prefers keys
+    nearby, as on a video's token grid, with a spread set by ``strength``."""
+    g = torch.Generator().manual_seed(seed)
+    pos = torch.arange(T, dtype=torch.float64)[:, None]
+    freq = torch.rand(D, generator=g, dtype=torch.float64) * 0.15
+    phase = torch.rand(D, generator=g, dtype=torch.float64) * 6.3
+    base = torch.sin(pos * freq + phase)  # (T, D)
+
+    def t(h, amp, noise):
+        x = amp * base[None, :, None, :] + noise * torch.randn(B, T, h, D, generator=g, dtype=torch.float64)
+        return x if layout == "NHD" else x.permute(0, 2, 1, 3)
+
+    q = t(H, strength, 0.5)
+    k = t(H_KV, strength, 0.5) + torch.randn(D, generator=g, dtype=torch.float64)  # a per-channel K offset
+    v = t(H_KV, 1.0, 1.0)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def budget(q, k, v, layout="NHD", config=None):
+    """The quantization error allowed: the dense kernel's error against fp64 on the same inputs, plus a
+    little for the different K centre (the sparse path centres on the mean of the block means)."""
+    exact = sref.dense_reference(q, k, v, tensor_layout=layout)
+    dense = kernels.sageattn(q, k, v, layout, config=config)
+    return 1.5 * rel(dense, exact) + 2e-3
+
+
+# ---- the contract ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw,err", [
+    (dict(tau=float("nan")), "tau"),
+    (dict(tau="1.3"), "tau"),
+    (dict(topk_ratio=1.0), "topk_ratio"),
+    (dict(topk_ratio=-0.1), "topk_ratio"),
+    (dict(extra_tokens=32), "extra_tokens"),
+    (dict(extra_tokens=320), "extra_tokens"),
+    (dict(sink_blocks=[2, 1]), "sink_blocks"),
+    (dict(sink_q=[-1, 2]), "sink_q"),
+    (dict(sink_q=[0, 1, 2]), "sink_q"),
+    (dict(scale=float("inf")), "scale"),
+    (dict(tensor_layout="BHLD"), "tensor_layout"),
+    (dict(out_layout="X"), "out_layout"),
+])
+def test_bad_arguments_are_refused_by_name(kw, err):
+    q, k, v = smooth_qkv(70)
+    with pytest.raises(ValueError, match=err):
+        sparse_attn(q, k, v, **kw)
+
+
+def test_bad_tensors_are_refused():
+    q, k, v = smooth_qkv(70)
+    with pytest.raises(ValueError, match="self-attention"):
+        sparse_attn(q, k[:, :60], v[:, :60])
+    with pytest.raises(TypeError, match="dtype"):
+        sparse_attn(q, k.float(), v)
+    with pytest.raises(TypeError, match="float16"):
+        sparse_attn(q.double(), k.double(), v.double())
+    with pytest.raises(ValueError, match="multiple"):
+        sparse_attn(q, torch.cat([k] * 3, 2)[:, :, :3], torch.cat([v] * 3, 2)[:, :, :3])
+    with pytest.raises(ValueError, match="empty"):
+        sparse_attn(q[:, :0], k[:, :0], v[:, :0])
+    with pytest.raises(RuntimeError, match="no backward"):
+        sparse_attn(q.float().requires_grad_(), k.float(), v.float())
+
+
+def test_cpu_without_the_interpreter_is_refused(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q, k, v = smooth_qkv(70)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        sparse_attn(q, k, v)
+
+
+# ---- the router ----------------------------------------------------------------------------------
+
+def _proxies(q, k, v, scale=None):
+    r = sref.route_reference(q, k, dtype=torch.float64, scale=scale)
+    B, H, nb, D = r["centroid"].shape
+    d_pad = max(32, 1 << (D - 1).bit_length())
+    pad = lambda x: torch.nn.functional.pad(x, (0, d_pad - D)).float().reshape(-1, nb, d_pad).contiguous()  # noqa: E731
+    vh = v.permute(0, 2, 1, 3).double()
+    vsum = sref._block_pool(vh, nb, "sum")
+    kvar = torch.nn.functional.pad((r["kc"] ** 2).mean(2), (0, d_pad - D)).float().reshape(-1, d_pad)
+    return r, pad(r["centroid"]), pad(r["kc"]), pad(vsum), kvar.contiguous(), vsum
+
+
+@pytest.mark.parametrize("T,kw", [
+    (200, dict(tau=1.0)), (700, dict(tau=0.5)), (700, dict(tau=1.5, sink_blocks=(0, 2), sink_q=(5, 7))),
+    (700, dict(tau=1.0, sink_blocks=(9, 40), sink_q=(10, 99))),  # ranges past the end: clipped
+    (700, dict(topk_ratio=0.3)), (700, dict(topk_ratio=0.05, sink_blocks=(3, 5))),
+])
+def test_router_lists_the_reference_blocks_and_pools_the_rest(T, kw):
+    q, k, v = smooth_qkv(T, H=2, H_KV=1, strength=1.0, seed=T)
+    r, cen, kc, vsum, kvar, vsum64 = _proxies(q, k, v)
+    tau = kw.get("tau", 1.3)
+    log2s = sref.LOG2E / math.sqrt(q.shape[-1])
+    ref = sref.route_reference(q, k, tau, sink_blocks=kw.get("sink_blocks"), sink_q=kw.get("sink_q"),
+                               topk_ratio=kw.get("topk_ratio"))
+    lists, count, tm, tl_, tacc = sparse_launch.route(cen, kc, vsum, kvar, 1, 2, 1, T, tau, log2s,
+                                                      kw.get("sink_blocks"), kw.get("sink_q"), kw.get("topk_ratio"))
+    nb = cen.shape[1]
+    exact = torch.zeros(2, nb, nb, dtype=torch.bool)
+    for bh in range(2):
+        for i in range(nb):
+            idx = lists[bh, i, :count[bh, i]].long()
+            assert (idx[1:] > idx[:-1]).all(), "the list is ascending"
+            exact[bh, i, idx] = True
+    assert torch.equal(exact, ref["exact"][0]), (exact ^ ref["exact"][0]).nonzero()[:5]
+    # the pooled tail, in fp64: max and sum over the rejected blocks (weights = lengths), and its P·V
+    s = ref["scores"][0].masked_fill(ref["exact"][0], float("-inf"))
+    m = s.amax(-1)
+    lengths = sref._lengths(T, nb, "cpu")
+    p = torch.exp2(s - m[..., None].clamp_min(-1e300))
+    p = torch.nan_to_num(p, nan=0.0)
+    has_tail = torch.isfinite(m)
+    assert torch.equal(torch.isfinite(tm), has_tail)
+    torch.testing.assert_close(tm[has_tail].double(), m[has_tail], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(tl_[has_tail].double(), (p * lengths).sum(-1)[has_tail], rtol=1e-5, atol=1e-6)
+    pv = torch.einsum("hij,jd->hid", p, vsum64[0, 0])  # one KV head for both query heads
+    torch.testing.assert_close(tacc[..., :q.shape[-1]][has_tail].double(), pv[has_tail], rtol=1e-4, atol=1e-4)
+
+
+# ---- whole calls against the reference -----------------------------------------------------------
+
+@pytest.mark.parametrize("T", [1, 63, 64, 65, 200, 330])
+def test_any_length_matches_the_reference(T):
+    q, k, v = smooth_qkv(T, H=2, H_KV=1, seed=T)
+    out, lse, density = sparse_attn(q, k, v, 1.0, return_lse=True, return_density=True)
+    ref, ref_lse, ref_density = sref.sparse_reference(q, k, v, 1.0, return_lse=True, return_density=True)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert rel(out, ref) <= budget(q, k, v), (rel(out, ref), budget(q, k, v))
+    torch.testing.assert_close(lse, ref_lse, atol=0.05, rtol=0)
+    assert float(density) == pytest.approx(float(ref_density))
+    if T >= 330:  # sparse here: far from dense, so following the routing is what the check above tests
+        assert float(density) < 0.8
+        assert rel(ref, sref.dense_reference(q, k, v)) > 3 * budget(q, k, v)
+
+
+@pytest.mark.parametrize("kw", [dict(topk_ratio=0.2), dict(tau=2.0, sink_blocks=[1, 2]), dict(tau=0.0, sink_q=[2, 3]),
+                                dict(tau=1.0, sink_blocks=[50, 60], sink_q=[70, 80]), dict(tau=1.0, scale=-0.2)])
+def test_options_match_the_reference(kw):
+    q, k, v = smooth_qkv(330, H=2, H_KV=2, seed=3)
+    out, density = sparse_attn(q, k, v, return_density=True, **kw)
+    ref, ref_density = sref.sparse_reference(q, k, v, return_density=True, **kw)
+    assert rel(out, ref) <= budget(q, k, v) + (0.01 if "scale" in kw else 0.0)
+    assert float(density) == pytest.approx(float(ref_density))
+
+
+def test_gqa_hnd_and_the_other_output_layout():
+    q, k, v = smooth_qkv(200, H=4, H_KV=2, seed=5, layout="HND")
+    out = sparse_attn(q, k, v, 1.0, tensor_layout="HND", out_layout="NHD")
+    ref = sref.sparse_reference(q, k, v, 1.0, tensor_layout="HND")
+    assert out.shape == (1, 200, 4, 64)
+    assert rel(out.permute(0, 2, 1, 3), ref) <= budget(q, k, v, "HND")
+
+
+def test_strided_views_of_fused_qkv_are_read_in_place():
+    q0, k0, v0 = smooth_qkv(200, H=2, H_KV=2, D=64, seed=6)
+    qkv = torch.cat([q0, k0, v0], dim=-1)  # (B, L, H, 3D): ComfyUI's fused projection, split as views
+    q, k, v = qkv[..., :64], qkv[..., 64:128], qkv[..., 128:]
+    assert not q.is_contiguous()
+    out = sparse_attn(q, k, v, 1.0)
+    assert rel(out, sparse_attn(q0, k0, v0, 1.0)) == 0.0
+
+
+@pytest.mark.parametrize("D", [40, 128])
+def test_head_dims_padded_and_fp32_inputs(D):
+    q, k, v = smooth_qkv(130, H=1, H_KV=1, D=D, seed=D, dtype=torch.float32)
+    out = sparse_attn(q, k, v, 1.0)
+    assert out.dtype == torch.float32
+    assert rel(out, sref.sparse_reference(q, k, v, 1.0)) <= budget(q, k, v)
+
+
+@pytest.mark.parametrize("gran,pv,rotation", [("per_warp", "fp8", True), ("per_warp", "fp8", "tiles"),
+                                              ("per_block", "int8", True),
+                                              ("per_thread", "int8", False), ("per_thread", "fp16", False),
+                                              ("per_warp", "fp8+residual", False)])
+def test_every_quantized_path_of_the_gpus(gran, pv, rotation):
+    # "tiles": Hopper's rotation (``KernelConfig.rotation_tiles``: K's centre subtracted after the product)
+    cfg = CPU_CFG.replace(qk_quant_gran=gran, qk_rotation=bool(rotation),
+                          rotation_tiles=rotation == "tiles").with_pv_choice(pv)
+    if cfg.pv_precision == "fp8":
+        cfg = cfg.replace(fp8_format="e4m3fn")
+    q, k, v = smooth_qkv(200, H=2, H_KV=1, seed=11, dtype=torch.bfloat16)
+    out, lse = sparse_attn(q, k, v, 1.0, config=cfg, return_lse=True)
+    ref, ref_lse = sref.sparse_reference(q, k, v, 1.0, return_lse=True)
+    assert rel(out, ref) <= budget(q, k, v, config=cfg)
+    torch.testing.assert_close(lse, ref_lse, atol=0.05, rtol=0)
+
+
+def test_every_block_exact_is_dense_attention():
+    q, k, v = smooth_qkv(200, seed=9)
+    out, density = sparse_attn(q, k, v, tau=-1e9, return_density=True)
+    assert float(density) == 1.0
+    assert rel(out, sref.dense_reference(q, k, v)) <= budget(q, k, v)
+
+
+# ---- hostile inputs (docs/HOSTILE_INPUTS.md) -----------------------------------------------------
+
+def test_nan_in_a_query_token_poisons_its_query_block_only():
+    q, k, v = smooth_qkv(200, H=1, H_KV=1, seed=12)
+    q[0, 70, 0, 3] = float("nan")
+    out = sparse_attn(q, k, v, 1.0)
+    ref = sref.sparse_reference(q, k, v, 1.0)
+    bad = ~torch.isfinite(out[0, :, 0]).all(-1)
+    assert torch.equal(bad, ~torch.isfinite(ref[0, :, 0]).all(-1))
+    assert bad[64:128].all() and not bad[:64].any() and not bad[128:].any()
+
+
+@pytest.mark.parametrize("what", ["k", "v"])
+def test_nan_in_a_key_or_value_is_non_finite_as_sdpa(what):
+    q, k, v = smooth_qkv(130, H=1, H_KV=1, seed=13)
+    (k if what == "k" else v)[0, 5, 0, 0] = float("nan")
+    out = sparse_attn(q, k, v, 1.0)
+    if what == "k":  # K's centre is NaN: the whole head, as SDPA's rows that see the key
+        assert torch.isnan(out).all()
+    else:  # V's channel scale is NaN: that channel everywhere
+        assert torch.isnan(out[..., 0]).all()
+
+
+def test_huge_logits_are_right_or_nan_never_silently_wrong():
+    q, k, v = smooth_qkv(130, H=1, H_KV=1, seed=14)
+    q, k = q.float() * 3000, k.float() * 3000
+    out = sparse_attn(q, k, v.float(), 1.0)
+    ref = sref.sparse_reference(q, k, v.float(), 1.0)
+    rows = torch.isfinite(out).all(-1)
+    assert rel(out[rows], ref[rows]) < 0.05 if rows.any() else True
+
+
+def test_extra_tokens_are_refused_until_the_kernels_have_them():
+    q, k, v = smooth_qkv(130)
+    with pytest.raises(NotImplementedError, match="extra_tokens"):
+        sparse_attn(q, k, v, extra_tokens=64)
+
+
+def test_reference_extra_tokens_admit_whole_bins_within_the_budget():
+    q, k, v = smooth_qkv(700, H=1, H_KV=1, seed=15)
+    base, d0 = sref.sparse_reference(q, k, v, 1.5, return_density=True)
+    aug, d1 = sref.sparse_reference(q, k, v, 1.5, extra_tokens=256, return_density=True)
+    exact = sref.dense_reference(q, k, v)
+    assert float(d0) == float(d1)  # the block routing is the same
+    assert rel(aug, exact) < rel(base, exact)  # single tokens and a per-token tail are closer to dense
+    c = torch.tensor([[5.0, 4.9, 4.8, 3.0, 2.9, 0.0]])
+    live = torch.ones_like(c, dtype=torch.bool)
+    assert sref._extra_select(c, live, 2).sum() == 0  # bins are whole: the best one holds 3 tokens
+    assert sref._extra_select(c, live, 3).tolist() == [[True, True, True, False, False, False]]
+    assert sref._extra_select(c, live, 5).sum() == 5
+    assert sref._extra_select(torch.zeros(1, 6), live, 5).sum() == 0  # a flat profile admits none
+
+
+def test_torch_compile_traces_without_graph_breaks():
+    q, k, v = smooth_qkv(130, seed=16)
+
+    def f(q, k, v):
+        out, density = sparse_attn(q * 1, k, v, 1.0, return_density=True)
+        return out.float().sum(-1), density
+
+    explanation = torch._dynamo.explain(f)(q, k, v)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    (a, da), (b, db) = compiled(q, k, v), f(q, k, v)
+    assert torch.equal(a, b) and float(da) == float(db)
