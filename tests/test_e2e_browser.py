@@ -597,8 +597,8 @@ def test_template_browser_shows_titles_and_thumbnails(cpu_driver):
     print(f"template browser entry after {time.monotonic() - started:.1f} s; fetched: {fetched[:40]}")
     # The frontend fetches each thumbnail and shows it as a blob: three decoded pictures, no placeholders.
     _wait(driver, "const imgs = [...document.querySelectorAll('.p-dialog img')];"
-                  "return imgs.length === 3 && imgs.every(i => i.complete && i.naturalWidth > 100)", 30,
-          "three loaded thumbnails")
+                  "return imgs.length === 3 && imgs.every(i => i.complete && i.naturalWidth > 100)", 90,
+          "three loaded thumbnails")  # decoding waits for the cards' rendering: as long on a loaded machine
     text = driver.execute_script("return document.querySelector('.p-dialog').textContent")
     assert all(name in text for name in EXAMPLES), text[:2000]
     time.sleep(0.5)  # one more frame for the screenshot
