@@ -46,7 +46,8 @@ def pool_kernel(
         if MODE == 0:
             n_live = tl.minimum(L - blk * 64, 64).to(tl.float32)
             s = s / n_live
-        tl.store(Out + (bh.to(tl.int64) * NB + blk) * D_PAD + offs_d, s, mask=blk < NB)
+        # The mask as a tensor: Triton 3.9's interpreter refuses a scalar one.
+        tl.store(Out + (bh.to(tl.int64) * NB + blk) * D_PAD + offs_d, s, mask=(offs_d * 0 + blk) < NB)
         if ABSMAX:
             amax = tl.maximum(amax, tl.abs(x), propagate_nan=tl.PropagateNan.ALL)
     if ABSMAX:
