@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 
 from .arch import KernelConfig, interpreter_enabled
+from .devices import device_scope, wrapped
 from .sparse_reference import BLOCK, EXTRA_MAX
 
 __all__ = ["sparse_attn", "check_sparse_args"]
@@ -146,8 +147,9 @@ def sparse_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: float = 
     """
     scale, sinks, sinks_q, topk_ratio, out_layout = check_sparse_args(
         q, k, v, tau, tensor_layout, scale, sink_blocks, sink_q, topk_ratio, extra_tokens, out_layout)
-    if torch.compiler.is_compiling():
-        # torch.compile traces the custom op (fake shapes below), as ``api.sageattn``'s dense one
+    if torch.compiler.is_compiling() or wrapped(q, k, v):
+        # torch.compile traces the custom op (fake shapes below), as ``api.sageattn``'s dense one; wrapper
+        # subclasses (AsyncCollectiveTensor) too: the op's dispatch waits on and unwraps them.
         from . import api
         from .arch import arch_for_device
 
@@ -160,8 +162,9 @@ def sparse_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: float = 
         return res[0] if len(res) == 1 else res
     from . import sparse_launch
 
-    return sparse_launch.run(q, k, v, float(tau), tensor_layout, scale, sinks, sinks_q, topk_ratio, int(extra_tokens),
-                             bool(return_lse), bool(return_density), out_layout, config)
+    with device_scope(q.device):  # every launch and allocation on the inputs' device (``devices``)
+        return sparse_launch.run(q, k, v, float(tau), tensor_layout, scale, sinks, sinks_q, topk_ratio,
+                                 int(extra_tokens), bool(return_lse), bool(return_density), out_layout, config)
 
 
 _CFG_FIELDS = ("qk_quant_gran", "pv_precision", "pv_accum_dtype", "fp8_format", "block_m", "block_n", "num_warps",
@@ -181,11 +184,17 @@ def _sparse_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: float, 
                  rotation_tiles: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     from . import sparse_launch
 
+    if wrapped(q, k, v):
+        kind = type(next(t for t in (q, k, v) if wrapped(t))).__name__
+        raise TypeError(f"sparse_attn cannot read a {kind} by pointer and its dispatch did not unwrap it: "
+                        "pass plain tensors")
     cfg = KernelConfig(qk_quant_gran, pv_precision, pv_accum_dtype, fp8_format or None, block_m, block_n, num_warps,
                        num_stages, use_tma=use_tma, max_registers=max_registers, shared_kv_min_len=shared_kv_min_len,
                        v_residual=v_residual, pdl=pdl, qk_rotation=qk_rotation, rotation_tiles=rotation_tiles)
-    out, lse, density = sparse_launch.run(q, k, v, tau, layout, scale, tuple(sinks) or None, tuple(sinks_q) or None,
-                                          topk_ratio or None, extra_tokens, True, True, out_layout, cfg)
+    with device_scope(q.device):
+        out, lse, density = sparse_launch.run(q, k, v, tau, layout, scale, tuple(sinks) or None,
+                                              tuple(sinks_q) or None, topk_ratio or None, extra_tokens, True, True,
+                                              out_layout, cfg)
     return out, lse if return_lse else lse.new_empty((0,)), density
 
 

@@ -165,3 +165,43 @@ def test_the_rope_kernel_leaves_wrapper_subclasses_to_comfyui():
     assert rope.unsupported(AsyncCollectiveTensor(x), freqs) == "not plain tensors"
     assert rope.unsupported(x, AsyncCollectiveTensor(freqs)) == "not plain tensors"
 
+
+
+def test_every_sparse_launch_runs_under_the_inputs_device(fake_devices, seed):
+    """``sparse_attn``: the pooling, the router, the quantization and the sparse kernel, eager and
+    through its custom op, each launched under the inputs' device, the guard restored after."""
+    q, k, v = (torch.randn(1, 200, 2, 32, dtype=torch.float16) for _ in range(3))
+    kernels.sparse_attn(q, k, v, 0.5)
+    from sagetriton.kernels import api, sparse_api
+    from sagetriton.kernels.arch import arch_for_device
+
+    cfg = api._resolved_config(arch_for_device(q.device), 32, None, None, None)
+    torch.ops.sagetriton.sparse_attention(q, k, v, 0.5, "NHD", 32 ** -0.5, [], [], 0.0, 0, True, "NHD",
+                                          *sparse_api._cfg_fields(cfg))
+    names = {name for name, _ in fake_devices}
+    assert {"pool_kernel", "route_kernel", "sparse_attention_kernel"} <= names, names
+    unguarded = [(name, dev) for name, dev in fake_devices if dev != torch.device("cpu")]
+    assert not unguarded, unguarded
+    assert FakeGuard.local.current is None
+
+
+def test_sparse_attn_waits_on_async_collective_tensors(seed, monkeypatch):
+    """Wrapper subclasses go through ``sagetriton::sparse_attention``, whose dispatch unwraps them: no
+    sparse launch gets one as an argument, and the result is the plain tensors' bit for bit."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    launched = []
+    run = InterpretedFunction.run
+
+    def noting_run(self, *args, **kwargs):
+        launched.extend(type(a).__name__ for a in args if isinstance(a, torch.Tensor))
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(InterpretedFunction, "run", noting_run)
+    q, k, v = (torch.randn(1, 200, 2, 32, dtype=torch.float16) for _ in range(3))
+    expected, expected_lse = kernels.sparse_attn(q, k, v, 0.5, return_lse=True)
+    out, lse = kernels.sparse_attn(q, AsyncCollectiveTensor(k.clone()), AsyncCollectiveTensor(v.clone()), 0.5,
+                                   return_lse=True)
+    assert type(out) is torch.Tensor and type(lse) is torch.Tensor
+    assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
+    assert launched and set(launched) == {"Tensor"}, set(launched)
