@@ -128,7 +128,7 @@ def shared_kv_cases() -> list:
     """Hopper's Gluon kernel (long sequences) must agree with the portable kernel and be the one that
     ran. Not bit for bit: its row sums add the fp8-rounded P (on the tensor cores), the portable
     kernel's the fp32 P. Elsewhere (or without Gluon) these cases are skipped."""
-    from sagetriton.kernels import api
+    from sagetriton.kernels import api, hopper_host
     from sagetriton.kernels.arch import default_config, detect_arch
 
     cfg = default_config(detect_arch(), 128)
@@ -136,8 +136,8 @@ def shared_kv_cases() -> list:
         print("-- shared-K/V Gluon kernel: not used on this GPU")
         return []
     ran = []
-    real = api._run_shared_kv
-    api._run_shared_kv = lambda *a: ran.append(real(*a)) or ran[-1]
+    real = hopper_host.run_shared_kv
+    hopper_host.run_shared_kv = lambda *a: ran.append(real(*a)) or ran[-1]
     results = []
     n = cfg.shared_kv_min_len
     try:
@@ -193,7 +193,7 @@ def shared_kv_cases() -> list:
                   flush=True)
             results.append(ok)
     finally:
-        api._run_shared_kv = real
+        hopper_host.run_shared_kv = real
     return results
 
 
@@ -419,7 +419,7 @@ def family_cases() -> list:
 def hostile_fast_path_cases() -> list:
     """The hostile inputs on this GPU's own defaults (INT8 P·V's shift with the int8 choice) and, on
     Hopper, through the Gluon kernel (long, unmasked calls): fp8 and int8 P·V."""
-    from sagetriton.kernels import api
+    from sagetriton.kernels import hopper_host
     from sagetriton.kernels.arch import default_config, detect_arch
 
     results = []
@@ -434,8 +434,8 @@ def hostile_fast_path_cases() -> list:
     if not cfg.shared_kv_min_len:
         return results
     ran = []
-    real = api._run_shared_kv
-    api._run_shared_kv = lambda *a: ran.append(real(*a)) or ran[-1]
+    real = hopper_host.run_shared_kv
+    hopper_host.run_shared_kv = lambda *a: ran.append(real(*a)) or ran[-1]
     try:
         for pv in ("fp8", "int8"):
             c_run = cfg.with_pv_choice(pv)
@@ -448,7 +448,7 @@ def hostile_fast_path_cases() -> list:
                       flush=True)
                 results.append(ok and used)
     finally:
-        api._run_shared_kv = real
+        hopper_host.run_shared_kv = real
     return results
 
 

@@ -128,7 +128,7 @@ def long_sequence_kernel(arch: ArchInfo, device, dtype) -> Optional[dict]:
     The runtime falls back to the portable kernel by itself if it cannot build the Gluon kernel; this
     makes that happen here, once, in front of the user, and catches wrong numbers, which no fallback
     would. A failure turns the long-sequence kernel off, not the variant. Never raises."""
-    from ..kernels import api, hopper_gluon, tail_split
+    from ..kernels import api, hopper_gluon, hopper_host, tail_split
 
     cfg = default_config(arch, 128)
     if not cfg.shared_kv_min_len or getattr(device, "type", None) != "cuda":
@@ -143,7 +143,7 @@ def long_sequence_kernel(arch: ArchInfo, device, dtype) -> Optional[dict]:
     heads = tail_split.heads_with_split_tail(*hopper_gluon.grid(lq, lk), api.sm_count(device))
     acc = accuracy(default_variant(arch), [(1, heads, lq, lk, 128)], device, dtype)
     result.update(acc, seconds=round(time.perf_counter() - t0, 2))
-    error = api.shared_kv_error()
+    error = hopper_host.shared_kv_error()
     if error is not None:
         result.update(ok=False, error=error)
     return result

@@ -86,7 +86,7 @@ def stop() -> list:
 
 
 def note_launch(kernel, grid, args: tuple, kwargs: dict, compiled=None) -> None:
-    """Called by ``api._launch`` after each launch; ``compiled``: what ``kernel[grid](...)`` returned."""
+    """Called by ``launch._launch`` after each launch; ``compiled``: what ``kernel[grid](...)`` returned."""
     launches = getattr(_local, "launches", None)
     if launches is not None:
         direct = None

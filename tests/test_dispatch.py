@@ -537,9 +537,10 @@ def launches(monkeypatch, pack):
     """The kernel launches of the calls made in the test, recorded instead of run (the cross-compile
     check's hook), as outside the interpreter: where the Gluon kernel is planned."""
     from sagetriton.installer.crosscompile import record_launches
-    from sagetriton.kernels import api
+    from sagetriton.kernels import checks, hopper_host, host, host_quant
 
-    monkeypatch.setattr(api, "interpreter_enabled", lambda: False)
+    for m in (checks, host, host_quant, hopper_host):
+        monkeypatch.setattr(m, "interpreter_enabled", lambda: False)
     with record_launches() as recorded:
         yield recorded
 

@@ -7,7 +7,7 @@ whose launches differ (layouts, masks, LSE, GQA, 8-bit V, the rotation).
 import pytest
 import sagetriton.kernels as kernels
 import torch
-from sagetriton.kernels import api, replay
+from sagetriton.kernels import api, host, replay
 from sagetriton.kernels.arch import KernelConfig
 
 
@@ -30,7 +30,7 @@ def forbid_host_work(monkeypatch):
     def forbidden(*a, **kw):
         raise AssertionError("a replayed call planned its launches again")
 
-    monkeypatch.setattr(api, "_plan_call", forbidden)
+    monkeypatch.setattr(host, "_plan_call", forbidden)
 
 
 CASES = {
@@ -174,13 +174,13 @@ def test_large_container_calls_release_their_inputs_instead(seed, replaying, mon
 
     monkeypatch.setattr(replay, "MAX_BYTES", 1000)
     seen = []
-    real = api._launch_attention
+    real = host._launch_attention
 
     def spy(plan, *args, **kwargs):
         seen.append([r() is None for r in refs])
         return real(plan, *args, **kwargs)
 
-    monkeypatch.setattr(api, "_launch_attention", spy)
+    monkeypatch.setattr(host, "_launch_attention", spy)
     tensors = list(inputs())
     refs = [weakref.ref(t) for t in tensors]
     expected = kernels.sageattn(*tensors)
