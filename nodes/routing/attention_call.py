@@ -11,6 +11,7 @@ from typing import Any, Optional
 import torch
 
 from ...kernels.arch import interpreter_enabled
+from ..reporting.reasons import Reason
 from . import call_cache
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
@@ -20,10 +21,10 @@ PASSIVE_KWARGS = call_cache.PASSIVE_KWARGS
 # kwargs we understand: scale -> sm_scale, enable_gqa (kernel does GQA), low_precision_attention.
 HANDLED_KWARGS = frozenset({"scale", "enable_gqa", "low_precision_attention"})
 # A caller's arguments: the call goes where ComfyUI's attention takes it, nothing is turned off.
-BAD_SCALE = "scale not a finite number"
-EMPTY_CALL = "empty q or k (no batch or no tokens)"
+BAD_SCALE = Reason.BAD_SCALE
+EMPTY_CALL = Reason.EMPTY_CALL
 # Autograd through the kernel: it has no backward, ComfyUI's attention has (LoRA training, gradient guidance).
-NEEDS_GRAD = "needs gradients (training)"
+NEEDS_GRAD = Reason.NEEDS_GRAD
 
 
 def _bind_backend_arguments(q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False,
@@ -125,9 +126,9 @@ def normalize_mask(call: AttentionCall) -> tuple[Optional[torch.Tensor], Optiona
     if mask is None:
         return None, None
     if not isinstance(mask, torch.Tensor):
-        return None, "mask is not a tensor"
+        return None, Reason.MASK_NOT_TENSOR
     if mask.dtype.is_complex:
-        return None, f"mask dtype {str(mask.dtype).replace('torch.', '')}"
+        return None, Reason.MASK_DTYPE.of(str(mask.dtype).replace('torch.', ''))
     if mask.dtype != torch.bool and not mask.dtype.is_floating_point:
         # An integer mask (Lumina 2's raw caption mask on ComfyUI 0.3.75) is a bias added to the scores,
         # as ComfyUI's own backends add it and as SDPA treats a float mask: the same values as q's dtype.
@@ -137,12 +138,12 @@ def normalize_mask(call: AttentionCall) -> tuple[Optional[torch.Tensor], Optiona
     if mask.ndim == 3:
         mask = mask.unsqueeze(1)
     if mask.ndim != 4:
-        return None, f"mask with {call.mask.ndim} dimensions"
+        return None, Reason.MASK_RANK.of(call.mask.ndim)
     for have, want in zip(mask.shape, (call.batch, call.heads, call.q_len, call.k_len), strict=True):
         if have not in (1, want):
-            return None, "mask shape not broadcastable to (B, H, Lq, Lk)"
+            return None, Reason.MASK_SHAPE
     if mask.device != call.q.device:
-        return None, "mask on another device"
+        return None, Reason.MASK_DEVICE
     return mask, None
 
 
@@ -155,21 +156,21 @@ def call_fallback_reason(call: AttentionCall) -> Optional[str]:
     """Why the kernel cannot take this call whatever the GPU and settings; None when it can."""
     extra = call.semantic_kwargs
     if extra.get("low_precision_attention", True) is False:
-        return "accuracy-critical call (low_precision_attention=False)"
+        return Reason.LOW_PRECISION_OFF
     unknown = sorted(set(extra) - HANDLED_KWARGS)
     if unknown:
-        return f"unsupported argument {unknown[0]!r}"
+        return Reason.UNSUPPORTED_ARGUMENT.of(unknown[0])
     q, k, v = call.q, call.k, call.v
     if not device_supported(q.device):
-        return f"{q.device.type} device is not a CUDA/ROCm GPU"
+        return Reason.NOT_A_GPU.of(q.device.type)
     if q.dtype not in KERNEL_DTYPES:
-        return f"dtype {str(q.dtype).replace('torch.', '')}"
+        return Reason.DTYPE.of(str(q.dtype).replace('torch.', ''))
     if k.dtype != q.dtype or v.dtype != q.dtype:
-        return "q, k, v dtypes differ"
+        return Reason.DTYPES_DIFFER
     if call.attn_precision == torch.float32:
-        return "fp32 attn_precision requested"
+        return Reason.FP32_PRECISION
     if not (1 <= call.head_dim <= MAX_HEAD_DIM):
-        return f"head_dim {call.head_dim} outside 1..{MAX_HEAD_DIM}"
+        return Reason.HEAD_DIM.of(call.head_dim, MAX_HEAD_DIM)
     if call.batch == 0 or call.q_len == 0 or call.k_len == 0:
         return EMPTY_CALL
     if not _finite_scale(extra.get("scale")):
@@ -178,9 +179,9 @@ def call_fallback_reason(call: AttentionCall) -> Optional[str]:
     if problem is not None:
         return problem
     if call.kv_heads < 1 or call.heads % call.kv_heads:
-        return "query heads not a multiple of key heads"
+        return Reason.HEADS_NOT_MULTIPLE
     if call.v_head_dim != call.head_dim:
-        return "v head size differs from q/k"
+        return Reason.V_HEAD_SIZE
     return normalize_mask(call)[1]
 
 
@@ -196,23 +197,23 @@ def _shape_problem(call: AttentionCall) -> Optional[str]:
     q, k, v = call.q, call.k, call.v
     if call.skip_reshape:
         if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-            return "q, k, v not (B, H, L, D)"
+            return Reason.NOT_BHLD
         k_len_v = v.shape[2]
     else:
         if q.shape[-1] != call.heads * call.head_dim:
-            return "q width not a multiple of heads"
+            return Reason.Q_WIDTH
         if (k.ndim == 3 and k.shape[-1] != call.kv_heads * call.head_dim) or (
                 v.ndim == 3 and v.shape[-1] != call.kv_heads * call.v_head_dim):
-            return "k or v width not a multiple of heads"
+            return Reason.KV_WIDTH
         if k.ndim not in (3, 4) or v.ndim not in (3, 4):
-            return "k or v neither (B, L, H*D) nor (B, L, H, D)"
+            return Reason.KV_RANK
         k_len_v = v.shape[1]
     if k.shape[0] != call.batch or v.shape[0] != call.batch:
-        return "q, k, v batch sizes differ"
+        return Reason.BATCHES_DIFFER
     if k.device != q.device or v.device != q.device:
-        return "q, k, v on different devices"
+        return Reason.DEVICES_DIFFER
     if k_len_v != call.k_len:
-        return "k and v lengths differ"
+        return Reason.KV_LENGTHS_DIFFER
     return None
 
 

@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from ..reporting.reasons import Reason
 from . import dispatch
 from .dispatch import NEEDS_GRAD, PatchState, bind_call, comfy_output, kernel_inputs, needs_grad, normalize_mask
 
@@ -92,7 +93,7 @@ def dispatch_containers(state: PatchState, args: tuple, kwargs: dict, backend: O
     try:
         call = bind_call((args[0].peek(), args[1].peek(), args[2].peek(), *args[3:]), kwargs)
     except (TypeError, ValueError, AttributeError) as e:
-        state.runs.fallback("unrecognised call signature", str(e))
+        state.runs.fallback(Reason.UNRECOGNISED_CALL, str(e))
         return run_fallback(state, args, kwargs, None, backend)
     reason, plan = state.decide(call)
     if reason is None:

@@ -21,6 +21,7 @@ from ..backends import fallback as fb
 from ..config.install_report import NoReport
 from ..config.planner import KernelPlan, KernelPlanner
 from ..config.settings import DEFAULT_SETTINGS, SageSettings
+from ..reporting.reasons import Reason
 from ..reporting.stats import RunLog, RunTally
 from .attention_call import (
     BAD_SCALE,
@@ -47,8 +48,8 @@ __all__ = ["PatchState", "AttentionCall", "bind_call", "kernel_inputs", "comfy_o
 
 # Kernel variants that failed to compile or run: disabled until ComfyUI restarts. key -> cause.
 _disabled_variants: dict[tuple, str] = {}
-VARIANT_DISABLED = "kernel failed (variant disabled until restart)"
-REFUSED_ARGUMENTS = "arguments the kernel refuses (the caller's; nothing disabled)"
+VARIANT_DISABLED = Reason.VARIANT_DISABLED
+REFUSED_ARGUMENTS = Reason.REFUSED_ARGUMENTS
 NOT_SPARSE = object()  # ``sparse_calls.SparseRouter.dispatch``: the call goes on to the dense dispatcher
 
 
@@ -56,11 +57,11 @@ def fallback_reason(call: AttentionCall, plan: KernelPlan) -> Optional[str]:
     """Why the kernel plan for this GPU and head size does not take the call (a call that passed
     ``call_fallback_reason``); None when it does."""
     if plan.config is None:
-        return "no kernel variant passed the install self-test"
+        return Reason.NO_VARIANT
     if call.k_len < plan.min_seq_len:
-        return f"key length < {plan.min_seq_len}"
+        return Reason.KEY_TOO_SHORT.of(plan.min_seq_len)
     if call.batch * call.heads * call.q_len * call.k_len < plan.min_work:
-        return f"work per call < {plan.min_work_text} (batch x heads x Lq x Lk)"
+        return Reason.WORK_TOO_SMALL.of(plan.min_work_text)
     return None
 
 
@@ -144,7 +145,7 @@ class PatchState:
         """(fallback reason or None, the plan the call reached or None)."""
         reason = call_fallback_reason(call)
         if reason is None and self._full_precision_step(call.transformer_options):
-            reason = "full-precision step"
+            reason = Reason.FULL_PRECISION_STEP
         if reason is not None:
             return reason, None
         plan = self.planner.plan(self.arch_for(call.q.device), call.head_dim)
@@ -256,7 +257,7 @@ class PatchState:
         try:
             call = bind_call(args, kwargs)
         except (TypeError, ValueError, AttributeError) as e:
-            self.runs.fallback("unrecognised call signature", str(e))
+            self.runs.fallback(Reason.UNRECOGNISED_CALL, str(e))
             return self.run_fallback(func, args, kwargs, None)
         reason, plan = self._decide(call)
         reached = plan if plan is not None and plan.config is not None else None
