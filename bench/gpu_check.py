@@ -202,7 +202,7 @@ def replay_cases() -> list:
     launchers (``kernels/launcher.py``): the same bits as the call worked out in full on the same inputs,
     for every path whose launches differ; and inputs whose alignment differs from the recorded call's
     (a kernel specialized for aligned pointers must not see them) go through ``kernel[grid]`` instead."""
-    from sagetriton.kernels import api, replay
+    from sagetriton.kernels import api, failures, replay
     from sagetriton.kernels.arch import default_config, detect_arch
 
     base = default_config(detect_arch(), 128)
@@ -227,7 +227,7 @@ def replay_cases() -> list:
 
         replay.clear()
         call(qkv(**shape))  # recorded
-        rec = next(iter(replay._recordings.values()), None)
+        rec = next(iter(failures.memory.replays.values()), None)
         fresh = qkv(**shape)
         again = call(fresh)  # replayed
         replay.clear()
@@ -237,7 +237,7 @@ def replay_cases() -> list:
         # Misaligned inputs (views starting one element into their storage) must skip the launchers built
         # for aligned pointers and give what the unrecorded path gives on them. Not necessarily the aligned
         # inputs' bits: Triton picks its register layouts, hence the order of float sums, by alignment.
-        rec = next(iter(replay._recordings.values()), None)
+        rec = next(iter(failures.memory.replays.values()), None)
         odd = [torch.empty(x.numel() + 1, device="cuda", dtype=x.dtype)[1:].view_as(x).copy_(x) for x in fresh]
         shifted = call(odd)
         skipped = rec is not None and rec.direct_calls == 0

@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 
-from . import devices, footprint, hopper_gluon, hopper_lse, launch, tail_split
+from . import devices, failures, footprint, hopper_gluon, hopper_lse, launch, tail_split
 from .arch import KernelConfig, interpreter_enabled
 from .build_errors import root_cause
 from .footprint import head_dim_padded
@@ -28,24 +28,25 @@ def uses_long_sequence_kernel(cfg: KernelConfig, q_len: int, head_dim: int, mask
 
 
 
-_shared_kv_error: Optional[str] = None  # why the Gluon kernel could not run here (then never tried again)
-_shared_kv_lse_error: Optional[str] = None  # the same for its LSE twins alone (calls without the LSE keep it)
+# Why the Gluon kernel could not run here (then never tried again), and the same for its LSE twins alone (calls
+# without the LSE keep it): ``failures.memory.gluon`` and ``.gluon_lse``.
+_memory = failures.memory
 
 
 def shared_kv_error() -> Optional[str]:
     """None while Hopper's Gluon kernel works (or was never needed), else why it failed in this process."""
-    return _shared_kv_error
+    return _memory.gluon
 
 
 def errors() -> tuple:
     """(the Gluon kernel's error, its LSE twins' error) in this process, None where they work."""
-    return _shared_kv_error, _shared_kv_lse_error
+    return _memory.gluon, _memory.gluon_lse
 
 
 def shared_kv_plan(n_heads: int, LQ: int, LK: int, device):
     """(whole CTAs, shares per tail CTA, split CTAs, hand-over flags, row max/sum workspace) of the Gluon
     kernel's split last wave (``tail_split``) for ``n_heads`` = B·H query heads; None where it cannot run."""
-    if _shared_kv_error is not None or not hopper_gluon.AVAILABLE or interpreter_enabled():
+    if _memory.gluon is not None or not hopper_gluon.AVAILABLE or interpreter_enabled():
         return None
     g = hopper_gluon
     ctas_per_head, key_tiles = g.grid(LQ, LK)
@@ -67,7 +68,6 @@ def run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, v_tile_bias, oh, dims, p
     False (and the portable kernel from then on, logged once) if this Triton cannot build or launch it.
     With ``pdl`` the whole CTAs may start while the V conversion ends (they wait for its output). ``lse``:
     the (B, H, LQ) LSE to write (its kernels' twins), plus ``qbias`` where K was smoothed."""
-    global _shared_kv_error, _shared_kv_lse_error
     H, H_KV, LQ, LK, D = dims
     # The kernel tells the compiler its output rows are 16-byte aligned with contiguous channels.
     assert oh.stride(3) == 1 and D % 8 == 0, "the Gluon kernel writes only our own (.., D % 8 == 0) outputs"
@@ -96,13 +96,13 @@ def run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, v_tile_bias, oh, dims, p
         if launch.hooked():  # the cross-compile check must see the error
             raise
         if lse is not None:
-            _shared_kv_lse_error = root_cause(e)
+            _memory.gluon_lse = root_cause(e)
             logger.warning("Hopper Gluon kernel with the LSE unavailable with this Triton (%s); the portable kernel "
-                           "runs calls that ask for the LSE instead", _shared_kv_lse_error)
+                           "runs calls that ask for the LSE instead", _memory.gluon_lse)
             return False
-        _shared_kv_error = root_cause(e)
+        _memory.gluon = root_cause(e)
         logger.warning("Hopper Gluon kernel unavailable with this Triton (%s); the portable kernel runs "
-                       "every call instead (a few %% slower from 4.6K tokens)", _shared_kv_error)
+                       "every call instead (a few %% slower from 4.6K tokens)", _memory.gluon)
         return False
     return True
 

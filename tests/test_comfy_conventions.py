@@ -17,7 +17,7 @@ import pytest
 import torch
 from attention_cases import comfy_args, exact_attention, random_qkv, reference_backend
 from current_comfy import Holder, PreferredAttentionLayer, current_wrap_attn, layer_config_tensor
-from sagetriton.kernels import api, host
+from sagetriton.kernels import api, failures, host
 from sagetriton.kernels.reference import cosine
 from sagetriton.nodes.config.settings import SageSettings
 from sagetriton.nodes.routing import containers, dispatch
@@ -33,12 +33,10 @@ global_backend = current_wrap_attn(reference_backend)
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch):
     reference_backend.calls = 0
-    dispatch._disabled_variants.clear()
-    containers._proven_variants.clear()
+    failures.reset()
     monkeypatch.setattr(containers, "comfy_backend", lambda: global_backend)  # the emulated ComfyUI's global
     yield
-    dispatch._disabled_variants.clear()
-    containers._proven_variants.clear()
+    failures.reset()
 
 
 def patched_options(settings=ALWAYS_KERNEL, previous=None):

@@ -14,6 +14,7 @@ from typing import Optional
 
 import torch
 
+from ...kernels import failures
 from ...kernels.arch import ArchInfo, arch_for_device
 from ...kernels.build_errors import root_cause
 from ...kernels.log import logger
@@ -42,12 +43,13 @@ from .schedule import is_full_precision_step
 
 # The call's own names, reached through ``dispatch`` by the other routing modules and the tests.
 __all__ = ["PatchState", "AttentionCall", "bind_call", "kernel_inputs", "comfy_output", "normalize_mask",
-           "needs_grad", "caller_error", "call_fallback_reason", "fallback_reason", "disable_variant",
+           "needs_grad", "caller_error", "call_fallback_reason", "fallback_reason", "variant_key", "disable_variant",
            "disabled_variants", "BAD_SCALE", "EMPTY_CALL", "NEEDS_GRAD", "REFUSED_ARGUMENTS", "VARIANT_DISABLED",
            "NOT_SPARSE"]
 
-# Kernel variants that failed to compile or run: disabled until ComfyUI restarts. key -> cause.
-_disabled_variants: dict[tuple, str] = {}
+# Kernel variants that failed to compile or run: disabled until ComfyUI restarts (``failures.memory.variants``,
+# key -> cause).
+_memory = failures.memory
 VARIANT_DISABLED = Reason.VARIANT_DISABLED
 REFUSED_ARGUMENTS = Reason.REFUSED_ARGUMENTS
 NOT_SPARSE = object()  # ``sparse_calls.SparseRouter.dispatch``: the call goes on to the dense dispatcher
@@ -65,7 +67,7 @@ def fallback_reason(call: AttentionCall, plan: KernelPlan) -> Optional[str]:
     return None
 
 
-def _variant_key(plan: KernelPlan, settings: SageSettings, call: AttentionCall, mask) -> tuple:
+def variant_key(plan: KernelPlan, settings: SageSettings, call: AttentionCall, mask) -> tuple:
     cfg = plan.config
     # With the shape class (powers of two of batch x heads, Lq, Lk): a launch that fails for one size
     # (e.g. a grid limit) turns the variant off for that size only, not for every call.
@@ -246,7 +248,7 @@ class PatchState:
                 if route == COMFY_MATH:
                     self.runs.fallback(decision.reason)
                     return self._call_comfy_side(func, args, kwargs, math_only=True)
-                if route == KERNEL and decision.variant not in _disabled_variants:
+                if route == KERNEL and decision.variant not in _memory.variants:
                     call = bind_call(args, kwargs)
                     return self._kernel_or_fallback(func, args, kwargs, call, decision.plan,
                                                     normalize_mask(call)[0], decision.variant)
@@ -263,10 +265,10 @@ class PatchState:
         reached = plan if plan is not None and plan.config is not None else None
         if reason is None:
             mask = normalize_mask(call)[0]
-            variant = _variant_key(plan, self.settings, call, mask)
+            variant = variant_key(plan, self.settings, call, mask)
             if key is not None:
                 self._calls.put(key, Decision(None, KERNEL, reached, variant))
-            if variant not in _disabled_variants:
+            if variant not in _memory.variants:
                 return self._kernel_or_fallback(func, args, kwargs, call, plan, mask, variant)
             reason = VARIANT_DISABLED
         elif key is not None:
@@ -297,11 +299,11 @@ class PatchState:
 
 def disable_variant(variant: tuple, plan: KernelPlan, error: Exception) -> None:
     """Turn ``variant`` off until ComfyUI restarts, after a kernel failure on a well-formed call."""
-    _disabled_variants[variant] = root_cause(error)
+    _memory.variants[variant] = root_cause(error)
     logger.warning("[SageTriton] kernel %s failed on %s (%s); this variant is disabled until ComfyUI restarts, "
-                   "the fallback runs instead.", plan.config, plan.arch.arch, _disabled_variants[variant])
+                   "the fallback runs instead.", plan.config, plan.arch.arch, _memory.variants[variant])
 
 
 def disabled_variants() -> dict[tuple, str]:
     """Kernel variants disabled in this process after a failure, with the cause."""
-    return dict(_disabled_variants)
+    return dict(_memory.variants)
