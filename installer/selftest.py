@@ -13,7 +13,7 @@ import time
 from typing import Optional
 
 from ..kernels.arch import PV_ACCUM_DTYPES, QK_QUANT_GRANS, ArchInfo, default_config, supported_choices
-from ..kernels.build_errors import root_cause
+from ..kernels.build_errors import is_oom, root_cause
 from .report import CROSSOVER_BATCH, CROSSOVER_HEADS, variant_name
 
 # A broken build (miscompile, wrong layout) lands far below these; a correct one is ~0.9993+ / ~0.03.
@@ -201,12 +201,6 @@ def format_rope_kernel(r: Optional[dict]) -> Optional[str]:
     if r.get("ok"):
         return "RoPE kernel (Flux, Chroma, HiDream, Wan): ok, ComfyUI's bits"
     return f"RoPE kernel: OFF, ComfyUI's own RoPE runs ({(r.get('error') or '?')[:160]})"
-
-
-def is_oom(e: BaseException) -> bool:
-    """Out of GPU memory (another program, or ComfyUI sampling next to the first-start self-test): says nothing
-    about the kernel, so the variant is not turned off for it."""
-    return type(e).__name__ == "OutOfMemoryError" or "out of memory" in str(e).lower()
 
 
 def _short_error(e: BaseException) -> str:

@@ -21,8 +21,8 @@ from typing import Optional
 
 import torch
 
-from ...installer.selftest import is_oom
 from ...kernels import failures
+from ...kernels.build_errors import is_oom
 from ...kernels.log import logger
 from ..reporting import stats
 from .dispatch import PatchState
