@@ -21,6 +21,7 @@ from typing import Optional
 
 from ..kernels.arch import ArchInfo, residual_crossover_factor
 from ..kernels.log import logger
+from . import report_facts
 from .report_validation import SCHEMA, report_problem
 
 # The crossover is measured for calls of this many batch x heads (cond + uncond, Flux / SD3-like heads):
@@ -271,11 +272,12 @@ _generation = 0  # bumped whenever the cache is dropped: lets callers keep decis
 
 
 class _Entry:
-    __slots__ = ("key", "stamp", "report", "problem", "path")
+    __slots__ = ("key", "stamp", "report", "problem", "path", "facts")
 
     def __init__(self, key, stamp, found) -> None:
         self.key, self.stamp = key, stamp
         self.report, self.problem, self.path = found
+        self.facts = report_facts.parse(self.report)  # parsed once per read, so once per file change
 
 
 def invalidate_cache() -> None:
@@ -350,65 +352,48 @@ def variant_name(qk_quant_gran: str, pv_precision: str, pv_accum_dtype: str) -> 
     return f"{qk_quant_gran}/{pv_precision}/{pv_accum_dtype}"
 
 
+def current_facts(arch: Optional[ArchInfo] = None) -> report_facts.ReportFacts:
+    """The running GPU's report as typed, frozen answers (``report_facts``; their defaults without a report)."""
+    return _current(arch).facts
+
+
 def measured_crossover(arch: Optional[ArchInfo] = None, head_dim: int = 128) -> Optional[int]:
     """Key length from which the kernel beats SDPA on this GPU at this head size (the nearest measured
     one); None when not measured (use the table default)."""
-    r = current_report(arch)
-    return crossover_seq_len((r or {}).get("crossover") or {}, head_dim)
+    return current_facts(arch).crossover_seq_len(head_dim)
 
 
 def crossover_seq_len(cross: dict, head_dim: int = 128) -> Optional[int]:
     """The dispatcher's key length for ``head_dim`` from a ``selftest.measure_crossovers`` result."""
-    by_dim = {int(d): c for d, c in (cross.get("by_head_dim") or {}).items()}
-    if cross.get("head_dim") is not None:
-        by_dim.setdefault(int(cross["head_dim"]), cross)
-    if by_dim:
-        cross = by_dim[min(by_dim, key=lambda d: (abs(d - head_dim), -d))]
-    if cross.get("kernel_never_faster"):
-        # Slower at every measured length: SDPA up to twice the longest one (the kernel may still win beyond).
-        longest = max((t["seq_len"] for t in cross.get("timings", []) if "seq_len" in t), default=None)
-        return None if longest is None else 2 * longest
-    return cross.get("seq_len")
+    entries = report_facts.crossover_entries(cross)
+    return report_facts.ReportFacts(crossovers=entries, crossover=None if entries else
+                                    report_facts.entry_seq_len(cross)).crossover_seq_len(head_dim)
 
 
 def measured_pv_choice(arch: Optional[ArchInfo] = None, head_dim: int = 128) -> Optional[tuple]:
     """(P·V precision, {precision: ms}) install.py found fastest here for ``head_dim``, or None. Taken
     from the measured size nearest ``head_dim`` (64 for 40-96, 128 above)."""
-    by = ((current_report(arch) or {}).get("pv_choice") or {}).get("by_head_dim") or {}
-    sizes = sorted(int(d) for d in by)
-    if not sizes:
-        return None
-    e = by[str(min(sizes, key=lambda s: (abs(s - head_dim), -s)))]
-    return (e["choice"], dict(e.get("ms", {}))) if e.get("choice") else None
+    return current_facts(arch).pv_choice(head_dim)
 
 
 def disabled_variants(arch: Optional[ArchInfo] = None) -> frozenset:
     """Variant names (``variant_name``) that failed to build or self-test here: the runtime must not pick them."""
-    r = current_report(arch)
-    return frozenset((r or {}).get("disabled_variants", ()))
+    return current_facts(arch).disabled_variants
 
 
 def sdpa_default_safe(arch: Optional[ArchInfo] = None) -> Optional[bool]:
     """RDNA4: whether torch's default SDPA survived the child-process probe. None: not probed (other GPUs)."""
-    r = current_report(arch)
-    return (r or {}).get("sdpa_default_safe")
-
-
-def _kernel_check_failed(field: str, arch: Optional[ArchInfo]) -> bool:
-    """Whether the kernel install.py checked on its own under ``field`` failed that check here. Running out
-    of memory during the check says nothing about the kernel."""
-    r = (current_report(arch) or {}).get(field) or {}
-    return r.get("ok") is False and not r.get("oom")
+    return current_facts(arch).sdpa_default_safe
 
 
 def long_sequence_kernel_failed(arch: Optional[ArchInfo] = None) -> bool:
     """Whether the long-sequence kernel (``KernelConfig.shared_kv_min_len``) failed its self-test here."""
-    return _kernel_check_failed("long_sequence_kernel", arch)
+    return current_facts(arch).long_sequence_kernel_failed
 
 
 def rope_kernel_failed(arch: Optional[ArchInfo] = None) -> bool:
     """Whether the RoPE kernel (``kernels.rope``) failed its self-test here: the pack keeps ComfyUI's RoPE."""
-    return _kernel_check_failed("rope_kernel", arch)
+    return current_facts(arch).rope_kernel_failed
 
 
 def is_variant_disabled(cfg, arch: Optional[ArchInfo] = None) -> bool:
