@@ -39,7 +39,7 @@ def _check_inputs(q, k, v, layout: str, attn_mask, is_causal: bool) -> None:
         raise ValueError("q, k and v must be on one device")
     if attn_mask is not None and attn_mask.device != q.device:
         raise ValueError(f"attn_mask is on {attn_mask.device}, q on {q.device}: move it with .to(q.device)")
-    if q.device.type == "cpu" and not interpreter_enabled() and not launch.hooked():
+    if q.device.type == "cpu" and not interpreter_enabled() and launch.hook is None:
         raise RuntimeError("sageattn runs on CUDA/ROCm GPUs; CPU tensors need TRITON_INTERPRET=1 (tests only)")
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be True or False, got {type(is_causal).__name__} {is_causal!r}")

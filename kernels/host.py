@@ -86,7 +86,7 @@ def _run(inputs: list, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, 
     """The call on its inputs' device (``devices``); wrapper subclasses through the custom op, which
     waits on and unwraps them (``in_op``: this is that op's implementation)."""
     if wrapped(*inputs, attn_mask):
-        if in_op or launch.hooked():
+        if in_op or launch.hook is not None:
             kind = type(next(t for t in (*inputs, attn_mask) if wrapped(t))).__name__
             raise TypeError(f"sageattn cannot read a {kind} by pointer and its dispatch did not unwrap it: "
                             "pass plain tensors")
@@ -107,7 +107,7 @@ def _run_on_device(inputs: list, layout, is_causal, sm_scale, attn_mask, return_
     """Replay a recorded call, or work the call out in full (recording it where it may be replayed)."""
     key = None
     # A negative scale quantizes a negated copy of q (``_plan_call``), which a replay would not make.
-    if not launch.hooked() and replay.worth_recording(*inputs) and not (
+    if launch.hook is None and replay.worth_recording(*inputs) and not (
             isinstance(sm_scale, (int, float)) and sm_scale < 0):
         key = replay.call_key(*inputs, attn_mask, cfg, (layout, out_layout, is_causal, sm_scale, return_lse,
                                                         smooth_k, smooth_v))

@@ -25,4 +25,8 @@ Where to find (and change) what decides a run:
 - the RoPE kernel: ``kernels/rope.py``; where it replaces ComfyUI's RoPE: ``routing/rope_hooks.py``.
 - one attention call's checks and layouts: ``routing/attention_call.py``; the kernel library's host side:
   ``kernels/api.py`` (public API), ``checks``, ``host``, ``host_quant``, ``hopper_host``, ``custom_op``, ``launch``.
+- why a call fell back or stayed dense: ``reporting/reasons.py`` (named members; the log level and the run
+  summary's hints match on them); what failed in this process: ``kernels/failures.py`` (one ``reset()``).
+- what install.py measured: ``config/install_report.py``, the one module here that imports ``installer/``
+  (the report itself parsed once per file change into ``installer/report_facts.ReportFacts``).
 """
