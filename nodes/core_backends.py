@@ -63,7 +63,8 @@ def describe_replaced(previous_override, registry: Optional[dict] = None, global
             global_backend = global_backend if global_backend is not None else attention.optimized_attention
         except ImportError:
             registry, global_backend = registry or {}, global_backend
-    from .routing.override_watch import CORE_SPARSE, is_core_sparse
+    from .reporting.sparse_summary import CORE_SPARSE
+    from .routing.override_watch import is_core_sparse
 
     if is_core_sparse(previous_override):
         return CORE_SPARSE
@@ -125,3 +126,16 @@ def register_with_core() -> Optional[str]:
     register(REGISTRY_NAME, func)
     logger.info("[SageTriton] registered as ComfyUI attention backend %r", REGISTRY_NAME)
     return REGISTRY_NAME
+
+
+def describe_outer(override) -> tuple[str, str]:
+    """(the run summary's name for an override on top of the patch's, a short label for the node's panel)."""
+    from .reporting.sparse_summary import CORE_SPARSE
+    from .routing.override_watch import is_core_sparse
+
+    if override is None:
+        return "ComfyUI's own attention (the override was taken off)", "ComfyUI's attention"
+    if is_core_sparse(override):
+        return CORE_SPARSE, CORE_SPARSE
+    name = describe_replaced(override)
+    return name, "Model Attention Backend" if name.endswith("(Model Attention Backend node)") else "another node"

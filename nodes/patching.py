@@ -14,7 +14,7 @@ from .backends.alt_backends import DEFAULT_BACKEND, machine_vendor, runner_for, 
 from .backends.preferred_attention import describe, preferred_layers
 from .config.install_report import InstallReport
 from .config.settings import DEFAULT_SETTINGS, SageSettings
-from .core_backends import describe_replaced, fallback_served_by
+from .core_backends import describe_outer, describe_replaced, fallback_served_by
 from .reporting.run_summary import WRAPPER_KEY, make_outer_sample_wrapper
 from .routing import rope_hooks
 from .routing.dispatch import PatchState
@@ -74,7 +74,7 @@ def patch_model(model, settings: Optional[SageSettings] = None, node_id: Optiona
     apply = comfy.patcher_extension.WrappersMP.APPLY_MODEL
     # First, so outermost: it sees each forward's override as the sampler hands it over
     patched.remove_wrappers_with_key(apply, WATCH_KEY)
-    patched.add_wrapper_with_key(apply, WATCH_KEY, make_override_watch(state))
+    patched.add_wrapper_with_key(apply, WATCH_KEY, make_override_watch(state, describe_outer))
     patched.remove_wrappers_with_key(apply, GUARD_KEY)
     patched.add_wrapper_with_key(apply, GUARD_KEY, make_apply_model_wrapper(state))
     # After the guard, so inside it: the guard's redo runs through the dispatcher, with no plan.

@@ -232,14 +232,20 @@ README_GRAPH = """
 app.graph.clear();
 """ + FREE_CORNER + """
 const add = (type, pos) => { const n = LiteGraph.createNode(type); n.pos = pos; app.graph.add(n); return n; };
-const unet = add("UNETLoader", [20, 40]);
-const settings = add("SageTritonSettings", [20, 200]);
-const patch = add("SageTritonPatchModelAttention", [420, 40]);
+// Sage Settings (the tallest, sparse options included) on the left from the top; the model line beside it.
+const settings = add("SageTritonSettings", [20, 40]);
+const unet = add("UNETLoader", [420, 40]);
+const patch = add("SageTritonPatchModelAttention", [420, 200]);
 const ks = add("KSampler", [820, 40]);
 unet.connect(0, patch, 0); settings.connect(0, patch, 1); patch.connect(0, ks, 0);
-app.canvas.ds.scale = 1; app.canvas.ds.offset = [free[0] + 10, free[1] + 25];  // room for the badges
+// Scaled down only if the graph would not fit the free area (room for the badges above the nodes).
+const bottom = Math.max(...app.graph.nodes.map(n => n.pos[1] + n.size[1])) + 40;
+const right = Math.max(...app.graph.nodes.map(n => n.pos[0] + n.size[0])) + 40;
+const s = Math.min(1, (cv.getBoundingClientRect().height - free[1] - 25) / bottom,
+                   (cv.getBoundingClientRect().width - free[0] - 10) / right);
+app.canvas.ds.scale = s; app.canvas.ds.offset = [(free[0] + 10) / s, (free[1] + 25) / s];
 app.graph.setDirtyCanvas(true, true);
-return {settings: settings.id};
+return {settings: settings.id, free: free, scale: s};
 """
 
 # Test code only: every node's corners (title bar included) as the page shows them: each must be the
@@ -272,13 +278,14 @@ def test_readme_screenshot_of_the_two_nodes(cpu_driver):
     _wait_panel(driver, ids["settings"], f"SageTriton · {status['arch']}", "the info panel")
     time.sleep(0.5)  # one more frame
     full = _shot(driver, "nodes_full.png")
-    assert not driver.execute_script(HIDDEN_CORNERS)
+    assert not driver.execute_script(HIDDEN_CORNERS), ids
     scale = driver.execute_script("return window.devicePixelRatio || 1")
     box = [round(v * scale) for v in driver.execute_script(GRAPH_BOX)]
     box = (box[0] - 10, box[1] - 22, box[2] + 30, box[3] + 20)  # the nodes' source badges sit above them
     lines = driver.execute_script(READ_NODE, ids["settings"])["lines"]
     assert lines[2] == "no GPU: ComfyUI's own attention runs", lines
-    assert "fast_rope" in driver.execute_script(READ_NODE, ids["settings"])["widgets"]  # every input is drawn
+    widgets = driver.execute_script(READ_NODE, ids["settings"])["widgets"]
+    assert "fast_rope" in widgets and "sparse" in widgets and "sparse_extra_tokens" in widgets  # every input drawn
     out = ARTIFACTS / ("nodes.png" if driver.sage_frontend == "pinned" else "nodes_newest.png")
     with image.open(full) as shot:
         shot.crop(box).save(out)
@@ -590,8 +597,8 @@ def test_template_browser_shows_titles_and_thumbnails(cpu_driver):
     print(f"template browser entry after {time.monotonic() - started:.1f} s; fetched: {fetched[:40]}")
     # The frontend fetches each thumbnail and shows it as a blob: three decoded pictures, no placeholders.
     _wait(driver, "const imgs = [...document.querySelectorAll('.p-dialog img')];"
-                  "return imgs.length === 3 && imgs.every(i => i.complete && i.naturalWidth > 100)", 30,
-          "three loaded thumbnails")
+                  "return imgs.length === 3 && imgs.every(i => i.complete && i.naturalWidth > 100)", 90,
+          "three loaded thumbnails")  # decoding waits for the cards' rendering: as long on a loaded machine
     text = driver.execute_script("return document.querySelector('.p-dialog').textContent")
     assert all(name in text for name in EXAMPLES), text[:2000]
     time.sleep(0.5)  # one more frame for the screenshot

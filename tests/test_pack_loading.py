@@ -28,7 +28,7 @@ def test_imports_without_comfyui_as_a_kernel_library():
         assert "triton" not in sys.modules and "torch" not in sys.modules, "import pulled in torch/triton"
         assert pack.NODE_CLASS_MAPPINGS == {{}} and pack.WEB_DIRECTORY == "./web"
         stats = pack.attention_stats()
-        assert stats == {{"kernel": 0, "fallback": {{}}}}, stats
+        assert stats == {{"kernel": 0, "fallback": {{}}, "sparse": 0}}, stats
         from pack.kernels import sageattn
         import torch
         assert not torch.cuda.is_initialized()

@@ -143,7 +143,8 @@ def _take_back_sparse(since: tuple, run: RunTally | None) -> None:
 
 
 def attention_stats() -> dict:
-    """``{"kernel": int, "fallback": {reason: int}}`` for every attention call since start."""
+    """``{"kernel": int, "fallback": {reason: int}, "sparse": int}`` for every attention call since start
+    (sparse: of the kernel calls, those on the sparse kernel)."""
     with _lock:
         return {"kernel": _total_kernel, "fallback": dict(_total_fallback), "sparse": _total_sparse}
 

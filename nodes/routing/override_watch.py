@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..reporting import stats
-from ..reporting.sparse_summary import CORE_SPARSE
 from .dispatch import PatchState
 
 WRAPPER_KEY = "sagetriton_override_watch"
@@ -35,18 +34,6 @@ def is_core_sparse(override) -> bool:
     """Core's "Model Sparse Attention" override: a closure over its per-model options object, which
     has ``dense_reason`` (why a call stays dense) and ``installed`` (the overrides it put on the hook)."""
     return any(hasattr(v, "dense_reason") and hasattr(v, "installed") for v in _closure_values(override))
-
-
-def describe_outer(override) -> tuple[str, str]:
-    """(the run summary's name for the override on top, a short label for the node's panel)."""
-    if override is None:
-        return "ComfyUI's own attention (the override was taken off)", "ComfyUI's attention"
-    if is_core_sparse(override):
-        return CORE_SPARSE, CORE_SPARSE
-    from ..core_backends import describe_replaced
-
-    name = describe_replaced(override)
-    return name, "Model Attention Backend" if name.endswith("(Model Attention Backend node)") else "another node"
 
 
 def counting_shim(override: Callable, counter: list) -> Callable:
@@ -84,7 +71,9 @@ def note_forward(state: PatchState, names: tuple[str, str], calls, reached: int)
         outer["calls"] = outer.get("calls", 0) + calls
 
 
-def make_override_watch(state: PatchState) -> Callable:
+def make_override_watch(state: PatchState, describe: Callable) -> Callable:
+    """``describe(override)``: (the run summary's name, the panel's label) of another override on top
+    (``core_backends.describe_outer``: passed in, as the routing floor does not import core_backends)."""
     def sagetriton_override_watch(executor, *args, **kwargs):
         topts = args[5] if len(args) > 5 else None
         if not isinstance(topts, dict):
@@ -101,7 +90,7 @@ def make_override_watch(state: PatchState) -> Callable:
         finally:
             if current is not None:
                 topts[OVERRIDE_KEY] = current
-            note_forward(state, describe_outer(current), counter[0] if current is not None else None,
+            note_forward(state, describe(current), counter[0] if current is not None else None,
                          _reached(before, stats.thread_calls()))
 
     return sagetriton_override_watch
