@@ -128,7 +128,7 @@ def shared_kv_cases() -> list:
     """Hopper's Gluon kernel (long sequences) must agree with the portable kernel and be the one that
     ran. Not bit for bit: its row sums add the fp8-rounded P (on the tensor cores), the portable
     kernel's the fp32 P. Elsewhere (or without Gluon) these cases are skipped."""
-    from sagetriton.kernels import api
+    from sagetriton.kernels import api, hopper_host
     from sagetriton.kernels.arch import default_config, detect_arch
 
     cfg = default_config(detect_arch(), 128)
@@ -136,8 +136,8 @@ def shared_kv_cases() -> list:
         print("-- shared-K/V Gluon kernel: not used on this GPU")
         return []
     ran = []
-    real = api._run_shared_kv
-    api._run_shared_kv = lambda *a: ran.append(real(*a)) or ran[-1]
+    real = hopper_host.run_shared_kv
+    hopper_host.run_shared_kv = lambda *a: ran.append(real(*a)) or ran[-1]
     results = []
     n = cfg.shared_kv_min_len
     try:
@@ -193,7 +193,7 @@ def shared_kv_cases() -> list:
                   flush=True)
             results.append(ok)
     finally:
-        api._run_shared_kv = real
+        hopper_host.run_shared_kv = real
     return results
 
 
@@ -202,7 +202,7 @@ def replay_cases() -> list:
     launchers (``kernels/launcher.py``): the same bits as the call worked out in full on the same inputs,
     for every path whose launches differ; and inputs whose alignment differs from the recorded call's
     (a kernel specialized for aligned pointers must not see them) go through ``kernel[grid]`` instead."""
-    from sagetriton.kernels import api, replay
+    from sagetriton.kernels import api, failures, replay
     from sagetriton.kernels.arch import default_config, detect_arch
 
     base = default_config(detect_arch(), 128)
@@ -227,7 +227,7 @@ def replay_cases() -> list:
 
         replay.clear()
         call(qkv(**shape))  # recorded
-        rec = next(iter(replay._recordings.values()), None)
+        rec = next(iter(failures.memory.replays.values()), None)
         fresh = qkv(**shape)
         again = call(fresh)  # replayed
         replay.clear()
@@ -237,7 +237,7 @@ def replay_cases() -> list:
         # Misaligned inputs (views starting one element into their storage) must skip the launchers built
         # for aligned pointers and give what the unrecorded path gives on them. Not necessarily the aligned
         # inputs' bits: Triton picks its register layouts, hence the order of float sums, by alignment.
-        rec = next(iter(replay._recordings.values()), None)
+        rec = next(iter(failures.memory.replays.values()), None)
         odd = [torch.empty(x.numel() + 1, device="cuda", dtype=x.dtype)[1:].view_as(x).copy_(x) for x in fresh]
         shifted = call(odd)
         skipped = rec is not None and rec.direct_calls == 0
@@ -419,7 +419,7 @@ def family_cases() -> list:
 def hostile_fast_path_cases() -> list:
     """The hostile inputs on this GPU's own defaults (INT8 P·V's shift with the int8 choice) and, on
     Hopper, through the Gluon kernel (long, unmasked calls): fp8 and int8 P·V."""
-    from sagetriton.kernels import api
+    from sagetriton.kernels import hopper_host
     from sagetriton.kernels.arch import default_config, detect_arch
 
     results = []
@@ -434,8 +434,8 @@ def hostile_fast_path_cases() -> list:
     if not cfg.shared_kv_min_len:
         return results
     ran = []
-    real = api._run_shared_kv
-    api._run_shared_kv = lambda *a: ran.append(real(*a)) or ran[-1]
+    real = hopper_host.run_shared_kv
+    hopper_host.run_shared_kv = lambda *a: ran.append(real(*a)) or ran[-1]
     try:
         for pv in ("fp8", "int8"):
             c_run = cfg.with_pv_choice(pv)
@@ -448,7 +448,7 @@ def hostile_fast_path_cases() -> list:
                       flush=True)
                 results.append(ok and used)
     finally:
-        api._run_shared_kv = real
+        hopper_host.run_shared_kv = real
     return results
 
 

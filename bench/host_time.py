@@ -206,9 +206,9 @@ def bench_shape(label, b, h, n, d, skip_reshape, attention, null, device, dtype,
             row[f"{name}_x_sdpa"] = row["sdpa_wall_ms"] / row[f"{name}_wall_ms"]
     row["kernel_calls"] = kernel_state.run.kernel
     try:  # replays that went straight to the compiled kernels' launchers (kernels/launcher.py)
-        from sagetriton.kernels import replay
+        from sagetriton.kernels import failures
 
-        row["kernel_direct_replays"] = sum(r.direct_calls for r in replay._recordings.values())
+        row["kernel_direct_replays"] = sum(r.direct_calls for r in failures.memory.replays.values())
     except (ImportError, AttributeError):  # a tree from before direct launches
         row["kernel_direct_replays"] = None
     with NoLaunches() if cpu else contextlib.nullcontext():

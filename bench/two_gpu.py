@@ -50,7 +50,7 @@ from common import RESULTS, cosine, environment, import_pack, write_json  # noqa
 
 import_pack()
 from sagetriton.installer import dropin  # noqa: E402
-from sagetriton.kernels import api, replay, rope, sageattention_compat  # noqa: E402
+from sagetriton.kernels import api, failures, replay, rope, sageattention_compat  # noqa: E402
 
 SP_SHAPES = [(75600, 24), (103950, 56)]  # (tokens, heads), head_dim 128
 SAGE_TYPES = ["SAGE_AUTO", "SAGE_FP16", "SAGE_FP16_TRITON", "SAGE_FP8", "SAGE_FP8_SM90"]
@@ -337,7 +337,7 @@ def threads_part(devices=None, shape=WAN, serialize=None) -> list:
     for t in threads:
         t.join()
     seconds = time.perf_counter() - t0
-    keys = {key[-1] for key in replay._recordings}
+    keys = {key[-1] for key in failures.memory.replays}
     rows = []
     for i, dev in enumerate(devices):
         ok = not errors and i in results and torch.equal(results[i], alone[i])

@@ -12,7 +12,7 @@ import os
 import sys
 
 from ..kernels.arch import CPU_ARCH
-from . import doctor, firststart, selftest
+from . import build_diagnosis, doctor, firststart, selftest
 from . import report as rep
 
 
@@ -89,7 +89,7 @@ def build_error_texts(report: dict) -> list:
 def print_report(report: dict, env=None) -> None:
     if report.get("variants"):
         print(selftest.format_variant_table(report["variants"]))
-    known = doctor.explain_build_errors(build_error_texts(report), env)
+    known = build_diagnosis.explain_build_errors(build_error_texts(report), env)
     if known:  # a known (Windows) failure class: say what it is and the one fix, under the table
         print(doctor.format_checks(known))
     off = report.get("disabled_variants", [])

@@ -19,21 +19,19 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from ..kernels.arch import PV_PRECISIONS, ArchInfo, residual_crossover_factor
+from ..kernels.arch import ArchInfo, residual_crossover_factor
 from ..kernels.log import logger
+from . import report_facts
+from .report_validation import SCHEMA, report_problem
 
-SCHEMA = 1
 # The crossover is measured for calls of this many batch x heads (cond + uncond, Flux / SD3-like heads):
 # the dispatcher sends calls with less work per call to the fallback, whatever their length.
 CROSSOVER_BATCH = 2
 CROSSOVER_HEADS = 24
 ENV_DIR = "SAGETRITON_REPORT_DIR"
-# What a report may hold (validated in ``report_problem``, the one place): real reports are a few KB and
-# about 6 levels deep; anything bigger or deeper is tampered and must not reach a reader's recursion.
+# What a report may hold is validated in ``report_validation.report_problem``, the one place; a bigger file is
+# tampered and is not read.
 MAX_REPORT_BYTES = 4 << 20
-MAX_DEPTH = 32
-MAX_SEQ_LEN = 1 << 24  # a crossover key length; x16 (fp8+residual) x2 (never faster) still fits an int32
-MAX_HEAD_DIM = 256
 PACK_DIR = Path(__file__).resolve().parent.parent
 _KERNELS_DIR = PACK_DIR / "kernels"
 
@@ -223,108 +221,6 @@ def save_report(report: dict) -> Path:
     return path
 
 
-def _is_int(v, lo: int = 0, hi: int = MAX_SEQ_LEN) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
-
-
-def _is_head_size_key(d) -> bool:
-    """A JSON key naming a head size: ASCII digits ("²" is a digit to str.isdigit, not to int()), 1..256."""
-    return isinstance(d, str) and d.isascii() and d.isdigit() and len(d) <= 3 and 1 <= int(d) <= MAX_HEAD_DIM
-
-
-def _too_deep(obj, limit: int = MAX_DEPTH) -> bool:
-    """Whether ``obj`` nests deeper than ``limit`` (iterative: the check itself must not recurse)."""
-    stack = [(obj, 1)]
-    while stack:
-        o, depth = stack.pop()
-        if isinstance(o, (dict, list)):
-            if depth > limit:
-                return True
-            stack.extend((v, depth + 1) for v in (o.values() if isinstance(o, dict) else o))
-    return False
-
-
-def _crossover_problem(c, where: str = "crossover") -> Optional[str]:
-    if c is None:
-        return None
-    if not isinstance(c, dict):
-        return f"{where} is {type(c).__name__}, not an object"
-    if c.get("seq_len") is not None and not _is_int(c["seq_len"]):
-        return f"{where}.seq_len is {_short(c['seq_len'])}, not a whole number from 0 to {MAX_SEQ_LEN}"
-    if c.get("head_dim") is not None and not _is_int(c["head_dim"], 1, MAX_HEAD_DIM):
-        return f"{where}.head_dim is {_short(c['head_dim'])}, not a whole number from 1 to {MAX_HEAD_DIM}"
-    if not isinstance(c.get("timings", []), list) or any(
-            not isinstance(t, dict) or ("seq_len" in t and not _is_int(t["seq_len"])) for t in c.get("timings", [])):
-        return f"{where}.timings is not a list of timings with seq_len from 0 to {MAX_SEQ_LEN}"
-    by_dim = c.get("by_head_dim")
-    if by_dim is None:
-        return None
-    if not isinstance(by_dim, dict):
-        return f"{where}.by_head_dim is {type(by_dim).__name__}, not an object"
-    for d, sub in by_dim.items():
-        if not _is_head_size_key(d):
-            return f"{where}.by_head_dim has key {_short(d)}, not a head size 1-{MAX_HEAD_DIM}"
-        problem = _crossover_problem(sub, f"{where}.by_head_dim[{d}]")
-        if problem or (sub or {}).get("by_head_dim") is not None:
-            return problem or f"{where}.by_head_dim[{d}] nests another by_head_dim"
-    return None
-
-
-def report_problem(data, key: Optional[dict] = None) -> Optional[str]:
-    """Why ``data`` is not a usable report (types and ranges of what the runtime reads), or None when it is."""
-    if not isinstance(data, dict):
-        return f"the report is {type(data).__name__}, not an object"
-    if _too_deep(data):
-        return f"nested deeper than {MAX_DEPTH} levels"
-    if data.get("schema") != SCHEMA:
-        return f"schema {_short(data.get('schema'))}, expected {SCHEMA}"
-    if key is not None and data.get("key") != key:
-        return "made for another pack, kernel, torch, triton or GPU"
-    variants = data.get("variants", {})
-    if not isinstance(variants, dict) or any(
-            not isinstance(v, dict) or any(not isinstance(v.get(s, {}), dict) for s in ("build", "selftest"))
-            for v in variants.values()):
-        return "variants is not an object of {build, selftest} objects"
-    off = data.get("disabled_variants", [])
-    if not isinstance(off, list) or any(not isinstance(v, str) for v in off):
-        return "disabled_variants is not a list of names"
-    for field in ("sdpa_default_safe", "complete", "quick"):
-        if data.get(field) is not None and not isinstance(data[field], bool):
-            return f"{field} is {_short(data[field])}, not true/false"
-    if data.get("attempts") is not None and not _is_int(data["attempts"], 1):
-        return f"attempts is {_short(data['attempts'])}, not a whole number >= 1"
-    for field in ("long_sequence_kernel", "rope_kernel"):
-        if data.get(field) is not None and not isinstance(data[field], dict):
-            return f"{field} is not an object"
-    problem = _pv_choice_problem(data.get("pv_choice"))
-    return problem or _crossover_problem(data.get("crossover"))
-
-
-def _pv_choice_problem(c) -> Optional[str]:
-    if c is None:
-        return None
-    by = c.get("by_head_dim") if isinstance(c, dict) else None
-    if not isinstance(by, dict):
-        return "pv_choice is not an object with by_head_dim"
-    for d, e in by.items():
-        if not _is_head_size_key(d) or not isinstance(e, dict):
-            return f"pv_choice.by_head_dim[{_short(d)}] is not a head size's entry"
-        if e.get("choice") is not None and e["choice"] not in PV_PRECISIONS:
-            return f"pv_choice.by_head_dim[{d}].choice is {_short(e['choice'])}, not one of {', '.join(PV_PRECISIONS)}"
-        ms = e.get("ms", {})
-        if not isinstance(ms, dict) or any(not isinstance(t, (int, float)) or isinstance(t, bool) or not t > 0
-                                           for t in ms.values()):
-            return f"pv_choice.by_head_dim[{d}].ms is not an object of positive times"
-    return None
-
-
-def _short(value, limit: int = 60) -> str:
-    """``repr(value)`` cut to ``limit`` characters: a tampered value can be megabytes long."""
-    big = isinstance(value, int) and value.bit_length() >= 200  # repr() refuses ints over 4,300 digits
-    text = f"a {value.bit_length()}-bit number" if big else repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
 def _no_constants(name: str):
     raise ValueError(f"{name} in the report (not JSON)")
 
@@ -376,11 +272,12 @@ _generation = 0  # bumped whenever the cache is dropped: lets callers keep decis
 
 
 class _Entry:
-    __slots__ = ("key", "stamp", "report", "problem", "path")
+    __slots__ = ("key", "stamp", "report", "problem", "path", "facts")
 
     def __init__(self, key, stamp, found) -> None:
         self.key, self.stamp = key, stamp
         self.report, self.problem, self.path = found
+        self.facts = report_facts.parse(self.report)  # parsed once per read, so once per file change
 
 
 def invalidate_cache() -> None:
@@ -455,65 +352,48 @@ def variant_name(qk_quant_gran: str, pv_precision: str, pv_accum_dtype: str) -> 
     return f"{qk_quant_gran}/{pv_precision}/{pv_accum_dtype}"
 
 
+def current_facts(arch: Optional[ArchInfo] = None) -> report_facts.ReportFacts:
+    """The running GPU's report as typed, frozen answers (``report_facts``; their defaults without a report)."""
+    return _current(arch).facts
+
+
 def measured_crossover(arch: Optional[ArchInfo] = None, head_dim: int = 128) -> Optional[int]:
     """Key length from which the kernel beats SDPA on this GPU at this head size (the nearest measured
     one); None when not measured (use the table default)."""
-    r = current_report(arch)
-    return crossover_seq_len((r or {}).get("crossover") or {}, head_dim)
+    return current_facts(arch).crossover_seq_len(head_dim)
 
 
 def crossover_seq_len(cross: dict, head_dim: int = 128) -> Optional[int]:
     """The dispatcher's key length for ``head_dim`` from a ``selftest.measure_crossovers`` result."""
-    by_dim = {int(d): c for d, c in (cross.get("by_head_dim") or {}).items()}
-    if cross.get("head_dim") is not None:
-        by_dim.setdefault(int(cross["head_dim"]), cross)
-    if by_dim:
-        cross = by_dim[min(by_dim, key=lambda d: (abs(d - head_dim), -d))]
-    if cross.get("kernel_never_faster"):
-        # Slower at every measured length: SDPA up to twice the longest one (the kernel may still win beyond).
-        longest = max((t["seq_len"] for t in cross.get("timings", []) if "seq_len" in t), default=None)
-        return None if longest is None else 2 * longest
-    return cross.get("seq_len")
+    entries = report_facts.crossover_entries(cross)
+    return report_facts.ReportFacts(crossovers=entries, crossover=None if entries else
+                                    report_facts.entry_seq_len(cross)).crossover_seq_len(head_dim)
 
 
 def measured_pv_choice(arch: Optional[ArchInfo] = None, head_dim: int = 128) -> Optional[tuple]:
     """(P·V precision, {precision: ms}) install.py found fastest here for ``head_dim``, or None. Taken
     from the measured size nearest ``head_dim`` (64 for 40-96, 128 above)."""
-    by = ((current_report(arch) or {}).get("pv_choice") or {}).get("by_head_dim") or {}
-    sizes = sorted(int(d) for d in by)
-    if not sizes:
-        return None
-    e = by[str(min(sizes, key=lambda s: (abs(s - head_dim), -s)))]
-    return (e["choice"], dict(e.get("ms", {}))) if e.get("choice") else None
+    return current_facts(arch).pv_choice(head_dim)
 
 
 def disabled_variants(arch: Optional[ArchInfo] = None) -> frozenset:
     """Variant names (``variant_name``) that failed to build or self-test here: the runtime must not pick them."""
-    r = current_report(arch)
-    return frozenset((r or {}).get("disabled_variants", ()))
+    return current_facts(arch).disabled_variants
 
 
 def sdpa_default_safe(arch: Optional[ArchInfo] = None) -> Optional[bool]:
     """RDNA4: whether torch's default SDPA survived the child-process probe. None: not probed (other GPUs)."""
-    r = current_report(arch)
-    return (r or {}).get("sdpa_default_safe")
-
-
-def _kernel_check_failed(field: str, arch: Optional[ArchInfo]) -> bool:
-    """Whether the kernel install.py checked on its own under ``field`` failed that check here. Running out
-    of memory during the check says nothing about the kernel."""
-    r = (current_report(arch) or {}).get(field) or {}
-    return r.get("ok") is False and not r.get("oom")
+    return current_facts(arch).sdpa_default_safe
 
 
 def long_sequence_kernel_failed(arch: Optional[ArchInfo] = None) -> bool:
     """Whether the long-sequence kernel (``KernelConfig.shared_kv_min_len``) failed its self-test here."""
-    return _kernel_check_failed("long_sequence_kernel", arch)
+    return current_facts(arch).long_sequence_kernel_failed
 
 
 def rope_kernel_failed(arch: Optional[ArchInfo] = None) -> bool:
     """Whether the RoPE kernel (``kernels.rope``) failed its self-test here: the pack keeps ComfyUI's RoPE."""
-    return _kernel_check_failed("rope_kernel", arch)
+    return current_facts(arch).rope_kernel_failed
 
 
 def is_variant_disabled(cfg, arch: Optional[ArchInfo] = None) -> bool:

@@ -13,7 +13,7 @@ import time
 from typing import Optional
 
 from ..kernels.arch import PV_ACCUM_DTYPES, QK_QUANT_GRANS, ArchInfo, default_config, supported_choices
-from ..kernels.build_errors import root_cause
+from ..kernels.build_errors import is_oom, root_cause
 from .report import CROSSOVER_BATCH, CROSSOVER_HEADS, variant_name
 
 # A broken build (miscompile, wrong layout) lands far below these; a correct one is ~0.9993+ / ~0.03.
@@ -128,7 +128,7 @@ def long_sequence_kernel(arch: ArchInfo, device, dtype) -> Optional[dict]:
     The runtime falls back to the portable kernel by itself if it cannot build the Gluon kernel; this
     makes that happen here, once, in front of the user, and catches wrong numbers, which no fallback
     would. A failure turns the long-sequence kernel off, not the variant. Never raises."""
-    from ..kernels import api, hopper_gluon, tail_split
+    from ..kernels import api, hopper_gluon, hopper_host, tail_split
 
     cfg = default_config(arch, 128)
     if not cfg.shared_kv_min_len or getattr(device, "type", None) != "cuda":
@@ -143,7 +143,7 @@ def long_sequence_kernel(arch: ArchInfo, device, dtype) -> Optional[dict]:
     heads = tail_split.heads_with_split_tail(*hopper_gluon.grid(lq, lk), api.sm_count(device))
     acc = accuracy(default_variant(arch), [(1, heads, lq, lk, 128)], device, dtype)
     result.update(acc, seconds=round(time.perf_counter() - t0, 2))
-    error = api.shared_kv_error()
+    error = hopper_host.shared_kv_error()
     if error is not None:
         result.update(ok=False, error=error)
     return result
@@ -201,12 +201,6 @@ def format_rope_kernel(r: Optional[dict]) -> Optional[str]:
     if r.get("ok"):
         return "RoPE kernel (Flux, Chroma, HiDream, Wan): ok, ComfyUI's bits"
     return f"RoPE kernel: OFF, ComfyUI's own RoPE runs ({(r.get('error') or '?')[:160]})"
-
-
-def is_oom(e: BaseException) -> bool:
-    """Out of GPU memory (another program, or ComfyUI sampling next to the first-start self-test): says nothing
-    about the kernel, so the variant is not turned off for it."""
-    return type(e).__name__ == "OutOfMemoryError" or "out of memory" in str(e).lower()
 
 
 def _short_error(e: BaseException) -> str:

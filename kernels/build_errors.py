@@ -12,6 +12,12 @@ _REPR = re.compile(r"^(\w+(?:\.\w+)*)\((['\"])(.*)\2,?\)$", re.S)
 MAX_CAUSE = 300
 
 
+def is_oom(e: BaseException) -> bool:
+    """Out of GPU memory (another program, or ComfyUI sampling next to the first-start self-test): says nothing
+    about the kernel, so nothing is turned off for it."""
+    return type(e).__name__ == "OutOfMemoryError" or "out of memory" in str(e).lower()
+
+
 def root_cause(e: BaseException) -> str:
     """The innermost reason in ``e``'s chain (``__cause__``, else ``__context__``), as ``Type: message``
     in one line of at most ``MAX_CAUSE`` characters.

@@ -58,3 +58,17 @@ def wrapped(*tensors) -> bool:
                 getattr(type(t), "__torch_dispatch__", _PLAIN_DISPATCH) is not _PLAIN_DISPATCH:
             return True
     return False
+
+
+_sm_counts: dict = {}
+
+
+def sm_count(device) -> int:
+    """SMs of ``device`` (the Gluon kernel runs one CTA per SM); 132, an H100/H200's, where there is
+    none (cross-compiling on meta tensors). Asked once per device."""
+    if device.type != "cuda":
+        return 132
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _sm_counts:
+        _sm_counts[key] = torch.cuda.get_device_properties(key).multi_processor_count
+    return _sm_counts[key]

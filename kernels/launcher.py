@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 from typing import Optional
 
+from . import failures
 from .build_errors import root_cause
 from .log import logger
 
@@ -27,7 +28,7 @@ ALIGN = 16  # the pointer divisibility Triton specializes kernels on
 LAUNCH_PARAMS = ("gridX", "gridY", "gridZ", "stream", "function", "kernel_metadata", "launch_metadata",
                  "launch_enter_hook", "launch_exit_hook")
 
-_disabled: dict = {}  # kernel -> why its direct launches are off (the first failure's root cause)
+_memory = failures.memory  # .direct_launch: kernel -> why its direct launches are off (the first failure's cause)
 
 
 def aligned(t) -> bool:
@@ -70,9 +71,9 @@ def launcher_accepts(launch, n_args: int) -> bool:
 
 def disable(kernel, error: BaseException) -> None:
     """A direct launch of ``kernel`` raised: later recordings launch it through ``kernel[grid]``. Logged once."""
-    if kernel in _disabled:
+    if kernel in _memory.direct_launch:
         return
-    _disabled[kernel] = why = root_cause(error)
+    _memory.direct_launch[kernel] = why = root_cause(error)
     name = getattr(getattr(kernel, "fn", None), "__name__", None) or getattr(kernel, "__name__", "kernel")
     logger.warning("[SageTriton] direct launch of %s failed (%s); it is launched through Triton from now on "
                    "(a few µs more per call, same results)", name, why)
@@ -80,7 +81,7 @@ def disable(kernel, error: BaseException) -> None:
 
 def disabled(kernel) -> Optional[str]:
     """Why ``kernel``'s direct launches are off, or None."""
-    return _disabled.get(kernel)
+    return _memory.direct_launch.get(kernel)
 
 
 class DirectLaunch:
@@ -111,7 +112,7 @@ def direct_launch(kernel, grid: tuple, args: tuple, kwargs: dict, compiled, stre
     try:
         from triton.runtime import driver
 
-        if _knobs() is None or compiled is None or len(grid) > 3 or kernel in _disabled:
+        if _knobs() is None or compiled is None or len(grid) > 3 or kernel in _memory.direct_launch:
             return None
         launch, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
         binder = kernel.device_caches[driver.active.get_current_device()][-1]

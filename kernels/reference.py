@@ -168,7 +168,7 @@ def quantized_reference(q, k, v, cfg: KernelConfig, layout="HND", is_causal=Fals
     qr, kr = qh, kh - km
     if cfg.qk_rotation:
         d_pad = head_dim_padded(D)
-        tiled = rotation.method_for(cfg.rotation_tiles, q.dtype, k.dtype, D, d_pad) == "tiled"  # as ``api._quantize``
+        tiled = rotation.method_for(cfg.rotation_tiles, q.dtype, k.dtype, D, d_pad) == "tiled"  # as ``host._quantize``
         rotate = _rotated_exactly if tiled else _rotated
         qr, kr = (rotate(torch.nn.functional.pad(t, (0, d_pad - D)), min(d_pad, ROTATION_BLOCK)) for t in (qr, kr))
     qi, qs = _quantize_groups(qr, qg)

@@ -19,20 +19,20 @@ from typing import Optional
 
 import torch
 
-from . import launcher
+from . import failures, launcher
 
 # Device types whose calls are replayed (tests add "cpu": the interpreter runs launches in order too).
 DEVICE_TYPES = ("cuda",)
 MAX_BYTES = 96 << 20  # buffers one recording may keep alive (Flux, and Qwen-Image with CFG, at 1024²)
 MAX_ENTRIES = 4
 
-_recordings: dict = {}  # key -> Recording, oldest first
-# Keys whose buffers came out too large to keep: their calls skip recording, which costs about as much host
-# time again as the call itself (a direct launch built per launch), for nothing.
-_refused: dict = {}
+# ``failures.memory``: .replays (key -> Recording, oldest first) and .refused_replays (keys whose buffers came out
+# too large to keep: their calls skip recording, which costs about as much host time again as the call itself, a
+# direct launch built per launch, for nothing); both change as a whole under its lock (one thread per GPU
+# records at once).
+_memory = failures.memory
 MAX_REFUSED = 64
 _local = threading.local()  # .launches: the list the call being recorded appends to
-_lock = threading.Lock()  # the two dicts above change as a whole (one thread per GPU records at once)
 
 
 def _tensor_key(t: Optional[torch.Tensor]):
@@ -66,13 +66,13 @@ def _current_stream(device: Optional[torch.device] = None) -> int:
 
 
 def lookup(key, cfg) -> Optional[Recording]:
-    rec = _recordings.get(key)
+    rec = _memory.replays.get(key)
     return rec if rec is not None and rec.cfg is cfg else None  # id(cfg) in the key: the same object
 
 
 def refused(key) -> bool:
     """Whether a call with ``key`` was recorded before and its buffers were too large to keep."""
-    return key in _refused
+    return key in _memory.refused_replays
 
 
 def start() -> None:
@@ -86,7 +86,7 @@ def stop() -> list:
 
 
 def note_launch(kernel, grid, args: tuple, kwargs: dict, compiled=None) -> None:
-    """Called by ``api._launch`` after each launch; ``compiled``: what ``kernel[grid](...)`` returned."""
+    """Called by ``launch._launch`` after each launch; ``compiled``: what ``kernel[grid](...)`` returned."""
     launches = getattr(_local, "launches", None)
     if launches is not None:
         direct = None
@@ -148,8 +148,8 @@ class Recording:
 
 def _forget_direct(kernel) -> None:
     """Every recording with a direct launch of ``kernel`` replays through ``kernel[grid]`` from now on."""
-    with _lock:
-        recs = list(_recordings.values())
+    with _memory.lock:
+        recs = list(_memory.replays.values())
     for rec in recs:
         if rec.direct is not None and any(d.kernel is kernel for d in rec.direct):
             rec.direct = None
@@ -191,30 +191,32 @@ def record(key, cfg, launches: list, tensors: tuple, zero: tuple = (), lse=None)
     if not launches:
         return None
     if nbytes > MAX_BYTES:
-        with _lock:
-            _refused[key] = None
-            while len(_refused) > MAX_REFUSED:
-                _refused.pop(next(iter(_refused)))
+        with _memory.lock:
+            refused = _memory.refused_replays
+            refused[key] = None
+            while len(refused) > MAX_REFUSED:
+                refused.pop(next(iter(refused)))
         return None
     rec = Recording(cfg, kept, launch_slots, direct if all(d is not None for d in direct) else None,
                     _alignment(tensors), zero, lse, nbytes)
-    with _lock:
-        _recordings.pop(key, None)
-        _recordings[key] = rec
-        while len(_recordings) > MAX_ENTRIES:
-            _recordings.pop(next(iter(_recordings)))
+    with _memory.lock:
+        recordings = _memory.replays
+        recordings.pop(key, None)
+        recordings[key] = rec
+        while len(recordings) > MAX_ENTRIES:
+            recordings.pop(next(iter(recordings)))
     return rec
 
 
 def clear(this_thread: bool = False) -> None:
     """Forget every recording (their buffers are freed with them); ``this_thread``: only the calling
     thread's, so a sampling run ending on one GPU's thread leaves another's running one its own."""
-    with _lock:
+    with _memory.lock:
         if not this_thread:
-            _recordings.clear()
-            _refused.clear()
+            _memory.replays.clear()
+            _memory.refused_replays.clear()
             return
         me = threading.get_ident()
-        for table in (_recordings, _refused):
+        for table in (_memory.replays, _memory.refused_replays):
             for key in [k for k in table if k[-1] == me]:
                 del table[key]

@@ -112,7 +112,7 @@ def apply(x: torch.Tensor, freqs: torch.Tensor, y: Optional[torch.Tensor] = None
     S0, S1, S2 = xv.shape[:3]
     n_rows = S0 * S1 * S2
     grid = (triton.cdiv(n_rows, BLOCK_ROWS),)
-    from .api import _launch  # the library's one launch path (the installer's cross-compile records it)
+    from .launch import _launch  # the library's one launch path (the installer's cross-compile records it)
 
     _launch(rope_kernel, grid, (xv, oxv, yv, oyv, f, n_rows, S1, S2, *xv.stride()[:3], *oxv.stride()[:3],
                                 *yv.stride()[:3], *oyv.stride()[:3], *f.stride()[:3]),

@@ -12,4 +12,21 @@
 
 Everything except ``ui/``, ``patching`` and ``core_backends`` imports without ComfyUI.
 tests/test_import_floors.py holds the order (no import cycle between modules here).
+
+Where to find (and change) what decides a run:
+
+- a tile size for RDNA4 (or any GPU family): ``kernels/arch.py``, the ``_FAMILIES`` table (a field a row leaves
+  out is ``KernelConfig``'s default) and ``default_config``'s per-head-size changes; docs/AMD.md says why.
+- the short-sequence rule (calls too short for the kernel go to the fallback): ``routing/dispatch.py``'s
+  ``fallback_reason`` on the plan ``config/planner.py`` makes (the key length measured by install.py's
+  crossover, ``installer/selftest.py``, else the table's ``min_seq_len``; the work per call from it).
+- the run-summary text: ``reporting/run_summary.py`` (the panel formats the same fields again in
+  ``web/sage_format.mjs``).
+- the RoPE kernel: ``kernels/rope.py``; where it replaces ComfyUI's RoPE: ``routing/rope_hooks.py``.
+- one attention call's checks and layouts: ``routing/attention_call.py``; the kernel library's host side:
+  ``kernels/api.py`` (public API), ``checks``, ``host``, ``host_quant``, ``hopper_host``, ``custom_op``, ``launch``.
+- why a call fell back or stayed dense: ``reporting/reasons.py`` (named members; the log level and the run
+  summary's hints match on them); what failed in this process: ``kernels/failures.py`` (one ``reset()``).
+- what install.py measured: ``config/install_report.py``, the one module here that imports ``installer/``
+  (the report itself parsed once per file change into ``installer/report_facts.ReportFacts``).
 """

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from attention_cases import comfy_args, random_qkv, reference_backend
-from sagetriton.kernels import api, sageattn
+from sagetriton.kernels import api, failures, sageattn
 from sagetriton.nodes.config.settings import SageSettings
 from sagetriton.nodes.routing import dispatch
 from sagetriton.nodes.routing.dispatch import PatchState
@@ -83,7 +83,7 @@ def test_heads_alone_over_the_limit_is_a_clear_error(pack):
 
 def test_a_launch_failure_disables_the_variant_for_that_shape_class_only(pack, caplog):
     """A launch that fails for long keys only (as a grid limit would) leaves the short calls on the kernel."""
-    dispatch._disabled_variants.clear()
+    failures.reset()
 
     def failing_for_long_keys(kernel, grid, args, constexprs, options):
         if kernel is pack.kernels.attention.attention_kernel and args[-2] >= 64:  # LK
@@ -103,7 +103,7 @@ def test_a_launch_failure_disables_the_variant_for_that_shape_class_only(pack, c
     finally:
         api.set_launch_hook(previous)
         disabled = dispatch.disabled_variants()
-        dispatch._disabled_variants.clear()
+        failures.reset()
     assert len(disabled) == 1
     assert state.run.kernel == 2  # both short calls, before and after the long one failed
     assert dict(state.run.fallback) == {"kernel failed (variant disabled until restart)": 2}

@@ -17,7 +17,7 @@ import pytest
 import torch
 from attention_cases import comfy_args, exact_attention, random_qkv, reference_backend
 from current_comfy import Holder, PreferredAttentionLayer, current_wrap_attn, layer_config_tensor
-from sagetriton.kernels import api
+from sagetriton.kernels import api, failures, host
 from sagetriton.kernels.reference import cosine
 from sagetriton.nodes.config.settings import SageSettings
 from sagetriton.nodes.routing import containers, dispatch
@@ -33,12 +33,10 @@ global_backend = current_wrap_attn(reference_backend)
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch):
     reference_backend.calls = 0
-    dispatch._disabled_variants.clear()
-    containers._proven_variants.clear()
+    failures.reset()
     monkeypatch.setattr(containers, "comfy_backend", lambda: global_backend)  # the emulated ComfyUI's global
     yield
-    dispatch._disabled_variants.clear()
-    containers._proven_variants.clear()
+    failures.reset()
 
 
 def patched_options(settings=ALWAYS_KERNEL, previous=None):
@@ -127,14 +125,14 @@ def test_the_kernel_path_frees_the_floats_before_the_attention_kernel(monkeypatc
     """Handed over in holders, q and k (and v once converted to 8 bits) are gone when the attention kernel
     is launched; passed as tensors, the caller keeps them."""
     alive = []
-    real = api._launch_attention
+    real = host._launch_attention
 
     def spy(plan, qz, *a, **kw):
         gc.collect()
         alive.append(tuple(r() is not None for r in refs))
         return real(plan, qz, *a, **kw)
 
-    monkeypatch.setattr(api, "_launch_attention", spy)
+    monkeypatch.setattr(host, "_launch_attention", spy)
     settings = SageSettings(min_seq_len=0, pv_precision="int8")
     state, options = patched_options(settings)
     for _ in range(2):

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from attention_cases import comfy_args, exact_attention, normalized_mask, random_qkv, reference_backend
+from sagetriton.kernels import failures
 from sagetriton.kernels.arch import arch_from_properties
 from sagetriton.kernels.reference import cosine
 from sagetriton.nodes.backends import fallback
@@ -29,9 +30,9 @@ AMPERE = arch_from_properties(SimpleNamespace(name="NVIDIA A100", major=8, minor
 @pytest.fixture(autouse=True)
 def _clean_state():
     reference_backend.calls = 0
-    dispatch._disabled_variants.clear()
+    failures.reset()
     yield
-    dispatch._disabled_variants.clear()
+    failures.reset()
 
 
 def run_state(settings=ALWAYS_KERNEL, **kw) -> PatchState:
@@ -415,7 +416,7 @@ def test_a_variant_disabled_elsewhere_stops_a_cached_kernel_decision():
     state = run_state()
     qkv = random_qkv(lq=16, lk=16, d=32)
     call_override(state, *qkv)
-    dispatch._disabled_variants[next(iter(state._calls.entries.values())).variant] = "failed in another model"
+    failures.memory.variants[next(iter(state._calls.entries.values())).variant] = "failed in another model"
     call_override(state, *qkv)
     assert state.run.kernel == 1 and dict(state.run.fallback) == {"kernel failed (variant disabled until restart)": 1}
 
@@ -537,9 +538,10 @@ def launches(monkeypatch, pack):
     """The kernel launches of the calls made in the test, recorded instead of run (the cross-compile
     check's hook), as outside the interpreter: where the Gluon kernel is planned."""
     from sagetriton.installer.crosscompile import record_launches
-    from sagetriton.kernels import api
+    from sagetriton.kernels import checks, hopper_host, host, host_quant
 
-    monkeypatch.setattr(api, "interpreter_enabled", lambda: False)
+    for m in (checks, host, host_quant, hopper_host):
+        monkeypatch.setattr(m, "interpreter_enabled", lambda: False)
     with record_launches() as recorded:
         yield recorded
 

@@ -221,12 +221,18 @@ TCC_NO_LIB = "tcc: error: library 'python312' not found"
 TCC_UNDEFINED = "tcc: error: undefined symbol 'cuLaunchKernelEx'"
 
 
+def _classify(text, env):
+    from sagetriton.installer.build_diagnosis import classify_build_error
+
+    return classify_build_error(text, env)
+
+
 @pytest.mark.parametrize("text", [TCC_NO_HEADER, TCC_NO_LIB,
                                   "E:/p/python_embeded/Include/Python.h:12: error: include file 'pyconfig.h' not found",
                                   "windows_utils.py:323: UserWarning: Failed to find Python libs."])
 def test_classify_missing_python_dev_files(doctor, text):
     env = _env(doctor, system="Windows", python="3.12.10", python_prefix="C:\\portable\\python_embeded")
-    c = doctor.classify_build_error(text, env)
+    c = _classify(text, env)
     assert c is not None and c.status == doctor.FAIL and "include or libs" in c.detail
     assert "Python 3.12" in c.fix and "C:\\portable\\python_embeded" in c.fix
 
@@ -234,20 +240,20 @@ def test_classify_missing_python_dev_files(doctor, text):
 def test_classify_tinycc_command_failure_uses_the_environment(doctor):
     # triton-windows' exception names only the command: the probe's include/libs finding decides the class.
     missing = _env(doctor, system="Windows", python="3.12.10", python_missing_dev=["libs"])
-    assert "include or libs" in doctor.classify_build_error(TCC_CMD, missing).detail
+    assert "include or libs" in _classify(TCC_CMD, missing).detail
     complete = _env(doctor, system="Windows", torch_version="2.15.0", triton_version="3.9.0")
-    c = doctor.classify_build_error(TCC_CMD, complete)
+    c = _classify(TCC_CMD, complete)
     assert c is not None and "TinyCC" in c.detail and "include or libs" not in c.detail
     assert 'triton-windows>=3.9,<3.10' in c.fix
 
 
 def test_classify_tinycc_link_error_and_unrelated_errors(doctor):
     env = _env(doctor, system="Windows", torch_version="2.14.1")
-    c = doctor.classify_build_error(TCC_UNDEFINED, env)
+    c = _classify(TCC_UNDEFINED, env)
     assert c.status == doctor.FAIL and "undefined symbol 'cuLaunchKernelEx'" in c.detail
     assert 'triton-windows>=3.8,<3.9' in c.fix
-    assert doctor.classify_build_error("CompilationError: at 10:4: async_copy_global_to_shared", env) is None
-    assert doctor.classify_build_error("inaccurate: cosine 0.9", env) is None
+    assert _classify("CompilationError: at 10:4: async_copy_global_to_shared", env) is None
+    assert _classify("inaccurate: cosine 0.9", env) is None
 
 
 def test_install_report_prints_one_fix_line_per_failure_class(doctor, pack, capsys):

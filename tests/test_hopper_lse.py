@@ -75,24 +75,24 @@ def test_a_failing_lse_twin_leaves_the_plain_kernel_on(monkeypatch):
     """If this Triton cannot build the LSE twins, calls asking for the LSE take the portable kernel, and the
     others keep the long-sequence kernel (never one failure turning it off for every call)."""
     import torch
-    from sagetriton.kernels import api, hopper_gluon
+    from sagetriton.kernels import failures, hopper_gluon, hopper_host
 
     if not hopper_gluon.AVAILABLE:
         pytest.skip("this Triton has no Gluon")
     monkeypatch.setattr(hopper_gluon, "descriptors", lambda *a: (None, None, None))
-    monkeypatch.setattr(api, "_shared_kv_error", None)
-    monkeypatch.setattr(api, "_shared_kv_lse_error", None)
+    monkeypatch.setattr(failures.memory, "gluon", None)
+    monkeypatch.setattr(failures.memory, "gluon_lse", None)
 
     def failing(kernel, *a, **kw):
         raise RuntimeError(f"cannot build {kernel.__name__}")
 
-    monkeypatch.setattr(api, "_launch", failing)
+    monkeypatch.setattr(hopper_host, "_launch", failing)
     t = torch.zeros(1)
     plan = (1, 1, 0, None, None)
     args = (t, t, t, t, t, None, None, None, torch.zeros(1, 1, 8, 8), (1, 1, 8, 8, 8), 8.0, False, plan)
-    assert api._run_shared_kv(*args, lse=torch.zeros(1, 1, 8)) is False
-    assert api._shared_kv_lse_error.endswith("cannot build shared_kv_attention_lse_kernel")
-    assert api._shared_kv_error is None
-    assert api._run_shared_kv(*args) is False  # the plain kernel failing is what turns it off
-    assert api._shared_kv_error.endswith("cannot build shared_kv_attention_kernel")
+    assert hopper_host.run_shared_kv(*args, lse=torch.zeros(1, 1, 8)) is False
+    assert failures.memory.gluon_lse.endswith("cannot build shared_kv_attention_lse_kernel")
+    assert failures.memory.gluon is None
+    assert hopper_host.run_shared_kv(*args) is False  # the plain kernel failing is what turns it off
+    assert failures.memory.gluon.endswith("cannot build shared_kv_attention_kernel")
 

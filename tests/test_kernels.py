@@ -206,10 +206,10 @@ def test_lse_with_smoothing_matches_fp64(seed):
 def test_lse_with_a_sampled_k_mean_matches_fp64(seed):
     """Long key sequences smooth K with the mean of a sample of the keys (``quant.k_mean_sample``);
     the LSE must add back q times that same vector, not the sampled sum over every key."""
-    from sagetriton.kernels import api, quant
+    from sagetriton.kernels import footprint, quant
 
     q, k, v = make_qkv(H=1, LQ=16, LK=130 * 64, D=16, k_bias=8.0)
-    assert quant.k_mean_sample(k.shape[2], api.head_dim_padded(16))[0] == 2
+    assert quant.k_mean_sample(k.shape[2], footprint.head_dim_padded(16))[0] == 2
     _, exact = ref.exact_attention(q, k, v)
     _, lse = sageattn(q, k, v, return_lse=True)
     assert (lse.double() - exact).abs().max().item() < 0.03
@@ -491,12 +491,12 @@ def test_int8_rounding_is_nearest_even_with_exact_ties():
 
 def _stats_and_finalize(q, k, v, smooth_v):
     """kv_stats_kernel, then the Q launch that reduces its partials: (parts, n_parts, final)."""
-    from sagetriton.kernels import api, quant
+    from sagetriton.kernels import api, footprint, host_quant, quant
 
     H, H_KV, D = q.shape[1], k.shape[1], q.shape[3]
-    d_pad = api.head_dim_padded(D)
+    d_pad = footprint.head_dim_padded(D)
     v_stats = quant.V_MINMAXSUM if smooth_v else quant.V_ABSMAX
-    parts, n_parts, k_tokens = api._kv_stats(k, v, True, v_stats, d_pad)
+    parts, n_parts, k_tokens = host_quant._kv_stats(k, v, True, v_stats, d_pad)
     final = torch.empty((3, k.shape[0] * H_KV, D), dtype=torch.float32)
     api._quantize_qk(q, 16, 64, d_pad, 1.0, stats=(parts, n_parts, k.shape[2], k_tokens, final), kv_div=H // H_KV,
                      finalize=(True, v_stats, 256.0, False))
@@ -508,7 +508,7 @@ def test_kv_statistics_match_torch(seed, case):
     """Partials of one pass over K and V, reduced in the Q launch, against fp64 torch, for strided
     views and GQA; min and max are exact (fp16 -> fp32 is exact), NaN in V propagates to its channel.
     K's mean is over the keys ``k_mean_sample`` picks: every key except on long sequences."""
-    from sagetriton.kernels import api, quant
+    from sagetriton.kernels import footprint, quant
     from sagetriton.kernels.reference import k_mean
 
     if case == "odd":
@@ -523,7 +523,7 @@ def test_kv_statistics_match_torch(seed, case):
     else:  # long enough that K's mean is taken over every third block (odd length: a partial last one)
         q, k, v = make_qkv(H=2, LQ=8, LK=64 * 3 * 64 + 40, D=16)
     B, H_KV, L, D = k.shape
-    stride, k_tokens = quant.k_mean_sample(L, api.head_dim_padded(D))
+    stride, k_tokens = quant.k_mean_sample(L, footprint.head_dim_padded(D))
     assert (stride == 3) == (case == "sampled")
     v = v.clone()
     v[0, 0, L // 2, 1] = float("nan")

@@ -7,7 +7,7 @@ whose launches differ (layouts, masks, LSE, GQA, 8-bit V, the rotation).
 import pytest
 import sagetriton.kernels as kernels
 import torch
-from sagetriton.kernels import api, replay
+from sagetriton.kernels import api, failures, host, replay
 from sagetriton.kernels.arch import KernelConfig
 
 
@@ -30,7 +30,7 @@ def forbid_host_work(monkeypatch):
     def forbidden(*a, **kw):
         raise AssertionError("a replayed call planned its launches again")
 
-    monkeypatch.setattr(api, "_plan_call", forbidden)
+    monkeypatch.setattr(host, "_plan_call", forbidden)
 
 
 CASES = {
@@ -56,7 +56,7 @@ def test_a_replayed_call_gives_the_bits_of_a_full_call(seed, replaying, monkeypa
     replay.DEVICE_TYPES = ("cuda",)
     expected = kernels.sageattn(*second, attn_mask=masks[1], **kw)  # worked out in full, not recorded
     replay.DEVICE_TYPES = ("cuda", "cpu")
-    assert len(replay._recordings) == 1
+    assert len(failures.memory.replays) == 1
     forbid_host_work(monkeypatch)
     again = kernels.sageattn(*second, attn_mask=masks[1], **kw)
     for a, b in zip(again if isinstance(again, tuple) else (again,), expected if isinstance(expected, tuple)
@@ -70,17 +70,17 @@ def test_other_shapes_strides_or_options_are_not_replayed(seed, replaying):
     kernels.sageattn(q, k, v, smooth_k=False)
     kernels.sageattn(*inputs(LQ=41))
     kernels.sageattn(q.transpose(2, 3).contiguous().transpose(2, 3), k, v)  # same shape, other strides
-    assert len(replay._recordings) == 4
+    assert len(failures.memory.replays) == 4
     cfg = KernelConfig()
     kernels.sageattn(q, k, v, config=cfg)
     kernels.sageattn(q, k, v, config=KernelConfig())  # an equal config but another object: recorded anew
-    assert len(replay._recordings) == replay.MAX_ENTRIES  # the oldest went
+    assert len(failures.memory.replays) == replay.MAX_ENTRIES  # the oldest went
 
 
 def test_large_calls_keep_no_buffers(seed, replaying, monkeypatch):
     monkeypatch.setattr(replay, "MAX_BYTES", 1000)
     kernels.sageattn(*inputs())
-    assert not replay._recordings
+    assert not failures.memory.replays
 
 
 def count_recordings(monkeypatch) -> list:
@@ -97,7 +97,7 @@ def test_calls_too_large_to_keep_are_not_recorded_at_all(seed, replaying, monkey
     started = count_recordings(monkeypatch)
     for _ in range(2):
         kernels.sageattn(*inputs())
-    assert not started and not replay._recordings
+    assert not started and not failures.memory.replays
 
 
 def test_a_call_whose_buffers_proved_too_large_is_recorded_once(seed, replaying, monkeypatch):
@@ -107,7 +107,7 @@ def test_a_call_whose_buffers_proved_too_large_is_recorded_once(seed, replaying,
     q, k, v = inputs()
     first = kernels.sageattn(q, k, v)
     second = kernels.sageattn(q, k, v)
-    assert len(started) == 1 and not replay._recordings and torch.equal(first, second)
+    assert len(started) == 1 and not failures.memory.replays and torch.equal(first, second)
     replay.clear()  # the end of a sampling run forgets it too
     kernels.sageattn(q, k, v)
     assert len(started) == 2
@@ -131,7 +131,7 @@ def test_a_recording_keeps_no_tensor_of_its_call_alive(seed, replaying):
     out = kernels.sageattn(q, k, v)
     refs = [weakref.ref(t) for t in (q, k, v, out)]
     del q, k, v, out
-    assert len(replay._recordings) == 1 and all(r() is None for r in refs)
+    assert len(failures.memory.replays) == 1 and all(r() is None for r in refs)
 
 
 def test_the_end_of_a_sampling_run_frees_the_buffers(seed, replaying):
@@ -142,9 +142,9 @@ def test_the_end_of_a_sampling_run_frees_the_buffers(seed, replaying):
     state = PatchState()
     state.begin_run()
     kernels.sageattn(*inputs())
-    assert replay._recordings
+    assert failures.memory.replays
     finish_run(state)
-    assert not replay._recordings
+    assert not failures.memory.replays
 
 
 def _taking_call(inputs: list):
@@ -174,18 +174,18 @@ def test_large_container_calls_release_their_inputs_instead(seed, replaying, mon
 
     monkeypatch.setattr(replay, "MAX_BYTES", 1000)
     seen = []
-    real = api._launch_attention
+    real = host._launch_attention
 
     def spy(plan, *args, **kwargs):
         seen.append([r() is None for r in refs])
         return real(plan, *args, **kwargs)
 
-    monkeypatch.setattr(api, "_launch_attention", spy)
+    monkeypatch.setattr(host, "_launch_attention", spy)
     tensors = list(inputs())
     refs = [weakref.ref(t) for t in tensors]
     expected = kernels.sageattn(*tensors)
     out = _taking_call(tensors)
-    assert not replay._recordings and torch.equal(out, expected)
+    assert not failures.memory.replays and torch.equal(out, expected)
     assert seen[-1][:2] == [True, True]  # q and k were freed before the attention launch (V is read in place here)
 
 
@@ -256,7 +256,7 @@ def test_a_direct_launch_that_raises_is_launched_through_triton_and_stays_off(se
 
     from sagetriton.kernels import attention, launcher
 
-    monkeypatch.setattr(launcher, "_disabled", {})
+    monkeypatch.setattr(failures.memory, "direct_launch", {})
     kernels.sageattn(*inputs())  # recorded
     kernels.sageattn(*inputs(LQ=41))  # a second recording, with its own attention launch
     second = inputs()
@@ -280,7 +280,7 @@ def test_a_direct_launch_that_raises_is_launched_through_triton_and_stays_off(se
             out.append(launcher.DirectLaunch(run, padded, "function", "metadata", 0, list(args), kernel))
         return out
 
-    recs = list(replay._recordings.values())
+    recs = list(failures.memory.replays.values())
     for rec in recs:
         rec.direct = fake_direct(rec)
     kinds = [kernel for (kernel, *_), _ in recs[0].launches]

@@ -13,6 +13,7 @@ import sys
 import pytest
 import torch
 from compile_child import compile_in_child
+from sagetriton.kernels import failures as process_memory
 from sagetriton.kernels import rope
 from sagetriton.nodes.config.settings import SageSettings
 from sagetriton.nodes.patching import patch_model
@@ -102,7 +103,7 @@ def rope_calls():
     def count():
         return rope_hooks.calls()
     yield count
-    rope_hooks._failed = None
+    process_memory.reset()
 
 
 @pytest.mark.parametrize("family", ["flux", "wan21"])
@@ -206,7 +207,7 @@ def test_running_out_of_memory_once_does_not_turn_the_kernel_off(tiny, monkeypat
     monkeypatch.setattr(rope, "apply", out_of_memory_once)
     before = rope_calls()
     sample(t, patch_model(t.patcher, COMFY_ATTENTION))
-    assert failures and rope_hooks._failed is None and rope_calls() > before
+    assert failures and process_memory.memory.rope is None and rope_calls() > before
 
 
 def test_a_self_test_failure_keeps_comfyuis_rope(tiny, rope_calls):
@@ -264,7 +265,7 @@ def test_queries_and_keys_of_other_lengths_each_get_their_own_positions(tiny, ro
 
     with contextlib.suppress(RuntimeError):  # ComfyUI's own RoPE cannot broadcast 8 positions to 12 keys
         in_patched_forward(lambda: comfy_math().apply_rope(q, k, freqs[:, :, :8]))
-    assert rope_hooks._failed is None
+    assert process_memory.memory.rope is None
     after = rope_calls()
     in_patched_forward(lambda: comfy_math().apply_rope(q, k, freqs))
     assert rope_calls() == after + 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import sagetriton.kernels as kernels
 import sagetriton.kernels.api  # noqa: F401  (kernels.api below)
+import sagetriton.kernels.devices  # noqa: F401  (kernels.devices below)
 import torch
 from sagetriton.kernels import reference as ref
 from sagetriton.kernels.arch import detect_arch
@@ -27,7 +28,7 @@ def qkv(B=1, H=4, H_KV=2, L=144, D=128):
 def run(monkeypatch, method, q, k, v, gran, lse=True):
     monkeypatch.setattr(kernels.rotation, "METHOD", method)
     # one SM: the looping methods take several tiles per program (a partial last one, and past the end)
-    monkeypatch.setattr(kernels.api, "sm_count", lambda device: 1)
+    monkeypatch.setattr(kernels.devices, "sm_count", lambda device: 1)
     kernels.replay.clear()
     cfg = kernels.api._resolved_config(detect_arch(q.device), q.shape[-1], gran, "int8", None).replace(
         qk_rotation=True)
@@ -59,7 +60,7 @@ def test_exact_product_is_as_close_as_the_default(monkeypatch, method, gran, D):
 def test_exact_product_quantizes_the_exactly_rotated_rows(monkeypatch, method, per_block):
     """The launch alone on 16-bit rows: INT8 values and scales of the fp64 rotation of those rows (but for a
     rare ±1 where fp32 sums land on a rounding boundary)."""
-    monkeypatch.setattr(kernels.api, "sm_count", lambda device: 1)
+    monkeypatch.setattr(kernels.devices, "sm_count", lambda device: 1)
     _, k, _ = qkv(L=200)
     block, group = 64, 64 if per_block else 16
     out, scale = kernels.api._quantize_qk(k, group, block, 128, 1.0, per_block=per_block, rotate=128, method=method)

@@ -64,7 +64,7 @@ def test_long_sequence_kernel_is_checked_only_where_the_default_config_has_one(s
     swallow (falling back to the portable kernel) or wrong numbers turn it off in the report."""
     from types import SimpleNamespace
 
-    from sagetriton.kernels import api, hopper_gluon
+    from sagetriton.kernels import api, failures, hopper_gluon
     from sagetriton.kernels.arch import ArchInfo
     from sagetriton.kernels.tail_split import plan_tail
 
@@ -78,7 +78,7 @@ def test_long_sequence_kernel_is_checked_only_where_the_default_config_has_one(s
     monkeypatch.setattr(st, "accuracy", lambda v, shapes, device, dtype: seen.append(shapes) or
                         {"ok": True, "cosine": 0.99925, "rel_l1": 0.038})
     monkeypatch.setattr(hopper_gluon, "AVAILABLE", True)
-    monkeypatch.setattr(api, "_shared_kv_error", None)
+    monkeypatch.setattr(failures.memory, "gluon", None)
     monkeypatch.setattr(api, "sm_count", lambda device: 132)
     ok = st.long_sequence_kernel(hopper, gpu, torch.bfloat16)
     (b, h, lq, lk, d), = seen[0]
@@ -89,7 +89,7 @@ def test_long_sequence_kernel_is_checked_only_where_the_default_config_has_one(s
     assert "ok, cosine 0.99925" in st.format_long_sequence_kernel(ok)
 
     # The runtime swallowed a compiler error and ran the portable kernel: accurate, but reported as off.
-    monkeypatch.setattr(api, "_shared_kv_error", "CompilationError: at 3:4")
+    monkeypatch.setattr(failures.memory, "gluon", "CompilationError: at 3:4")
     off = st.long_sequence_kernel(hopper, gpu, torch.bfloat16)
     assert off["ok"] is False and "CompilationError" in off["error"]
     assert "OFF, the portable kernel serves those calls" in st.format_long_sequence_kernel(off)

@@ -65,11 +65,12 @@ def test_the_split_launch_overlaps_the_whole_one(monkeypatch):
     import inspect
 
     from sagetriton.installer import crosscompile
-    from sagetriton.kernels import api, hopper_gluon
+    from sagetriton.kernels import api, checks, hopper_gluon, hopper_host, host, host_quant
 
     if not hopper_gluon.AVAILABLE:
         pytest.skip("this Triton has no Gluon")
-    monkeypatch.setattr(api, "interpreter_enabled", lambda: False)  # nothing runs: launches are recorded
+    for m in (checks, host, host_quant, hopper_host):  # nothing runs: launches are recorded
+        monkeypatch.setattr(m, "interpreter_enabled", lambda: False)
     cfg = default_config(crosscompile.parse_target("sm90").arch_info(), 128)
     assert "griddepcontrol.launch_dependents" in inspect.getsource(hopper_gluon._attention.fn)
 
@@ -96,11 +97,12 @@ def test_the_hopper_kernel_takes_head_dims_its_16_byte_stores_can_write(monkeypa
     (bench/NOTES.md, attempt 39): true only when head_dim is a multiple of 8, so any other head_dim
     (still padded to 128) goes to the portable kernel, which makes no such claim."""
     from sagetriton.installer import crosscompile
-    from sagetriton.kernels import api, hopper_gluon
+    from sagetriton.kernels import api, checks, hopper_gluon, hopper_host, host, host_quant
 
     if not hopper_gluon.AVAILABLE:
         pytest.skip("this Triton has no Gluon")
-    monkeypatch.setattr(api, "interpreter_enabled", lambda: False)  # nothing runs: launches are recorded
+    for m in (checks, host, host_quant, hopper_host):  # nothing runs: launches are recorded
+        monkeypatch.setattr(m, "interpreter_enabled", lambda: False)
     cfg = default_config(crosscompile.parse_target("sm90").arch_info(), head_dim)
     q = torch.empty((1, 2, cfg.shared_kv_min_len, head_dim), dtype=torch.bfloat16, device="meta")
     with crosscompile.record_launches() as recorded:

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 import torch
-from sagetriton.kernels import api, replay
+from sagetriton.kernels import api, failures, replay
 from sagetriton.nodes.config.settings import SageSettings
 from sagetriton.nodes.patching import patch_model
 from sagetriton.nodes.reporting import run_summary
@@ -89,7 +89,7 @@ def test_a_run_ending_on_one_thread_leaves_the_other_threads_replays(kernels_one
     other.start()
     other.join()
     call()
-    assert len(replay._recordings) == 2
+    assert len(failures.memory.replays) == 2
     run_summary.finish_run(SimpleNamespace(runs=SimpleNamespace(end=lambda: None)))  # this thread's run ends
-    assert [key[-1] for key in replay._recordings] == [other.ident]
+    assert [key[-1] for key in failures.memory.replays] == [other.ident]
 

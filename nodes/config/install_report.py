@@ -1,4 +1,6 @@
-"""What install.py's self-test measured on this GPU, as the dispatcher needs it.
+"""What install.py's self-test measured on this GPU, as the dispatcher needs it; the one module of ``nodes/``
+that imports ``installer/`` (the installer measures and writes, the runtime reads, and starts the background
+setup through ``start_background_setup``).
 
 Reads ``installer.report``; every question has a safe answer without a report (table crossover,
 no variant known to fail, SDPA's default path not known to be safe), and a broken report gives those.
@@ -8,6 +10,9 @@ from __future__ import annotations
 from typing import Optional
 
 from ...installer import report
+
+# Names the planner and ``/sage/status`` read from the installer, through this module only.
+from ...installer.report import CROSSOVER_BATCH, CROSSOVER_HEADS, display_path, dumps, pack_version, report_key
 from ...kernels.arch import ArchInfo, KernelConfig
 from ...kernels.log import logger
 
@@ -85,3 +90,39 @@ class InstallReport(NoReport):
 
     def pv_choice(self, arch, head_dim):
         return _safely(report.measured_pv_choice, arch, head_dim)
+
+
+# For ``/sage/status`` (``reporting.status_route``): the running GPU's report as read, and the setup's state.
+def current_report(arch: ArchInfo) -> Optional[dict]:
+    return report.current_report(arch)
+
+
+def current_report_path(arch: ArchInfo):
+    return report.current_report_path(arch)
+
+
+def current_report_problem(arch: ArchInfo) -> Optional[str]:
+    return report.current_report_problem(arch)
+
+
+def report_generation() -> int:
+    return report.generation()
+
+
+__all__ = ["CROSSOVER_BATCH", "CROSSOVER_HEADS", "NoReport", "InstallReport", "current_report", "current_report_path",
+           "current_report_problem", "report_generation", "report_key", "display_path", "dumps", "pack_version",
+           "setup_status", "start_background_setup"]
+
+
+def setup_status() -> dict:
+    """The first-start self-test's state (``installer.firststart``, imported when first asked)."""
+    from ...installer.firststart import setup_status as status
+
+    return status()
+
+
+def start_background_setup(**kwargs) -> None:
+    """Start the one-time background self-test (``installer.firststart.start_background_setup``)."""
+    from ...installer.firststart import start_background_setup as start
+
+    start(**kwargs)

@@ -10,10 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ...installer.report import CROSSOVER_BATCH, CROSSOVER_HEADS
 from ...kernels.arch import ArchInfo, KernelConfig, resolve_config
 from ...kernels.log import logger
-from .install_report import NoReport
+from .install_report import CROSSOVER_BATCH, CROSSOVER_HEADS, NoReport
 from .settings import DEFAULT_SETTINGS, MIN_SEQ_LEN_MEASURED, SageSettings
 
 # The crossover is where the kernel beat SDPA at this many batch x heads; calls with less work are

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Optional
 from ...kernels import replay
 from ...kernels.log import logger
 from ..backends.preferred_attention import describe
+from .reasons import TOO_SHORT, reason_of
 from .sparse_summary import outer_text, sparse_and_outer, sparse_text
-from .stats import LENGTH_REASONS, RunTally, set_last_run
+from .stats import RunTally, set_last_run
 
 if TYPE_CHECKING:  # annotations only: routing imports reporting (stats), not the other way round
     from ..config.planner import KernelPlan
@@ -76,7 +77,7 @@ def unpatch_hint(summary: dict) -> Optional[str]:
     reasons = summary["fallback"]
     if summary["kernel"] or not reasons or summary.get("backend", "SageTriton") != "SageTriton":
         return None
-    return UNPATCH_HINT if all(r.startswith(LENGTH_REASONS) for r in reasons) else None
+    return UNPATCH_HINT if all(reason_of(r) in TOO_SHORT for r in reasons) else None
 
 
 def fallback_text(replaced: str, fallback_backend: Optional[str]) -> str:
@@ -91,7 +92,7 @@ def passed_through_text(summary: dict) -> str:
     """Why forwards ran without the override (``forward_plan``): their calls all went to ComfyUI's attention."""
     n = summary["passed_through"]
     reasons = summary["fallback"]
-    why = ("every call shorter than the crossover" if reasons and all(r.startswith(LENGTH_REASONS) for r in reasons)
+    why = ("every call shorter than the crossover" if reasons and all(reason_of(r) in TOO_SHORT for r in reasons)
            else "every call went to ComfyUI's attention")
     return f"{n} forward{'s' if n != 1 else ''} passed through whole ({why}; no per-call cost)"
 

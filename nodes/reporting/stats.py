@@ -10,11 +10,7 @@ from collections import Counter
 from typing import Optional
 
 from ...kernels.log import logger
-
-# Fallback reasons that are routing policy, not problems: logged at INFO, the others at WARNING.
-# The first two mean "too short for the kernel here" (``run_summary``'s hint to leave a model unpatched).
-LENGTH_REASONS = ("key length <", "work per call <")
-POLICY_REASONS = LENGTH_REASONS + ("full-precision step", "accuracy-critical call", "needs gradients")
+from .reasons import POLICY, reason_of
 
 _lock = threading.Lock()
 _total_kernel = 0
@@ -258,7 +254,7 @@ class RunLog:
         if self.current is None and reason in _warned_outside_runs:
             return
         _warned_outside_runs.add(reason)
-        log = logger.info if reason.startswith(POLICY_REASONS) else logger.warning
+        log = logger.info if reason_of(reason) in POLICY else logger.warning  # routing policy, not a problem
         log("[SageTriton] attention falls back (%s)%s.", reason, f": {detail}" if detail else "")
 
     def sparse(self, density) -> None:

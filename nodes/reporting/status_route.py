@@ -22,7 +22,7 @@ def comfy_device():
 
 
 def _versions() -> dict:
-    from ...installer.report import pack_version
+    from ..config.install_report import pack_version
 
     out = {"pack": pack_version()}
     try:
@@ -43,11 +43,10 @@ def _versions() -> dict:
 
 
 def status_payload(device=None) -> dict:
-    from ...installer import report as rep
-    from ...installer.firststart import setup_status
     from ...kernels.arch import default_config, detect_arch, interpreter_enabled, supported_choices
     from ..backends.alt_backends import backend_choices
-    from ..config.install_report import InstallReport
+    from ..config import install_report as rep
+    from ..config.install_report import InstallReport, setup_status
     from ..config.planner import KernelPlanner
     from . import stats
 
@@ -60,8 +59,8 @@ def status_payload(device=None) -> dict:
     global _planner, _planner_generation
     if _planner is None:
         _planner = KernelPlanner(report=InstallReport())
-    if _planner_generation != rep.generation():
-        _planner_generation = rep.generation()
+    if _planner_generation != rep.report_generation():
+        _planner_generation = rep.report_generation()
         _planner.forget()
     plan = _planner.plan(arch, 128)
     where = rep.current_report_path(arch)
@@ -113,7 +112,7 @@ def notify_setup(state: dict) -> None:
 
 def attach_to_server() -> None:
     """Inside a running ComfyUI server: serve ``/sage/status`` and start the one-time background self-test."""
-    from ...installer.firststart import start_background_setup
+    from ..config.install_report import start_background_setup
 
     if register_routes():  # not when tests import the pack
         start_background_setup(device_fn=comfy_device, notify=notify_setup)
@@ -146,6 +145,6 @@ def register_routes() -> bool:
 
 
 def _dumps(obj) -> str:
-    from ...installer.report import dumps
+    from ..config.install_report import dumps
 
     return dumps(obj)  # strict JSON: no NaN/Infinity, which the browser cannot parse

@@ -15,12 +15,15 @@ from typing import Optional
 
 import torch
 
+from ...kernels import failures
+from ..reporting.reasons import Reason
 from . import dispatch
 from .dispatch import NEEDS_GRAD, PatchState, bind_call, comfy_output, kernel_inputs, needs_grad, normalize_mask
 
 # Variants that have run once in this process with the floats kept (so a compile error could still fall
-# back): only those drop the floats early, when nothing could be recomputed after a failure.
-_proven_variants: set = set()
+# back): only those drop the floats early, when nothing could be recomputed after a failure
+# (``failures.memory.proven_variants``).
+_memory = failures.memory
 
 
 def is_container(x) -> bool:
@@ -42,7 +45,7 @@ def _taking_allowed(call, key) -> bool:
     """Eager, no autograd, within the grid limit, and a variant already run once with the floats kept."""
     from ...kernels.api import GRID_Y_LIMIT
 
-    return (key in _proven_variants and not torch.compiler.is_compiling() and not call.q.requires_grad
+    return (key in _memory.proven_variants and not torch.compiler.is_compiling() and not call.q.requires_grad
             and call.batch * call.heads <= GRID_Y_LIMIT)
 
 
@@ -92,13 +95,13 @@ def dispatch_containers(state: PatchState, args: tuple, kwargs: dict, backend: O
     try:
         call = bind_call((args[0].peek(), args[1].peek(), args[2].peek(), *args[3:]), kwargs)
     except (TypeError, ValueError, AttributeError) as e:
-        state.runs.fallback("unrecognised call signature", str(e))
+        state.runs.fallback(Reason.UNRECOGNISED_CALL, str(e))
         return run_fallback(state, args, kwargs, None, backend)
     reason, plan = state.decide(call)
     if reason is None:
         mask = normalize_mask(call)[0]
-        key = dispatch._variant_key(plan, state.settings, call, mask)
-        if key in dispatch._disabled_variants:
+        key = dispatch.variant_key(plan, state.settings, call, mask)
+        if key in _memory.variants:
             reason = dispatch.VARIANT_DISABLED
         elif state.kernel_runner is None and _taking_allowed(call, key):
             out = _run_kernel_taking(state, call, plan, mask, args)  # an error here has nothing left to fall back on
@@ -119,7 +122,7 @@ def dispatch_containers(state: PatchState, args: tuple, kwargs: dict, backend: O
                 dispatch.disable_variant(key, plan, e)
                 state.runs.fallback(dispatch.VARIANT_DISABLED)
                 return out
-            _proven_variants.add(key)
+            _memory.proven_variants.add(key)
             for c in args[:3]:
                 c.take()  # consumed, as the container protocol expects
             state.runs.kernel()

@@ -11,10 +11,11 @@ import torch
 
 from ...kernels.log import logger
 from ..reporting import stats
+from ..reporting.reasons import Reason
 from .dispatch import PatchState
 
 WRAPPER_KEY = "sagetriton_nonfinite_guard"
-REASON = "non-finite output: forward redone on ComfyUI's attention"
+REASON = Reason.NON_FINITE_REDO
 
 
 def _finite(values) -> bool:

@@ -21,7 +21,8 @@ from typing import Optional
 
 import torch
 
-from ...installer.selftest import is_oom
+from ...kernels import failures
+from ...kernels.build_errors import is_oom
 from ...kernels.log import logger
 from ..reporting import stats
 from .dispatch import PatchState
@@ -34,7 +35,7 @@ SIGNATURES = {"attention": ("q", "k", "v", "pe"), "apply_rope": ("xq", "xk", "fr
 
 _forward: contextvars.ContextVar[Optional[PatchState]] = contextvars.ContextVar(WRAPPER_KEY, default=None)
 _lock = threading.Lock()
-_failed: Optional[str] = None
+_memory = failures.memory  # .rope: why the RoPE kernel failed (ComfyUI's RoPE from then on)
 _calls = 0
 
 
@@ -71,9 +72,9 @@ def _left_to_compiler() -> None:
 
 @torch.compiler.disable  # eager even where a compiled forward gave this frame up: no tracing of the launch
 def _rope_eager(x, freqs, y, fma):
-    global _calls, _failed
+    global _calls
     state = _forward.get()
-    if state is None or _failed is not None or getattr(state.redo, "reason", None) is not None:
+    if state is None or _memory.rope is not None or getattr(state.redo, "reason", None) is not None:
         return None
     pairs = [(t, _freqs_for(t, freqs)) for t in ((x,) if y is None else (x, y))]
     try:
@@ -89,10 +90,10 @@ def _rope_eager(x, freqs, y, fma):
         if is_oom(exc):  # says nothing about the kernel: ComfyUI's RoPE this once
             logger.debug("[SageTriton] RoPE kernel out of memory; ComfyUI's RoPE for this call")
             return None
-        _failed = f"{type(exc).__name__}: {exc}"
+        _memory.rope = f"{type(exc).__name__}: {exc}"
         logger.warning("[SageTriton] the RoPE kernel failed (%s); ComfyUI's own RoPE runs from now on. "
                        "`python install.py` in the SageTriton folder shows what the GPU's Triton build lacks.",
-                       _failed.splitlines()[0][:300])
+                       _memory.rope.splitlines()[0][:300])
         return None
     stats.record_rope(state.run)
     with _lock:

@@ -25,6 +25,7 @@ import torch
 from ...kernels.build_errors import root_cause
 from ...kernels.log import logger
 from ..config.sparse_settings import SparseSettings
+from ..reporting.reasons import Reason
 from .conditioning_span import sinks_for
 from .dispatch import (
     NOT_SPARSE,
@@ -41,16 +42,16 @@ MIN_HEAD_DIM = 64  # below it the routing costs what the sparse blocks save (ker
 SIGMA_TOLERANCE = 1e-5  # a step exactly at start_percent is inside the window despite float rounding
 
 # Why a call stays dense while sparse attention is on (counted per run, not fallbacks)
-CROSS = "cross-attention"
-MASKED = "mask (sparse cannot honour it)"
-SMALL_HEADS = f"head_dim < {MIN_HEAD_DIM}"
-DENSE_STEP = "dense step (outside start/end percent)"
-DENSE_LAYER = "dense layer"
-FAILED = "sparse kernel failed here (dense from now on)"
+CROSS = Reason.CROSS
+MASKED = Reason.MASKED
+SMALL_HEADS = Reason.SMALL_HEADS.of(MIN_HEAD_DIM)
+DENSE_STEP = Reason.DENSE_STEP
+DENSE_LAYER = Reason.DENSE_LAYER
+FAILED = Reason.SPARSE_FAILED
 
 
 def short_reason(min_tokens: int) -> str:
-    return f"< {min_tokens} tokens"
+    return Reason.SHORT_FOR_SPARSE.of(min_tokens)
 
 
 class _Forward(threading.local):
