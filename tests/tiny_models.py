@@ -328,7 +328,10 @@ def sample(tiny: TinyModel, model=None, steps: int = 2, cfg: float | None = None
     """Sample ``model`` (default: the tiny model itself) with ``comfy.sample.sample``, from fixed noise."""
     import comfy.sample
 
-    noise = comfy.sample.prepare_noise(tiny.latent, seed)
+    # prepare_noise's values from a generator of this call's own: prepare_noise seeds torch's global one, which
+    # threads sampling at once (tests/test_threads.py) would share and interleave.
+    noise = torch.randn(tiny.latent.size(), dtype=tiny.latent.dtype, layout=tiny.latent.layout,
+                        generator=torch.Generator().manual_seed(seed), device="cpu")
     cfg = tiny.cfg if cfg is None else cfg
     return comfy.sample.sample(model if model is not None else tiny.patcher, noise, steps, cfg, sampler, scheduler,
                                tiny.positive, tiny.negative, tiny.latent, seed=seed, disable_pbar=True)
