@@ -137,7 +137,7 @@ def shared_kv_cases() -> list:
         return []
     ran = []
     real = hopper_host.run_shared_kv
-    hopper_host.run_shared_kv = lambda *a: ran.append(real(*a)) or ran[-1]
+    hopper_host.run_shared_kv = lambda *a, **kw: ran.append(real(*a, **kw)) or ran[-1]
     results = []
     n = cfg.shared_kv_min_len
     try:
@@ -435,7 +435,7 @@ def hostile_fast_path_cases() -> list:
         return results
     ran = []
     real = hopper_host.run_shared_kv
-    hopper_host.run_shared_kv = lambda *a: ran.append(real(*a)) or ran[-1]
+    hopper_host.run_shared_kv = lambda *a, **kw: ran.append(real(*a, **kw)) or ran[-1]
     try:
         for pv in ("fp8", "int8"):
             c_run = cfg.with_pv_choice(pv)
