@@ -44,13 +44,14 @@ def _attention_fake(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse,
     return q.new_empty(_out_shape(B, H, LQ, D, out_layout)), q.new_empty(lse_shape, dtype=torch.float32)
 
 
-def _register_op():
-    # The pack can be imported twice under different module names (ComfyUI names it after its
-    # folder); the op is defined once per process and the same code serves both.
-    if not hasattr(torch.ops.sagetriton, "attention"):
-        op = torch.library.custom_op("sagetriton::attention", _attention_impl, mutates_args=())
-        op.register_fake(_attention_fake)
-    return torch.ops.sagetriton.attention
+def register_once(name: str, impl, fake):
+    """``torch.ops.sagetriton.<name>``, defined on first use in this process: the pack can be imported twice
+    under different module names (ComfyUI names it after its folder) and the same code serves both; defined
+    at import, as defining it while torch.compile traces is a graph break."""
+    if not hasattr(torch.ops.sagetriton, name):
+        op = torch.library.custom_op(f"sagetriton::{name}", impl, mutates_args=())
+        op.register_fake(fake)
+    return getattr(torch.ops.sagetriton, name)
 
 
-attention_op = _register_op()
+attention_op = register_once("attention", _attention_impl, _attention_fake)

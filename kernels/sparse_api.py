@@ -11,6 +11,7 @@ from typing import Optional
 
 import torch
 
+from . import custom_op
 from .arch import KernelConfig, interpreter_enabled
 from .devices import device_scope, wrapped
 from .sparse_reference import BLOCK, EXTRA_MAX
@@ -207,13 +208,4 @@ def _sparse_fake(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_
     return q.new_empty(shape), lse, q.new_empty((), dtype=torch.float32)
 
 
-def _register_op():
-    # Defined once per process (the pack may be imported under two names), at import: defining it while
-    # torch.compile traces is a graph break.
-    if not hasattr(torch.ops.sagetriton, "sparse_attention"):
-        op = torch.library.custom_op("sagetriton::sparse_attention", _sparse_impl, mutates_args=())
-        op.register_fake(_sparse_fake)
-    return torch.ops.sagetriton.sparse_attention
-
-
-sparse_op = _register_op()
+sparse_op = custom_op.register_once("sparse_attention", _sparse_impl, _sparse_fake)
