@@ -99,12 +99,13 @@ def main(argv=None) -> None:
 
 def planned(state, q, k, v):
     """The Patch node's override inside a forward whose plan sends every call to ComfyUI's attention."""
-    from sagetriton.nodes.routing.forward_plan import ForwardPlan, ForwardPlans, _Forward, make_planned_override
+    from sagetriton.nodes.routing.forward_plan import ForwardPlan, ForwardPlans, _Forward
+    from sagetriton.nodes.routing.override import make_attention_override
 
     plans = ForwardPlans(state)
     plan = ForwardPlan(None, [(q.shape, k.shape, 0)] * (1 << 16), ["key length < 8192"])
     forward = plans.local.forward = _Forward(plan)
-    return make_planned_override(state, plans), forward
+    return make_attention_override(state, plans), forward
 
 
 if __name__ == "__main__":

@@ -88,22 +88,6 @@ def fallback_served_by(fallback_choice: str, replaced: str) -> str:
     return replaced
 
 
-def registered_attention(state) -> Callable:
-    """A backend with ComfyUI's signature that runs ``state``'s dispatcher, with ComfyUI's global
-    attention as the fallback, and a ``container_function`` for current ComfyUI's holders."""
-    from .routing.containers import comfy_backend, dispatch_containers
-    from .routing.override import outside_graphs
-
-    @outside_graphs  # torch.compile: a graph break, the dispatcher runs eagerly
-    def sagetriton_attention(*args, **kwargs):
-        return state.dispatch(comfy_backend(), args, kwargs)
-
-    sagetriton_attention.sagetriton_state = state
-    sagetriton_attention.container_function = outside_graphs(
-        lambda *args, **kwargs: dispatch_containers(state, args, kwargs))
-    return sagetriton_attention
-
-
 def register_with_core() -> Optional[str]:
     """Register "sagetriton" in ComfyUI's attention registry; the name, or None where there is none."""
     global _registry_state
@@ -115,9 +99,10 @@ def register_with_core() -> Optional[str]:
         return REGISTRY_NAME  # the pack imported a second time under another module name
     from .config.install_report import InstallReport
     from .routing.dispatch import PatchState
+    from .routing.override import make_registry_backend
 
     _registry_state = PatchState(report=InstallReport())
-    func = registered_attention(_registry_state)
+    func = make_registry_backend(_registry_state)
     wrap = getattr(attention, "wrap_attn", None)
     if wrap is not None:  # like core's own backends: a per-model override still applies around it
         container_function = func.container_function

@@ -19,9 +19,10 @@ from .reporting.run_summary import WRAPPER_KEY, make_outer_sample_wrapper
 from .routing import rope_hooks
 from .routing.dispatch import PatchState
 from .routing.forward_plan import WRAPPER_KEY as PLAN_KEY
-from .routing.forward_plan import ForwardPlans, make_forward_wrapper, make_planned_override
+from .routing.forward_plan import ForwardPlans, make_forward_wrapper
 from .routing.nonfinite_guard import WRAPPER_KEY as GUARD_KEY
 from .routing.nonfinite_guard import make_apply_model_wrapper
+from .routing.override import make_attention_override
 from .routing.override_watch import WRAPPER_KEY as WATCH_KEY
 from .routing.override_watch import make_override_watch
 from .sparse_patch import attach_sparse
@@ -67,7 +68,7 @@ def patch_model(model, settings: Optional[SageSettings] = None, node_id: Optiona
                        "theirs.", describe(preferred))
     plans = state.forward_plans = ForwardPlans(state)
     patched = model.clone()
-    patched.model_options.setdefault("transformer_options", {})[OVERRIDE_KEY] = make_planned_override(state, plans)
+    patched.model_options.setdefault("transformer_options", {})[OVERRIDE_KEY] = make_attention_override(state, plans)
     outer = comfy.patcher_extension.WrappersMP.OUTER_SAMPLE
     patched.remove_wrappers_with_key(outer, WRAPPER_KEY)  # re-patching: one summary per run, not two
     patched.add_wrapper_with_key(outer, WRAPPER_KEY, make_outer_sample_wrapper(state))

@@ -252,10 +252,10 @@ def test_a_redone_forward_takes_its_sparse_calls_back(monkeypatch, pack):
     """The non-finite guard discards a forward and counts only its redo: the sparse calls too."""
     SparseSpy(monkeypatch, pack)
     state = patched()
-    since = stats.thread_calls()
-    call(state, *qkv())
-    assert state.run.sparse == 1
-    stats.take_back(since, state.run)
+    with stats.held_counts() as forward:  # the guard's hold around a forward
+        call(state, *qkv())
+        assert forward.tally(state.run).sparse == 1
+        forward.discard()
     assert (state.run.kernel, state.run.sparse, state.run.density_sum) == (0, 0, None)
 
 
@@ -263,11 +263,12 @@ def test_current_comfyui_hands_holders_to_the_patch_and_a_sparse_call_takes_them
     """Current core's ``wrap_attn`` (emulated) with the Patch node's override: holders go to its container
     entry, the sparse call runs and consumes them."""
     from current_comfy import current_wrap_attn
-    from sagetriton.nodes.routing.forward_plan import ForwardPlans, make_planned_override
+    from sagetriton.nodes.routing.forward_plan import ForwardPlans
+    from sagetriton.nodes.routing.override import make_attention_override
 
     spy = SparseSpy(monkeypatch, pack)
     state = patched()
-    override = make_planned_override(state, ForwardPlans(state))
+    override = make_attention_override(state, ForwardPlans(state))
     attention = current_wrap_attn(reference_backend)
     q, k, v = comfy_args(*qkv(), skip_reshape=False)
     holders = [Holder(t) for t in (q, k, v)]

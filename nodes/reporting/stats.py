@@ -1,10 +1,12 @@
 """Counters of attention calls: how many ran our kernel, how many fell back and why.
 
 Process-wide totals (``attention_stats()``) plus a per-run tally (``RunLog``) that the patch node
-resets at the start of each sampling run and reports at its end (``run_summary``).
+resets at the start of each sampling run and reports at its end (``run_summary``). A forward's counts can be
+held apart until it is kept (``held_counts``): the non-finite guard drops those of a forward it redoes.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import Counter
 from typing import Optional
@@ -22,43 +24,43 @@ _runs_by_node: dict[str, dict] = {}
 _MAX_NODES = 256
 
 
-class _ThreadCalls(threading.local):
-    """The calls this thread counted: lets the non-finite guard take back a forward it discards."""
-
-    kernel = 0
-    fallback: Counter | None = None
-    rope = 0  # RoPE calls on the pack's kernel
-    sparse = 0  # of the kernel calls, those on the sparse kernel, with their densities summed
-    density = 0.0
-    sparse_dense: Counter | None = None  # calls sparse attention left dense, by reason
+class _Thread(threading.local):
+    held: Optional[HeldCounts] = None  # this thread's counts held back (``held_counts``), innermost hold
 
 
-_this_thread = _ThreadCalls()
+_this_thread = _Thread()
 
 
 def record_kernel(run: RunTally | None = None) -> None:
     global _total_kernel
+    held = _this_thread.held
+    if held is not None:
+        held.tally(run).kernel += 1
+        return
     with _lock:  # the run's tally too: threads running forwards of one model share it
         _total_kernel += 1
         if run is not None:
             run.kernel += 1
-    _this_thread.kernel += 1
 
 
 def record_rope(run: RunTally | None = None) -> None:
     """A RoPE call on the pack's kernel (``routing.rope_hooks``)."""
-    _this_thread.rope += 1
-    if run is not None:
+    held = _this_thread.held
+    if held is not None:
+        held.tally(run).rope += 1
+    elif run is not None:
         with _lock:
             run.rope += 1
 
 
 def record_fallback(reason: str, run: RunTally | None = None, n: int = 1) -> bool:
     """Count ``n`` fallbacks. Returns True the first time ``reason`` is seen in this run (warn once)."""
-    mine = _this_thread.fallback
-    if mine is None:
-        mine = _this_thread.fallback = Counter()
-    mine[reason] += n
+    held = _this_thread.held
+    if held is not None:
+        tally = held.tally(run)
+        first = run is not None and reason not in run.fallback and reason not in tally.fallback
+        tally.fallback[reason] += n
+        return first
     with _lock:
         _total_fallback[reason] += n
         if run is None:
@@ -72,74 +74,94 @@ def record_sparse(density, run: RunTally | None = None) -> None:
     """A kernel call (already counted by ``record_kernel``) that ran the sparse kernel, with its density
     (a 0-dim device tensor: summed on the device, read once at the run's end)."""
     global _total_sparse
-    _this_thread.sparse += 1
-    _this_thread.density = _this_thread.density + density
+    held = _this_thread.held
+    if held is not None:
+        _add_sparse(held.tally(run), 1, density)
+        return
     with _lock:  # the run's tally is shared by threads running forwards of one model
         _total_sparse += 1
         if run is not None:
-            run.sparse += 1
-            run.density_sum = density if run.density_sum is None else run.density_sum + density
+            _add_sparse(run, 1, density)
+
+
+def _add_sparse(run: RunTally, n: int, density) -> None:
+    run.sparse += n
+    if density is not None:
+        run.density_sum = density if run.density_sum is None else run.density_sum + density
 
 
 def record_sparse_dense(reason: str, run: RunTally | None = None) -> None:
     """A call sparse attention left to the dense path (a dense step, a short call, ...): not a fallback."""
-    mine = _this_thread.sparse_dense
-    if mine is None:
-        mine = _this_thread.sparse_dense = Counter()
-    mine[reason] += 1
-    if run is not None:
+    held = _this_thread.held
+    if held is not None:
+        held.tally(run).sparse_dense[reason] += 1
+    elif run is not None:
         with _lock:
             run.sparse_dense[reason] += 1
 
 
-def thread_calls() -> tuple:
-    """(kernel calls, fallbacks by reason, RoPE calls, sparse calls, their density sum, sparse-left-dense by
-    reason) counted on this thread so far; see ``take_back``."""
-    return (_this_thread.kernel, Counter(_this_thread.fallback or ()), _this_thread.rope, _this_thread.sparse,
-            _this_thread.density, Counter(_this_thread.sparse_dense or ()))
+class HeldCounts:
+    """One thread's counts held back (``held_counts``), per run tally (None: outside runs)."""
+
+    __slots__ = ("tallies", "outer", "discarded")
+
+    def __init__(self, outer: Optional[HeldCounts]):
+        self.tallies: dict = {}
+        self.outer = outer  # the hold around this one, where the counts go when kept
+        self.discarded = False
+
+    def tally(self, run: RunTally | None) -> RunTally:
+        held = self.tallies.get(run)
+        if held is None:
+            held = self.tallies[run] = RunTally()
+        return held
+
+    @property
+    def calls(self) -> int:
+        """Attention calls held (kernel and fallbacks)."""
+        return sum(t.kernel + t.fallback_total for t in self.tallies.values())
+
+    def discard(self) -> None:
+        """Never count these: the forward they came from was thrown away."""
+        self.discarded = True
 
 
-def take_back(since: tuple, run: RunTally | None = None) -> None:
-    """Uncount this thread's calls after ``since`` (``thread_calls()``): a forward whose result was discarded."""
-    global _total_kernel
-    kernel = _this_thread.kernel - since[0]
-    fallback = Counter(_this_thread.fallback or ())
-    fallback.subtract(since[1])
-    fallback = +fallback
+@contextlib.contextmanager
+def held_counts():
+    """Hold this thread's counts from here apart, and count them when the block ends, unless it called
+    ``discard()`` (the non-finite guard's discarded forward); an error ending the block keeps them."""
+    held = _this_thread.held = HeldCounts(_this_thread.held)
+    try:
+        yield held
+    finally:
+        _this_thread.held = held.outer
+        if not held.discarded:
+            _keep(held)
+
+
+def _keep(held: HeldCounts) -> None:
+    global _total_kernel, _total_sparse
+    outer = held.outer
+    if outer is not None:
+        for run, tally in held.tallies.items():
+            _add(outer.tally(run), tally)
+        return
     with _lock:
-        _total_kernel -= kernel
-        _total_fallback.subtract(fallback)
-        for reason in fallback:
-            if _total_fallback[reason] <= 0:
-                del _total_fallback[reason]
-    rope = _this_thread.rope - since[2]
-    _this_thread.kernel, _this_thread.fallback, _this_thread.rope = since[0], Counter(since[1]), since[2]
-    if run is not None:
-        with _lock:
-            run.kernel -= kernel
-            run.rope -= rope
-            run.fallback.subtract(fallback)
-            for reason in fallback:
-                if run.fallback[reason] <= 0:
-                    del run.fallback[reason]
-    _take_back_sparse(since, run)
+        for run, tally in held.tallies.items():
+            _total_kernel += tally.kernel
+            _total_fallback.update(tally.fallback)
+            _total_sparse += tally.sparse
+            if run is not None:
+                _add(run, tally)
 
 
-def _take_back_sparse(since: tuple, run: RunTally | None) -> None:
-    global _total_sparse
-    sparse = _this_thread.sparse - since[3]
-    density = _this_thread.density - since[4]
-    dense = Counter(_this_thread.sparse_dense or ())
-    dense.subtract(since[5])
-    _this_thread.sparse, _this_thread.density, _this_thread.sparse_dense = since[3], since[4], Counter(since[5])
-    with _lock:
-        _total_sparse -= sparse
-        if run is not None and sparse:
-            run.sparse -= sparse
-            run.density_sum = None if run.sparse == 0 else run.density_sum - density
-        if run is not None:
-            run.sparse_dense.subtract(+dense)
-            run.sparse_dense = +run.sparse_dense
+def _add(run: RunTally, tally: RunTally) -> None:
+    run.kernel += tally.kernel
+    run.fallback.update(tally.fallback)
+    run.rope += tally.rope
+    if tally.sparse:
+        _add_sparse(run, tally.sparse, tally.density_sum)
+    run.sparse_dense.update(tally.sparse_dense)
 
 
 def attention_stats() -> dict:
@@ -209,26 +231,11 @@ class RunTally:
 _warned_outside_runs: set[str] = set()
 
 
-class _Watched(threading.local):
-    events: Optional[list] = None
-
-
 class RunLog:
     """One patched model's bookkeeping: the run in progress, if any, and a log line per new fallback reason."""
 
     def __init__(self) -> None:
         self.current: Optional[RunTally] = None
-        # While ``forward_plan`` watches this thread's forward: one entry per call, None for the kernel, else the
-        # reason. Per thread: two threads' forwards of one model (a server, MultiGPU work units) each learn their own.
-        self._watched = _Watched()
-
-    @property
-    def observer(self) -> Optional[list]:
-        return self._watched.events
-
-    @observer.setter
-    def observer(self, events: Optional[list]) -> None:
-        self._watched.events = events
 
     def begin(self) -> None:
         self.current = RunTally()
@@ -239,16 +246,10 @@ class RunLog:
 
     def kernel(self) -> None:
         record_kernel(self.current)
-        events = self._watched.events
-        if events is not None:
-            events.append(None)
 
     def fallback(self, reason: str, detail: str = "", n: int = 1) -> None:
         """Count it (``n`` calls); log it once per run (the first time the run sees ``reason``), or once per
         process outside runs."""
-        events = self._watched.events
-        if events is not None:
-            events.append(reason)
         if not record_fallback(reason, self.current, n) and self.current is not None:
             return
         if self.current is None and reason in _warned_outside_runs:

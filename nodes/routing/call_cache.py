@@ -20,8 +20,9 @@ PASSIVE_KWARGS = frozenset({"transformer_options", "_inside_attn_wrapper"})
 MAX_ENTRIES = 1024  # workloads whose shapes change every call: start over instead of growing
 
 # Where a call goes: ComfyUI's side (its backend or an earlier override), the same with only math SDPA
-# (RDNA4), our own SDPA or chunked math-SDPA fallback (these need the bound call), or the kernel.
-COMFY, COMFY_MATH, BOUND, BOUND_MATH, KERNEL = range(5)
+# (RDNA4), our own SDPA or chunked math-SDPA fallback (these need the bound call), or the kernel; the sparse
+# kernel's calls are never cached, but their decisions are told to the forward plan like the others.
+COMFY, COMFY_MATH, BOUND, BOUND_MATH, KERNEL, SPARSE = range(6)
 
 
 class Decision:
@@ -44,7 +45,8 @@ def _meta(value):
 def call_signature(args: tuple, kwargs: dict, tensor=torch.Tensor, passive=PASSIVE_KWARGS) -> Optional[tuple]:
     """Everything of ``override(func, *args, **kwargs)``'s arguments a decision reads; None when the call
     is not ComfyUI's usual (q, k, v, heads, ...) with tensors. May hold an unhashable value:
-    the lookup (``PatchState.dispatch``) then finds nothing. Written for speed: it runs on every attention call."""
+    the lookup (``PatchState.dispatch``) then finds nothing; containers have none (decided in full).
+    Written for speed: it runs on every attention call."""
     q = args[0] if args else None
     if not isinstance(q, tensor):
         return None

@@ -1,8 +1,12 @@
-"""The attention override: bind ComfyUI's backend arguments, pick kernel or fallback, run it.
+"""The dispatcher every attention call of a patched model goes through: bind ComfyUI's backend arguments, decide
+kernel or fallback (once per call signature: ``call_cache``), run it, count it.
 
-No ComfyUI import here: binding and the fallback decision are plain functions (the call's own checks
-in ``attention_call``), ``PatchState`` runs them (the kernel config comes from ``planner``, the counting
-and logging from ``stats``), so the rules can be tested without ComfyUI. ComfyUI calls
+The overrides that reach it (the Patch node's, core's registry entry, their container entries) are made in
+``override``; ``containers`` adds what q/k/v holders need, ``sparse_calls`` is asked first where sparse is on,
+``forward_plan`` hears each call's decision (``PatchState.count``). No ComfyUI import here: binding and the
+fallback decision are plain functions (the call's own checks in ``attention_call``), ``PatchState`` runs them
+(the kernel config comes from ``planner``, the counting and logging from ``stats``), so the rules can be
+tested without ComfyUI. ComfyUI calls
 ``override(func, *args, **kwargs)`` where ``func`` is the backend the model wanted and ``args/kwargs`` follow
 ``(q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False, skip_output_reshape=False, **kwargs)``.
 """
@@ -80,13 +84,18 @@ def variant_key(plan: KernelPlan, settings: SageSettings, call: AttentionCall, m
 class _PerThread(threading.local):
     """A patched model's state that belongs to one forward, so to the thread running it."""
 
-    reason: Optional[str] = None  # set by the non-finite guard: every call of the forward it redoes
+    redo_reason: Optional[str] = None  # set by the non-finite guard: every call of the forward it redoes
+    forward = None  # the forward plan's record of the forward in progress (``forward_plan._Forward``)
 
 
 class PatchState:
-    """One patched MODEL's override: decides per call, runs the kernel or a fallback, counts.
+    """One patched MODEL's dispatcher: decides per call, runs the kernel or a fallback, counts.
 
-    The override is a closure over this object (not an instance with ``__call__``): ComfyUI
+    Both of ComfyUI's entries (tensors, and current ComfyUI's q/k/v containers) come to ``dispatch``:
+    one decision (the call cache, else ``_dispatch_checked``'s full checks) and one kernel-or-fallback step
+    (``_kernel_or_fallback``); the container entry adds only its strategy (``containers.Holders``). Each
+    call's decision is counted and told to the forward in progress on its thread (``count``).
+    The overrides are closures over this object (``override``), not an instance with ``__call__``: ComfyUI
     deep-copies model_options on clone, and a function survives that as the same object.
     """
 
@@ -101,7 +110,7 @@ class PatchState:
         self.report = report or NoReport()  # install.py's self-test: crossover, failed variants
         self.planner = KernelPlanner(settings, self.report)
         self.runs = RunLog()
-        self.redo = _PerThread()  # .reason: set by the non-finite guard for the forward it redoes on this thread
+        self.local = _PerThread()  # the forward on this thread: the guard's redo, the forward plan's record
         self.last_plan: Optional[KernelPlan] = None  # of the last call that reached the plan (run summary)
         self._step_cache: Optional[tuple[tuple, bool]] = None
         self._calls = CallCache()  # decisions by call signature: a repeated call skips binding and checks
@@ -123,7 +132,8 @@ class PatchState:
     def arch_for(self, device: torch.device) -> ArchInfo:
         return self.arch_override if self.arch_override is not None else arch_for_device(device)
 
-    def _full_precision_step(self, transformer_options: dict) -> bool:
+    def full_precision_step(self, transformer_options: dict) -> bool:
+        """Whether this model evaluation is one of Sage Settings' full-precision steps (no kernel)."""
         s = self.settings
         if s.full_precision_first_steps <= 0 and s.full_precision_last_steps <= 0:
             return False
@@ -146,7 +156,7 @@ class PatchState:
     def _decide(self, call: AttentionCall) -> tuple[Optional[str], Optional[KernelPlan]]:
         """(fallback reason or None, the plan the call reached or None)."""
         reason = call_fallback_reason(call)
-        if reason is None and self._full_precision_step(call.transformer_options):
+        if reason is None and self.full_precision_step(call.transformer_options):
             reason = Reason.FULL_PRECISION_STEP
         if reason is not None:
             return reason, None
@@ -154,6 +164,153 @@ class PatchState:
         if plan.config is not None:
             self.last_plan = plan
         return fallback_reason(call, plan), plan
+
+    def fallback_route(self, arch: Optional[ArchInfo]) -> int:
+        """Where a call the kernel does not take goes on ``arch`` (``call_cache`` routes)."""
+        kind = fb.resolve_fallback_kind(self.settings.fallback, arch,
+                                        self.report.sdpa_default_safe(arch) if fb.is_rdna4(arch) else None)
+        if kind == "comfy":
+            return COMFY
+        if kind == "math" and self.previous_override is not None and self.settings.fallback == "auto":
+            return COMFY_MATH  # RDNA4 with an earlier override: it stays our fallback, never on SDPA's flash path
+        return BOUND_MATH if kind == "math" else BOUND
+
+    def fallback_route_for(self, first) -> int:
+        """``fallback_route`` for a call whose first tensor (or q's container) is ``first``."""
+        if first is not None and not isinstance(first, torch.Tensor):
+            peek = getattr(first, "peek", None)
+            first = peek() if callable(peek) else None
+        return self.fallback_route(self.arch_for(first.device) if isinstance(first, torch.Tensor)
+                                   else self.arch_override)
+
+    # --- counting ------------------------------------------------------------------------------------
+    def count(self, route: int, reason: Optional[str], detail: str = "") -> None:
+        """Count one call's decision (``reason`` None: a kernel took it) and tell the forward in progress on
+        this thread (``forward_plan``: what it learns a plan from)."""
+        if reason is None:
+            self.runs.kernel()
+        else:
+            self.runs.fallback(reason, detail)
+        forward = self.local.forward
+        if forward is not None and forward.decisions is not None:
+            forward.decisions.append((route, reason))
+
+    @property
+    def redo_reason(self) -> Optional[str]:
+        """Why this thread's forward runs on ComfyUI's attention (the non-finite guard), or None."""
+        return self.local.redo_reason
+
+    # --- the call ------------------------------------------------------------------------------------
+    def dispatch(self, func: Callable, args: tuple, kwargs: dict, holders=None) -> torch.Tensor:
+        """One attention call: ``override(func, *args, **kwargs)``'s, or with ``holders`` (the container
+        entry's ``containers.Holders``) one whose q, k, v in ``args`` are containers (``func`` unused)."""
+        local = self.local
+        reason = local.redo_reason  # the non-finite guard redoes this forward on ComfyUI's attention
+        if reason is None and torch.is_grad_enabled() and needs_grad(args):  # False while ComfyUI samples
+            reason = NEEDS_GRAD
+        if reason is not None:
+            return self._fall_back(func, args, kwargs, None, reason, holders)
+        if self.sparse is not None:
+            out = self.sparse.dispatch(self, args, kwargs, holders)
+            if out is not NOT_SPARSE:
+                return out
+        key = call_signature(args, kwargs)  # None for containers: decided in full every time
+        if key is not None:
+            s, calls = self.settings, self._calls
+            if s.full_precision_first_steps > 0 or s.full_precision_last_steps > 0:
+                key = (key, self.full_precision_step(kwargs.get("transformer_options") or {}))
+            # The cache's stamp and lookup inlined: most calls of a UNet end here, and each Python frame
+            # is host time of a host-bound forward (SDXL: 140 calls).
+            previous, generation = self.previous_override, self.report.generation()
+            if calls.settings is not s or calls.previous is not previous or calls.generation != generation:
+                calls.reset(s, previous, generation)
+                self.planner.settings = s  # settings replaced, or install.py's report changed: plan again
+                self.planner.forget()
+            try:
+                decision = calls.entries.get(key)
+            except TypeError:  # an unhashable argument: decided in full every time
+                decision = None
+            if decision is not None:  # decided before: no binding, no checks
+                route = decision.route
+                if decision.plan is not None:
+                    self.last_plan = decision.plan
+                if route == COMFY:  # ``count`` inlined
+                    reason = decision.reason
+                    self.runs.fallback(reason)
+                    forward = local.forward
+                    if forward is not None and forward.decisions is not None:
+                        forward.decisions.append((COMFY, reason))
+                    return func(*args, **kwargs) if previous is None else previous(func, *args, **kwargs)
+                if route == COMFY_MATH:
+                    self.count(COMFY_MATH, decision.reason)
+                    return self._call_comfy_side(func, args, kwargs, math_only=True)
+                if route == KERNEL and decision.variant not in _memory.variants:
+                    call = bind_call(args, kwargs)
+                    return self._kernel_or_fallback(func, args, kwargs, call, decision.plan,
+                                                    normalize_mask(call)[0], decision.variant, None)
+        return self._dispatch_checked(func, args, kwargs, key, holders)
+
+    def _dispatch_checked(self, func: Callable, args: tuple, kwargs: dict, key: Optional[tuple],
+                          holders) -> torch.Tensor:
+        """The full checks; their decision is remembered under ``key`` (``call_cache``)."""
+        try:
+            call = bind_call(args if holders is None else holders.tensors(args), kwargs)
+        except (TypeError, ValueError, AttributeError) as e:
+            return self._fall_back(func, args, kwargs, None, Reason.UNRECOGNISED_CALL, holders, str(e))
+        reason, plan = self._decide(call)
+        reached = plan if plan is not None and plan.config is not None else None
+        if reason is None:
+            mask = normalize_mask(call)[0]
+            variant = variant_key(plan, self.settings, call, mask)
+            if key is not None:
+                self._calls.put(key, Decision(None, KERNEL, reached, variant))
+            if variant not in _memory.variants:
+                return self._kernel_or_fallback(func, args, kwargs, call, plan, mask, variant, holders)
+            return self._fall_back(func, args, kwargs, call, VARIANT_DISABLED, holders)
+        route = self.fallback_route(self.arch_for(call.q.device))
+        if key is not None:
+            self._calls.put(key, Decision(reason, route, reached, None))
+        return self._fall_back(func, args, kwargs, call, reason, holders, route=route)
+
+    def _fall_back(self, func: Callable, args: tuple, kwargs: dict, call: Optional[AttentionCall], reason: str,
+                   holders, detail: str = "", route: Optional[int] = None) -> torch.Tensor:
+        """Count the fallback, then run it."""
+        if route is None:
+            route = self.fallback_route_for(call.q if call is not None else (args[0] if args else None))
+        self.count(route, reason, detail)
+        if holders is not None:
+            return holders.fallback(self, args, kwargs, call, route)
+        return self.run_fallback(func, args, kwargs, call, route)
+
+    def _kernel_or_fallback(self, func: Callable, args: tuple, kwargs: dict, call: AttentionCall,
+                            plan: KernelPlan, mask, variant: tuple, holders) -> torch.Tensor:
+        """The kernel's output (counted); after a kernel failure the fallback's, and ``variant`` is turned off
+        (a call ComfyUI's attention refuses too was the caller's: its error goes up, the variant stays on)."""
+        if holders is not None and self.kernel_runner is None and holders.may_take(call, variant):
+            out = holders.run_kernel_taking(self, call, plan, mask, args)  # nothing is left to fall back on
+            self.count(KERNEL, None)
+            return out
+        try:
+            out = self.run_kernel(call, plan, mask)
+        except torch.OutOfMemoryError:
+            raise  # the fallback would need the memory too; let ComfyUI report it
+        except Exception as e:  # compile or launch failure: never fail the run
+            route = self.fallback_route(self.arch_for(call.q.device))
+            if holders is not None:
+                out = holders.fallback(self, args, kwargs, call, route)
+            else:
+                out = self.run_fallback(func, args, kwargs, call, route)
+            refused = caller_error(call, mask)
+            if refused is not None:  # arguments the checks let by: still the caller's, not a kernel fault
+                self.count(route, REFUSED_ARGUMENTS, refused)
+                return out
+            disable_variant(variant, plan, e)
+            self.count(route, VARIANT_DISABLED)
+            return out
+        if holders is not None:
+            holders.kernel_ran(args, variant)
+        self.count(KERNEL, None)
+        return out
 
     # --- running -----------------------------------------------------------------------------------
     def run_kernel(self, call: AttentionCall, plan: KernelPlan, mask) -> torch.Tensor:
@@ -171,20 +328,9 @@ class PatchState:
                        out_layout=out_layout, config=plan.config)
         return comfy_output(out, out_layout, call)
 
-    def _fallback_route(self, arch: Optional[ArchInfo]) -> int:
-        """Where a call the kernel does not take goes on ``arch`` (``call_cache`` routes)."""
-        kind = fb.resolve_fallback_kind(self.settings.fallback, arch,
-                                        self.report.sdpa_default_safe(arch) if fb.is_rdna4(arch) else None)
-        if kind == "comfy":
-            return COMFY
-        if kind == "math" and self.previous_override is not None and self.settings.fallback == "auto":
-            return COMFY_MATH  # RDNA4 with an earlier override: it stays our fallback, never on SDPA's flash path
-        return BOUND_MATH if kind == "math" else BOUND
-
-    def run_fallback(self, func: Callable, args: tuple, kwargs: dict, call: Optional[AttentionCall]) -> torch.Tensor:
-        first = call.q if call is not None else (args[0] if args else None)
-        route = self._fallback_route(self.arch_for(first.device) if isinstance(first, torch.Tensor)
-                                     else self.arch_override)
+    def run_fallback(self, func: Callable, args: tuple, kwargs: dict, call: Optional[AttentionCall],
+                     route: int) -> torch.Tensor:
+        """The fallback ``route`` names: ComfyUI's side (also any call not bound), else our own SDPA."""
         if call is None or route in (COMFY, COMFY_MATH):
             return self._call_comfy_side(func, args, kwargs, math_only=route in (COMFY_MATH, BOUND_MATH))
         mask, _ = normalize_mask(call)
@@ -205,96 +351,6 @@ class PatchState:
                 return self._call_comfy_side(func, args, kwargs, math_only=False)
         previous = self.previous_override
         return func(*args, **kwargs) if previous is None else previous(func, *args, **kwargs)
-
-    @property
-    def redo_reason(self) -> Optional[str]:
-        """Why this thread's forward runs on ComfyUI's attention (the non-finite guard), or None."""
-        return self.redo.reason
-
-    def dispatch(self, func: Callable, args: tuple, kwargs: dict) -> torch.Tensor:
-        if self.redo.reason is not None:  # the non-finite guard redoes this forward on ComfyUI's attention
-            self.runs.fallback(self.redo.reason)
-            return self.run_fallback(func, args, kwargs, None)
-        if torch.is_grad_enabled() and needs_grad(args):  # False while ComfyUI samples (inference mode)
-            self.runs.fallback(NEEDS_GRAD)
-            return self.run_fallback(func, args, kwargs, None)
-        if self.sparse is not None:
-            out = self.sparse.dispatch(self, args, kwargs)
-            if out is not NOT_SPARSE:
-                return out
-        key = call_signature(args, kwargs)
-        if key is not None:
-            s, calls = self.settings, self._calls
-            if s.full_precision_first_steps > 0 or s.full_precision_last_steps > 0:
-                key = (key, self._full_precision_step(kwargs.get("transformer_options") or {}))
-            # The cache's stamp and lookup inlined: most calls of a UNet end here, and each Python frame
-            # is host time of a host-bound forward (SDXL: 140 calls).
-            previous, generation = self.previous_override, self.report.generation()
-            if calls.settings is not s or calls.previous is not previous or calls.generation != generation:
-                calls.reset(s, previous, generation)
-                self.planner.settings = s  # settings replaced, or install.py's report changed: plan again
-                self.planner.forget()
-            try:
-                decision = calls.entries.get(key)
-            except TypeError:  # an unhashable argument: decided in full every time
-                decision = None
-            if decision is not None:  # decided before: no binding, no checks
-                route = decision.route
-                if decision.plan is not None:
-                    self.last_plan = decision.plan
-                if route == COMFY:
-                    self.runs.fallback(decision.reason)
-                    return func(*args, **kwargs) if previous is None else previous(func, *args, **kwargs)
-                if route == COMFY_MATH:
-                    self.runs.fallback(decision.reason)
-                    return self._call_comfy_side(func, args, kwargs, math_only=True)
-                if route == KERNEL and decision.variant not in _memory.variants:
-                    call = bind_call(args, kwargs)
-                    return self._kernel_or_fallback(func, args, kwargs, call, decision.plan,
-                                                    normalize_mask(call)[0], decision.variant)
-        return self._dispatch_checked(func, args, kwargs, key)
-
-    def _dispatch_checked(self, func: Callable, args: tuple, kwargs: dict, key: Optional[tuple]) -> torch.Tensor:
-        """The full checks; their decision is remembered under ``key`` (``call_cache``)."""
-        try:
-            call = bind_call(args, kwargs)
-        except (TypeError, ValueError, AttributeError) as e:
-            self.runs.fallback(Reason.UNRECOGNISED_CALL, str(e))
-            return self.run_fallback(func, args, kwargs, None)
-        reason, plan = self._decide(call)
-        reached = plan if plan is not None and plan.config is not None else None
-        if reason is None:
-            mask = normalize_mask(call)[0]
-            variant = variant_key(plan, self.settings, call, mask)
-            if key is not None:
-                self._calls.put(key, Decision(None, KERNEL, reached, variant))
-            if variant not in _memory.variants:
-                return self._kernel_or_fallback(func, args, kwargs, call, plan, mask, variant)
-            reason = VARIANT_DISABLED
-        elif key is not None:
-            self._calls.put(key, Decision(reason, self._fallback_route(self.arch_for(call.q.device)), reached, None))
-        self.runs.fallback(reason)
-        return self.run_fallback(func, args, kwargs, call)
-
-    def _kernel_or_fallback(self, func: Callable, args: tuple, kwargs: dict, call: AttentionCall,
-                            plan: KernelPlan, mask, variant: tuple) -> torch.Tensor:
-        """The kernel's output (counted); after a kernel failure the fallback's, and ``variant`` is turned off."""
-        try:
-            out = self.run_kernel(call, plan, mask)
-        except torch.OutOfMemoryError:
-            raise  # the fallback would need the memory too; let ComfyUI report it
-        except Exception as e:  # compile or launch failure: never fail the run
-            # A call ComfyUI's attention refuses too was the caller's fault: its error goes up, the variant stays on.
-            out = self.run_fallback(func, args, kwargs, call)
-            refused = caller_error(call, mask)
-            if refused is not None:  # arguments the checks above let by: still the caller's, not a kernel fault
-                self.runs.fallback(REFUSED_ARGUMENTS, refused)
-                return out
-            disable_variant(variant, plan, e)
-            self.runs.fallback(VARIANT_DISABLED)
-            return out
-        self.runs.kernel()
-        return out
 
 
 def disable_variant(variant: tuple, plan: KernelPlan, error: Exception) -> None:

@@ -1,9 +1,10 @@
 """Decisions per forward: a forward whose attention calls all go to ComfyUI's attention runs without the
 override, and in a forward that mixes, the calls that go there skip the dispatcher.
 
-The first forward of an input shape runs through the dispatcher while ``RunLog.observer`` notes, call by
-call, whether the kernel took it. Its plan is kept under the forward's key (input shapes, the attention
-patches, the full-precision-step flag) for the same settings, earlier override and install report:
+The first forward of an input shape runs through the dispatcher, which tells the forward's record each
+call's decision (``PatchState.count``: where it went, and why when not to the kernel). Its plan is kept
+under the forward's key (input shapes, the attention patches, the full-precision-step flag) for the same
+settings, earlier override and install report:
 
 - every call fell back to ComfyUI's attention (SDXL, SD1.5: every key shorter than the crossover): later
   forwards run with the override taken out of ``transformer_options`` (the earlier override put back),
@@ -13,12 +14,12 @@ patches, the full-precision-step flag) for the same settings, earlier override a
 
 A model's calls run in the same order for the same inputs; where they do not, a shape check sends the
 call to the dispatcher, so a wrong plan costs speed, never a kernel call the checks would refuse. Only
-where the dispatcher's fallback is ComfyUI's attention as called (``call_cache.COMFY``): a fallback to
-math-only SDPA (RDNA4) or to our own SDPA stays with the dispatcher.
+where the dispatcher's fallbacks went to ComfyUI's attention as called (``call_cache.COMFY``): a fallback
+to math-only SDPA (RDNA4) or to our own SDPA stays with the dispatcher. The plan's check before the
+dispatcher is part of the override (``override.make_attention_override``).
 """
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Optional
 
@@ -27,7 +28,6 @@ import torch
 from .call_cache import COMFY, put_bounded
 from .dispatch import PatchState
 from .nonfinite_guard import REASON as REDO_REASON
-from .override import make_attention_override, outside_graphs
 
 WRAPPER_KEY = "sagetriton_forward_plan"
 OVERRIDE_KEY = "optimized_attention_override"
@@ -48,15 +48,17 @@ class ForwardPlan:
 
 
 class _Forward:
-    """The forward in progress on this thread."""
+    """The forward in progress on this thread (``PatchState.local.forward``): the plan it follows, or what its
+    calls showed while learning one (read by the dispatcher and by ``override.make_attention_override``)."""
 
-    __slots__ = ("plan", "pos", "counts", "shapes")
+    __slots__ = ("plan", "pos", "counts", "shapes", "decisions")
 
     def __init__(self, plan: Optional[ForwardPlan]):
-        self.plan = plan  # None: observing
-        self.pos = 0
-        self.counts = [0] * len(plan.reasons) if plan is not None else None
-        self.shapes: Optional[list] = [] if plan is None else None
+        self.plan = plan  # None: learning
+        self.pos = 0  # the next call's position
+        self.counts = [0] * len(plan.reasons) if plan is not None else None  # calls the plan sent, by reason
+        self.shapes: Optional[list] = [] if plan is None else None  # learning: (q shape, k shape) per tensor call
+        self.decisions: Optional[list] = [] if plan is None else None  # learning: (route, reason) per call
 
 
 def _meta(value):
@@ -100,8 +102,8 @@ class ForwardPlans:
         self.state = state
         self.entries: dict[tuple, ForwardPlan] = {}
         self.stamp: tuple = (None, None, None)
-        self.local = threading.local()  # the forward in progress, per thread
-        self.override: Optional[Callable] = None  # ``make_planned_override``'s function for this state
+        self.local = state.local  # the forward in progress, per thread (``.forward``)
+        self.override: Optional[Callable] = None  # the override made with these plans (``override``)
 
     def valid_entries(self) -> dict:
         s = self.state
@@ -111,31 +113,26 @@ class ForwardPlans:
             self.stamp = (s.settings, s.previous_override, s.report.generation())
         return self.entries
 
-    def learn(self, key: tuple, events: list, shapes: list, comfy_route: bool) -> None:
+    def learn(self, key: tuple, decisions: list, shapes: list) -> None:
+        """Keep the plan the first forward of ``key`` showed: its calls' decisions (``PatchState.count``), and
+        the shapes of its calls through the tensor entry."""
+        events = [reason for _, reason in decisions]
         if REDO_REASON in events:  # a redone forward shows the guard's choice, not the dispatcher's
             return
-        if not comfy_route:  # fallbacks that are not ComfyUI's attention as called: the dispatcher decides
-            plan = ForwardPlan(None, [], [])
+        if any(route != COMFY for route, reason in decisions if reason is not None):
+            plan = ForwardPlan(None, [], [])  # fallbacks not ComfyUI's attention as called: the dispatcher decides
         else:
             reasons = list(dict.fromkeys(e for e in events if e is not None))
             whole = None
             if None not in events:
                 whole = {r: events.count(r) for r in reasons}
             calls = []
-            if len(shapes) == len(events):  # one event per call through the override (else: containers)
+            if len(shapes) == len(events):  # one decision per call through the override (else: containers)
                 for (q_shape, k_shape), event in zip(shapes, events, strict=True):
-                    usable = event is not None and event != REDO_REASON and q_shape is not None
+                    usable = event is not None and q_shape is not None
                     calls.append((q_shape, k_shape, reasons.index(event)) if usable else None)
             plan = ForwardPlan(whole, calls, reasons)
         put_bounded(self.entries, key, plan, MAX_PLANS)
-
-
-def _fallback_is_comfy(state: PatchState, x) -> bool:
-    try:
-        arch = state.arch_for(x.device) if isinstance(x, torch.Tensor) else state.arch_override
-        return state._fallback_route(arch) == COMFY
-    except Exception:  # noqa: BLE001 - an unknown device: the dispatcher keeps every decision
-        return False
 
 
 def make_forward_wrapper(state: PatchState, plans: ForwardPlans) -> Callable:
@@ -153,7 +150,7 @@ def make_forward_wrapper(state: PatchState, plans: ForwardPlans) -> Callable:
             return executor(*args, **kwargs)
         s = state.settings
         full_precision = (s.full_precision_first_steps > 0 or s.full_precision_last_steps > 0) and \
-            state._full_precision_step(topts)
+            state.full_precision_step(topts)
         key = forward_key(args, kwargs, topts, full_precision)
         try:
             plan = plans.valid_entries().get(key)
@@ -170,54 +167,16 @@ def make_forward_wrapper(state: PatchState, plans: ForwardPlans) -> Callable:
             state.runs.passed_through(plan.whole)
             return out
         forward = local.forward = _Forward(plan)
-        if plan is None:
-            state.runs.observer = events = []
         try:
             out = executor(*args, **kwargs)
         finally:
             local.forward = None
-            if plan is None:
-                state.runs.observer = None
-            else:
+            if plan is not None:
                 for reason, n in zip(plan.reasons, forward.counts, strict=True):
                     if n:
                         state.runs.fallback(reason, n=n)
         if plan is None:
-            plans.learn(key, events, forward.shapes, _fallback_is_comfy(state, args[0]))
+            plans.learn(key, forward.decisions, forward.shapes)
         return out
 
     return sagetriton_forward_plan
-
-
-def make_planned_override(state: PatchState, plans: ForwardPlans) -> Callable:
-    """``dispatch.make_attention_override`` with the forward's plan first: a call the plan sends to
-    ComfyUI's attention goes there after a position and shape check, without the dispatcher."""
-    base = make_attention_override(state)
-    local = plans.local
-
-    def sagetriton_attention_override(func, *args, **kwargs):
-        forward = getattr(local, "forward", None)
-        if forward is not None:
-            i = forward.pos
-            forward.pos = i + 1
-            plan = forward.plan
-            if plan is None:  # observing: the shapes beside RunLog.observer's events
-                forward.shapes.append((getattr(args[0], "shape", None), getattr(args[1], "shape", None))
-                                      if len(args) > 1 else (None, None))
-            elif i < len(plan.calls):
-                known = plan.calls[i]
-                if (known is not None and state.redo_reason is None and len(args) > 1
-                        and getattr(args[0], "shape", None) == known[0]
-                        and getattr(args[1], "shape", None) == known[1]):
-                    forward.counts[known[2]] += 1
-                    previous = state.previous_override
-                    return func(*args, **kwargs) if previous is None else previous(func, *args, **kwargs)
-        return state.dispatch(func, args, kwargs)
-
-    # Under torch.compile (ComfyUI's TorchCompileModel) each call leaves the graph here and runs as it
-    # runs uncompiled: the plan, the dispatcher's decisions and its counters are Python state a graph would freeze.
-    override = outside_graphs(sagetriton_attention_override)
-    override.sagetriton_state = state
-    override.container_function = base.container_function
-    plans.override = override
-    return override

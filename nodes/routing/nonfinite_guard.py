@@ -2,6 +2,7 @@
 own attention, so a kernel fault never turns into a black frame.
 
 One check per forward (an APPLY_MODEL wrapper, which every ComfyUI model goes through), not per attention call.
+Only the redo's calls are counted: the discarded forward's were held (``stats.held_counts``) and are dropped.
 """
 from __future__ import annotations
 
@@ -25,18 +26,20 @@ def _finite(values) -> bool:
 
 def make_apply_model_wrapper(state: PatchState) -> Callable:
     def sagetriton_nonfinite_guard(executor, *args, **kwargs):
-        counted = stats.thread_calls()
-        out = executor(*args, **kwargs)
-        if not isinstance(out, torch.Tensor) or _finite([out]) or not _finite([*args, *kwargs.values()]):
-            return out  # finite, or non-finite going in: not ours to fix
+        # The forward's counts are held until it is kept: a discarded forward's calls are never counted.
+        with stats.held_counts() as forward:
+            out = executor(*args, **kwargs)
+            if not isinstance(out, torch.Tensor) or _finite([out]) or not _finite([*args, *kwargs.values()]):
+                return out  # finite, or non-finite going in: not ours to fix
+            forward.discard()
         logger.warning("[SageTriton] a patched forward returned NaN/Inf from finite inputs; redoing it on "
                        "ComfyUI's attention (which layer produced it first is not tracked)")
-        stats.take_back(counted, state.run)  # the discarded forward's calls: only the redo's are counted
         # Per thread: another thread's forward through the same model is not redone.
-        state.redo.reason = REASON
+        local = state.local
+        local.redo_reason = REASON
         try:
             return executor(*args, **kwargs)
         finally:
-            state.redo.reason = None
+            local.redo_reason = None
 
     return sagetriton_nonfinite_guard

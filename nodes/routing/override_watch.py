@@ -6,8 +6,9 @@ Attention take the slot without a word: core's "Model Sparse Attention" puts its
 (``set_model_optimized_attention``) replaces ours, which then never runs. An APPLY_MODEL wrapper, the
 outermost of the patch's, looks at each forward's override: where it is not this patch's, the forward runs
 with a counting shim around that override (the same function, arguments and container entry) and the
-calls reaching this patch's dispatcher are counted by the usual tallies. The run summary then says how
-many calls the other override ran itself and how many fell through to SageTriton, or that ours never ran.
+calls reaching this patch's dispatcher are counted by the usual tallies (held for the forward:
+``stats.held_counts``). The run summary then says how many calls the other override ran itself and how
+many fell through to SageTriton, or that ours never ran.
 """
 from __future__ import annotations
 
@@ -54,11 +55,6 @@ def counting_shim(override: Callable, counter: list) -> Callable:
     return counted
 
 
-def _reached(before: tuple, after: tuple) -> int:
-    """Calls this thread's dispatchers counted between two ``stats.thread_calls()``."""
-    return after[0] - before[0] + sum(after[1].values()) - sum(before[1].values())
-
-
 def note_forward(state: PatchState, names: tuple[str, str], calls, reached: int) -> None:
     run = state.run
     if run is None:
@@ -82,15 +78,14 @@ def make_override_watch(state: PatchState, describe: Callable) -> Callable:
         if getattr(current, "sagetriton_state", None) is state:
             return executor(*args, **kwargs)  # ours: the usual case, nothing to watch
         counter = [0]
-        before = stats.thread_calls()
         if current is not None:  # the forward's own dict (ComfyUI builds one per model call)
             topts[OVERRIDE_KEY] = counting_shim(current, counter)
         try:
-            return executor(*args, **kwargs)
+            with stats.held_counts() as forward:  # what reached this patch's dispatchers, as kept (the guard)
+                return executor(*args, **kwargs)
         finally:
             if current is not None:
                 topts[OVERRIDE_KEY] = current
-            note_forward(state, describe(current), counter[0] if current is not None else None,
-                         _reached(before, stats.thread_calls()))
+            note_forward(state, describe(current), counter[0] if current is not None else None, forward.calls)
 
     return sagetriton_override_watch

@@ -74,7 +74,7 @@ def _left_to_compiler() -> None:
 def _rope_eager(x, freqs, y, fma):
     global _calls
     state = _forward.get()
-    if state is None or _memory.rope is not None or getattr(state.redo, "reason", None) is not None:
+    if state is None or _memory.rope is not None or getattr(state, "redo_reason", None) is not None:
         return None
     pairs = [(t, _freqs_for(t, freqs)) for t in ((x,) if y is None else (x, y))]
     try:

@@ -1,7 +1,7 @@
 """Sparse attention for a patched model's long self-attention calls (Sage Settings' ``sparse``).
 
-``PatchState.dispatch`` (tensors) and ``containers.dispatch_containers`` (current ComfyUI's holders) ask
-the model's ``SparseRouter`` first. It takes a call that the dense kernel could take (the same checks)
+``PatchState.dispatch`` asks the model's ``SparseRouter`` first (for both entries: tensors, and current
+ComfyUI's holders). It takes a call that the dense kernel could take (the same checks)
 and that sparse attention can honour: self-attention (q, k, v of one length; GQA fine), no mask, head
 size 64-256, at least ``min_tokens`` long, inside the schedule's sparse window, not in a dense layer.
 Those run ``kernels.sparse_attn`` with the plan's kernel config and count as kernel calls, with their
@@ -26,6 +26,7 @@ from ...kernels.build_errors import root_cause
 from ...kernels.log import logger
 from ..config.sparse_settings import SparseSettings
 from ..reporting.reasons import Reason
+from .call_cache import SPARSE
 from .conditioning_span import sinks_for
 from .dispatch import (
     NOT_SPARSE,
@@ -141,7 +142,7 @@ class SparseRouter:
     def take(self, state: PatchState, call: AttentionCall):
         """(plan, sinks) when this call runs sparse, else None (its reason counted)."""
         layer = self.layer_index(call)
-        if call_fallback_reason(call) is not None or state._full_precision_step(call.transformer_options):
+        if call_fallback_reason(call) is not None or state.full_precision_step(call.transformer_options):
             return None  # the dense dispatcher falls back, for its own reason
         reason = self.dense_reason(call, layer)
         if reason is None and self._failure_key(state, call) in self.failed:
@@ -170,7 +171,7 @@ class SparseRouter:
             self._without_extra_tokens(e)  # the kernel has no extra tokens (yet): sparse without them beats dense
             out, density = sparse_attn(q, k, v, **kw, **self.kernel_options)
         state.last_plan = plan
-        state.runs.kernel()
+        state.count(SPARSE, None)
         state.runs.sparse(density)
         return comfy_output(out, out_layout, call)
 
@@ -194,30 +195,14 @@ class SparseRouter:
         logger.warning("[SageTriton] %s.", note)
         state.runs.sparse_dense(FAILED)
 
-    # --- the two entries -------------------------------------------------------------------------------
-    def dispatch(self, state: PatchState, args: tuple, kwargs: dict):
-        """The output of a call that ran sparse, or ``NOT_SPARSE``."""
+    # --- the entry ----------------------------------------------------------------------------------
+    def dispatch(self, state: PatchState, args: tuple, kwargs: dict, holders=None):
+        """The output of a call that ran sparse, or ``NOT_SPARSE``. With ``holders`` (``containers.Holders``)
+        q, k, v are containers, taken only when the call ran sparse."""
         try:
-            call = bind_call(args, kwargs)
+            call = bind_call(args if holders is None else holders.tensors(args), kwargs)
         except (TypeError, ValueError, AttributeError):
             return NOT_SPARSE  # the dispatcher reports it
-        taken = self.take(state, call)
-        if taken is None:
-            return NOT_SPARSE
-        try:
-            return self.run(state, call, *taken)
-        except torch.OutOfMemoryError:
-            raise
-        except Exception as e:  # noqa: BLE001 - never fail the run: the dense path takes the call
-            self.failed_here(state, call, e)
-            return NOT_SPARSE
-
-    def dispatch_containers(self, state: PatchState, args: tuple, kwargs: dict):
-        """``dispatch`` for current ComfyUI's q/k/v holders: they are taken only when the call ran sparse."""
-        try:
-            call = bind_call((args[0].peek(), args[1].peek(), args[2].peek(), *args[3:]), kwargs)
-        except (TypeError, ValueError, AttributeError, IndexError):
-            return NOT_SPARSE
         taken = self.take(state, call)
         if taken is None:
             return NOT_SPARSE
@@ -225,11 +210,11 @@ class SparseRouter:
             out = self.run(state, call, *taken)
         except torch.OutOfMemoryError:
             raise
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - never fail the run: the dense path takes the call
             self.failed_here(state, call, e)
             return NOT_SPARSE
-        for c in args[:3]:
-            c.take()  # consumed, as the container protocol expects
+        if holders is not None:
+            holders.consumed(args)
         return out
 
 
