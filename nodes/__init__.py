@@ -23,6 +23,11 @@ Where to find (and change) what decides a run:
 - the run-summary text: ``reporting/run_summary.py`` (the panel formats the same fields again in
   ``web/sage_format.mjs``).
 - the RoPE kernel: ``kernels/rope.py``; where it replaces ComfyUI's RoPE: ``routing/rope_hooks.py``.
+- one attention call's path: the functions ComfyUI calls (the Patch node's override, core's registry entry,
+  their container entries) are made in ``routing/override.py``; each goes to ``PatchState.dispatch``
+  (``routing/dispatch.py``): the decision (``call_cache`` or the full checks), the one kernel-or-fallback step,
+  ``PatchState.count`` (the counters, and the forward plan learning from the decision). q/k/v holders add only
+  ``containers.Holders``; the non-finite guard holds a forward's counts (``reporting/stats.held_counts``).
 - one attention call's checks and layouts: ``routing/attention_call.py``; the kernel library's host side:
   ``kernels/api.py`` (public API), ``checks``, ``host``, ``host_quant``, ``hopper_host``, ``custom_op``, ``launch``.
 - why a call fell back or stayed dense: ``reporting/reasons.py`` (named members; the log level and the run

@@ -149,12 +149,7 @@ class PatchState:
         return result
 
     def decide(self, call: AttentionCall) -> tuple[Optional[str], Optional[KernelPlan]]:
-        """(None, plan) when the kernel takes the call, else (the reason to fall back, None)."""
-        reason, plan = self._decide(call)
-        return (None, plan) if reason is None else (reason, None)
-
-    def _decide(self, call: AttentionCall) -> tuple[Optional[str], Optional[KernelPlan]]:
-        """(fallback reason or None, the plan the call reached or None)."""
+        """The full checks of a bound call: (fallback reason or None, the plan the call reached or None)."""
         reason = call_fallback_reason(call)
         if reason is None and self.full_precision_step(call.transformer_options):
             reason = Reason.FULL_PRECISION_STEP
@@ -257,7 +252,7 @@ class PatchState:
             call = bind_call(args if holders is None else holders.tensors(args), kwargs)
         except (TypeError, ValueError, AttributeError) as e:
             return self._fall_back(func, args, kwargs, None, Reason.UNRECOGNISED_CALL, holders, str(e))
-        reason, plan = self._decide(call)
+        reason, plan = self.decide(call)
         reached = plan if plan is not None and plan.config is not None else None
         if reason is None:
             mask = normalize_mask(call)[0]
