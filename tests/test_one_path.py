@@ -71,3 +71,25 @@ def test_a_kept_forward_is_counted_when_it_ends(pack):
 
     guard(forward, torch.zeros(2))
     assert stats.attention_stats()["kernel"] == before + 3 and state.run.kernel == 3
+
+
+def test_the_taking_kernel_holds_the_only_references_to_the_floats(pack, monkeypatch):
+    """The container entry shares the dispatcher, which must not keep q, k, v alive beside the holders'
+    hand-over: once a variant is proven, the kernel gets the only references (its peak drops each early)."""
+    import sys
+
+    from sagetriton.kernels import api
+
+    real, refs = api.attention_forward_taking, []
+
+    def counted(inputs, *args, **kwargs):
+        refs.append([sys.getrefcount(inputs[i]) for i in range(3)])  # the list's slot and the argument: 2
+        return real(inputs, *args, **kwargs)
+
+    monkeypatch.setattr(api, "attention_forward_taking", counted)
+    state = PatchState(SageSettings(min_seq_len=0))
+    for _ in range(2):  # the first call proves the variant with the floats kept, the second takes them
+        holders = [Holder(t) for t in random_qkv(b=1, h=2, lq=16, lk=16, d=32)]
+        out = dispatch_containers(state, (*holders, 2), {"skip_reshape": True}, backend=reference_backend)
+        assert out.shape == (1, 16, 64) and all(h.tensor is None for h in holders)
+    assert refs == [[2, 2, 2]]

@@ -6,7 +6,9 @@ Current ComfyUI's ``wrap_attn`` passes the containers, not tensors, to an overri
 Q, K and V as soon as each is quantized (``kernels.api.attention_forward_taking``): the call's
 peak no longer holds the floats beside their quantized copies and the output.
 
-Duck-typed (``peek``/``take``): no ComfyUI import, and older ComfyUI never sends containers.
+Such a call goes through the same dispatcher as a tensor call (``PatchState.dispatch``); what differs is here,
+in ``Holders``: peek to decide, take when consumed, hand untaken containers to a fallback that has a container
+entry of its own. Duck-typed (``peek``/``take``): no ComfyUI import, and older ComfyUI never sends containers.
 """
 from __future__ import annotations
 
