@@ -34,7 +34,7 @@ class Decision:
         self.reason = reason  # the fallback reason counted; None for the kernel
         self.route = route
         self.plan = plan  # the plan the call reached (PatchState.last_plan), if it did
-        self.variant = variant  # the kernel's variant key (dispatch._disabled_variants)
+        self.variant = variant  # the kernel's variant key (off while in ``failures.memory.variants``)
 
 
 def _meta(value):
