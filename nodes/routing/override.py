@@ -49,7 +49,7 @@ def make_attention_override(state: PatchState, plans: Optional[ForwardPlans] = N
         return _entries(sagetriton_attention_override, state)
     local = state.local
 
-    def sagetriton_planned_override(func, *args, **kwargs):
+    def sagetriton_attention_override(func, *args, **kwargs):  # the same, the plan asked first
         forward = local.forward
         if forward is not None:
             i = forward.pos
@@ -68,8 +68,7 @@ def make_attention_override(state: PatchState, plans: Optional[ForwardPlans] = N
                     return func(*args, **kwargs) if previous is None else previous(func, *args, **kwargs)
         return state.dispatch(func, args, kwargs)
 
-    sagetriton_planned_override.__name__ = "sagetriton_attention_override"
-    plans.override = override = _entries(sagetriton_planned_override, state)
+    plans.override = override = _entries(sagetriton_attention_override, state)
     return override
 
 
