@@ -49,7 +49,7 @@ async function fetchStatus() {
     const res = await api.fetchApi("/sage/status", { cache: "no-store" });
     status = res.ok ? await res.json() : null;
   } catch (err) {
-    console.warn("[SageTriton] /sage/status failed:", err);
+    console.warn("[SageTriton] no answer from /sage/status:", err);
     status = null;
   }
   // Show the first-start build's progress until it ends, then stop asking.
