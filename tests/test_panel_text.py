@@ -18,12 +18,13 @@ from sagetriton_import import PACK_DIR
 
 WHY = "sm86 has no fp8 matrix instructions; fp8 → fp16 on this GPU"
 KEYED = {"arch": "sm86", "family": "ampere_consumer", "vendor": "nvidia", "crossover": {"seq_len": 1536},
-         "defaults": {"64": {"qk_quant_gran": "per_block"}, "128": {"qk_quant_gran": "per_warp", "pv_precision": "fp16",
-                                                                    "pv_accum_dtype": "fp16+fp32", "min_seq_len": 1024}},
+         "defaults": {"64": {"qk_quant_gran": "per_block"},
+                      "128": {"qk_quant_gran": "per_warp", "pv_precision": "fp16", "pv_accum_dtype": "fp16+fp32",
+                              "min_seq_len": 1024}},
          "supported_choices": mark_choices({"pv_precision": {"fp8": {"ok": False, "why": WHY}}}),
          "backends": {"SageTriton": {"ok": True, "why": "", "short": ""},
-                      "SageAttention": {"ok": False, "why": "not installed", "short": "SageAttention unavailable here → "
-                                        "SageTriton"}}}
+                      "SageAttention": {"ok": False, "why": "not installed",
+                                        "short": "SageAttention unavailable here → SageTriton"}}}
 FLAT = {"arch": "gfx1201", "family": "rdna4", "vendor": "amd",
         "defaults": {"qk_quant_gran": "per_thread", "pv_precision": "fp8", "pv_accum_dtype": "fp32", "min_seq_len": 0},
         "supported_choices": {"pv_precision": {"fp8": {"ok": True, "why": ""}},
@@ -50,7 +51,8 @@ def test_status_lines_for_each_route_shape():
     assert cpu["lines"] == ["SageTriton · cpu", "defaults: QK per_warp · PV fp16",
                             "no GPU: ComfyUI's own attention runs"]
     failed = status_panel({"arch": "sm90", "setup": {"phase": "failed", "message": ""}, "report": {"invalid": "bad"}})
-    assert failed["lines"] == ["SageTriton · sm90", "defaults: not reported yet", "⚠ self-test failed: see the server log",
+    assert failed["lines"] == ["SageTriton · sm90", "defaults: not reported yet",
+                               "⚠ self-test failed: see the server log",
                                "⚠ self-test report ignored (bad); table defaults until it is redone"]
 
 
