@@ -38,7 +38,7 @@ def test_status_lines_for_each_route_shape():
                               "defaults: QK per_warp · PV fp16 · fp16+fp32 acc", "kernel from 1536 tokens"]
     assert panel["settings"] == ["⚠ fp8 → fp16 on this GPU"]
     assert panel["backend"] == {"SageAttention": "⚠ SageAttention unavailable here → SageTriton"}
-    assert panel["not_run"] == ["last run: none yet"]
+    assert panel["not_run"] == ["last run: none yet"] and panel["choices_title"] == "On this GPU (sm86):"
     flat = status_panel(FLAT)
     assert flat["lines"] == ["SageTriton · gfx1201 · rdna4 · AMD", "defaults: QK per_thread · PV fp8 · fp32 acc",
                              "kernel at any sequence length", "⏳ building and testing kernels 3/12"]

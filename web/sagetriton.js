@@ -117,7 +117,7 @@ function markChoices(node, unsupported) {
     }
     const notes = Object.entries(bad).map(([value, r]) => `${value}: ${r.why || r.short}`);
     const base = w.sageOwnTooltip ?? inputTooltips.get(w.name) ?? "";
-    w.tooltip = [base, `On this GPU (${status?.arch ?? "?"}):`, ...notes].filter(Boolean).join("\n");
+    w.tooltip = [base, status?.panel?.choices_title, ...notes].filter(Boolean).join("\n");
     w.label = bad[w.value] ? `${w.sageOwnLabel ?? w.name} ${labelMark(bad[w.value].short)}` : w.sageOwnLabel;
     if (!w.sageWatched) {
       // Re-mark when the user picks another value.

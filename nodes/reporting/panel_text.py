@@ -98,14 +98,16 @@ def mark_choices(choices: dict) -> dict:
 def status_panel(status: dict) -> dict:
     """The /sage/status payload's ``panel``: ``lines`` on every node, ``settings`` under them on Sage Settings
     (choices this GPU cannot run), ``backend`` the line for a selected backend that cannot run here, ``not_run``
-    a Patch node's lines until it has run (then the run summary's ``lines``)."""
+    a Patch node's lines until it has run (then the run summary's ``lines``); ``choices_title`` heads the
+    reasons in a marked widget's tooltip."""
     lines = [arch_label(status), defaults_line(status)]
     lines += [x for x in (seq_line(status), setup_line(status), report_line(status)) if x]
     settings = [WARN + entry.get("short", short_reason(value, entry.get("why", "")))
                 for values in (status.get("supported_choices") or {}).values()
                 for value, entry in values.items() if entry.get("ok") is False]
     backend = {name: WARN + b["short"] for name, b in (status.get("backends") or {}).items() if b.get("ok") is False}
-    return {"lines": lines, "settings": settings, "backend": backend, "not_run": [NOT_RUN]}
+    return {"lines": lines, "settings": settings, "backend": backend, "not_run": [NOT_RUN],
+            "choices_title": f"On this GPU ({status.get('arch') or '?'}):"}
 
 
 def fallback_line(replaced: str, fallback_backend: Optional[str], sep: str = " · ") -> str:
