@@ -85,10 +85,14 @@ def test_run_lines_for_each_run_shape():
 
 
 def test_run_alerts_say_downgrades_and_kernel_failures_only():
-    alerts = run_alerts({"notes": [WHY], "fallback": {"key length < 4096": 6,
-                                                      "kernel failed (variant disabled until restart)": 1}})
+    """Toasts follow the counted reason's member, never its wording: a reworded or look-alike text changes nothing."""
+    from sagetriton.nodes.reporting.reasons import Reason
+
+    alerts = run_alerts({"notes": [WHY], "fallback": {Reason.KEY_TOO_SHORT.of(4096): 6, Reason.VARIANT_DISABLED: 1,
+                                                      Reason.REFUSED_ARGUMENTS: 2, Reason.SPARSE_FAILED: 1,
+                                                      "kernel failed (variant disabled until restart)": 3}})
     assert [(a["severity"], a["key"]) for a in alerts] == [
-        ("info", WHY), ("warn", "kernel failed (variant disabled until restart)")]
+        ("info", WHY), ("warn", Reason.VARIANT_DISABLED), ("warn", Reason.SPARSE_FAILED)]
     assert alerts[1]["detail"] == ("Attention fell back to ComfyUI's: kernel failed (variant disabled until "
                                    "restart). See the server log.")
 

@@ -7,9 +7,9 @@ which list a node shows): the one place their words live.
 """
 from __future__ import annotations
 
-import re
 from typing import Optional
 
+from .reasons import Reason, reason_of
 from .sparse_summary import CORE_SPARSE
 
 WARN = "⚠ "  # a warning line: the panel draws it amber
@@ -172,7 +172,8 @@ def run_lines(run: Optional[dict], top: int = TOP_REASONS) -> list:
     return lines + [WARN + short_reason("", note) for note in run.get("notes") or ()]
 
 
-_FAILURE = re.compile("error|fail|compile", re.IGNORECASE)
+# The reasons worth a toast: a kernel that failed here (ordinary fallbacks show on the node only).
+KERNEL_FAULTS = frozenset({Reason.VARIANT_DISABLED, Reason.SPARSE_FAILED})
 
 
 def run_alerts(run: dict) -> list:
@@ -182,4 +183,4 @@ def run_alerts(run: dict) -> list:
               for note in run.get("notes") or ()]
     return alerts + [{"key": reason, "severity": "warn", "summary": "SageTriton fell back",
                       "detail": f"Attention fell back to ComfyUI's: {reason}. See the server log."}
-                     for reason in run.get("fallback") or {} if _FAILURE.search(reason)]
+                     for reason in run.get("fallback") or {} if reason_of(reason) in KERNEL_FAULTS]
