@@ -14,6 +14,7 @@ to 64K tokens: ring attention asks for the LSE at every step (issue: within 2 %)
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
@@ -132,27 +133,37 @@ def _print_row(row) -> None:
     print(line + ratio, flush=True)
 
 
-def bench_lse(lengths, ref) -> list:
-    """``sageattn`` with and without ``return_lse``, NHD as yunchang calls it; the reference's too."""
+def bench_lse(lengths, ref, rounds: int = 5) -> list:
+    """``sageattn`` with and without ``return_lse``, NHD as yunchang calls it; the reference's too. Each
+    round times both, the order swapped every round (clock and thermal drift fall on both alike); the
+    cost is the median of the rounds' ratios, and the spread of those ratios is kept beside it."""
     rows = []
     for L in lengths:
         shape = (1, LSE_HEADS, L, 128)
         sets = [[torch.randn(1, L, LSE_HEADS, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
                 for _ in range(2)]
-        row = {"shape": shape}
+        row = {"shape": shape, "rounds": rounds}
         for who, mod in (("ours", ours), ("reference", ref)):
             if mod is None:
                 continue
+            calls = (lambda q, k, v, m=mod: m.sageattn(q, k, v, tensor_layout="NHD"),
+                     lambda q, k, v, m=mod: m.sageattn(q, k, v, tensor_layout="NHD", return_lse=True))
             try:
-                plain = timed(lambda q, k, v, m=mod: m.sageattn(q, k, v, tensor_layout="NHD"), sets)
-                lse = timed(lambda q, k, v, m=mod: m.sageattn(q, k, v, tensor_layout="NHD", return_lse=True), sets)
+                times = [[], []]
+                for i in range(rounds):
+                    for j in ((0, 1) if i % 2 == 0 else (1, 0)):
+                        times[j].append(timed(calls[j], sets))
             except Exception as e:  # noqa: BLE001
                 row[who] = {"error": f"{type(e).__name__}: {e}"}
                 continue
-            row[who] = {"ms": round(plain, 4), "ms_lse": round(lse, 4), "lse_cost": round(lse / plain - 1, 4)}
+            ratios = sorted(b / a for a, b in zip(*times, strict=True))
+            row[who] = {"ms": round(statistics.median(times[0]), 4), "ms_lse": round(statistics.median(times[1]), 4),
+                        "lse_cost": round(statistics.median(ratios) - 1, 4),
+                        "lse_cost_range": [round(ratios[0] - 1, 4), round(ratios[-1] - 1, 4)]}
         rows.append(row)
-        print(f"LSE {L:6d} tokens x {LSE_HEADS} heads: " + "  ".join(
-            f"{who} {r['ms']:.3f} ms, with LSE {r['ms_lse']:.3f} ms ({100 * r['lse_cost']:+.1f} %)"
+        print(f"LSE {L:6d} tokens x {LSE_HEADS} heads ({rounds} rounds): " + "  ".join(
+            f"{who} {r['ms']:.3f} ms, with LSE {r['ms_lse']:.3f} ms ({100 * r['lse_cost']:+.1f} %, rounds "
+            f"{100 * r['lse_cost_range'][0]:+.1f}..{100 * r['lse_cost_range'][1]:+.1f} %)"
             for who, r in row.items() if isinstance(r, dict) and "ms" in r), flush=True)
         del sets
         torch.cuda.empty_cache()
@@ -162,21 +173,25 @@ def bench_lse(lengths, ref) -> list:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one shape, LSE at 8K and 32K")
+    ap.add_argument("--lse-only", action="store_true", help="only what the LSE costs, not the six names")
+    ap.add_argument("--rounds", type=int, default=5, help="LSE: rounds of both timings, order swapped each round")
+    ap.add_argument("--no-reference", action="store_true", help="time only this pack (no SageAttention import)")
     ap.add_argument("--out", type=Path, help="JSON results (default bench/results/<gpu>_dropin.json)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("bench_dropin.py needs a CUDA GPU")
     env = environment()
-    ref = reference_module()
+    ref = None if args.no_reference else reference_module()
     env["reference"] = getattr(ref, "__file__", None)
     print(env)
-    names = [row for shape in (QUICK if args.quick else SHAPES) for row in bench_names(shape, ref)]
-    lse = bench_lse([8192, 32768] if args.quick else LSE_LENGTHS, ref)
+    names = [] if args.lse_only else [row for shape in (QUICK if args.quick else SHAPES)
+                                      for row in bench_names(shape, ref)]
+    lse = bench_lse([8192, 32768] if args.quick else LSE_LENGTHS, ref, max(1, args.rounds))
     slow = [r["name"] for r in names if r.get("speedup", 1) < 1]
     costly = [r["shape"][2] for r in lse if r.get("ours", {}).get("lse_cost", 0) > 0.02]
     print(f"names slower than the reference: {slow or 'none'}; LSE over 2 % at: {costly or 'none'}")
     major, minor = torch.cuda.get_device_capability()
-    out = args.out or RESULTS / f"sm{major}{minor}_dropin.json"
+    out = args.out or RESULTS / f"sm{major}{minor}_dropin{'_lse' if args.lse_only else ''}.json"
     write_json(out, {**env, "names": names, "lse": lse})
     return 0
 

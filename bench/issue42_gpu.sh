@@ -16,12 +16,7 @@
 # 3. bench_models.py --controls: SDXL and SD1.5 (every call short: forwards passed through whole),
 #    41 interleaved runs; Flux with the defaults and without the rotation, 15 runs.
 set -u
-export COMFYUI_PATH="${COMFYUI_PATH:-$PWD/.comfyui}"
-# comfy.sample needs torchsde (and trampoline): their wheels carried in the git-ignored .whl/
-ls .whl/*.whl >/dev/null 2>&1 && python -m pip install -q --no-deps .whl/*.whl
-DEST="$(realpath -m "${OUT:-bench/results}")"
-mkdir -p "$DEST"
-cd bench || exit 1
+source bench/device_env.sh
 if [ "${1:-}" = flux-profile ]; then
   timeout 420 python bench_models.py --models flux --controls --runs 11 --profile-device \
     --variants "patched (defaults),patched (no Q/K rotation),control" --out "$DEST/sm90_models_flux_profile.json"

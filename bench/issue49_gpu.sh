@@ -10,11 +10,7 @@
 #
 # Results under $OUT (the device's output folder) or bench/results: JSON rows and the log with its table.
 set -u
-export COMFYUI_PATH="${COMFYUI_PATH:-$PWD/.comfyui}"
-ls .whl/*.whl >/dev/null 2>&1 && python -m pip install -q --no-deps .whl/*.whl
-DEST="$(realpath -m "${OUT:-bench/results}")"
-mkdir -p "$DEST"
-cd bench || exit 1
+source bench/device_env.sh
 run() {  # $1: name, then compile_models.py's arguments
   local name=$1
   shift

@@ -17,7 +17,7 @@ from .checks import GRID_Y_LIMIT, _as_bhld, _check_inputs, _check_scale, _out_sh
 from .custom_op import _op_config, attention_op
 from .devices import sm_count, wrapped
 from .hopper_host import shared_kv_error, uses_long_sequence_kernel
-from .host import attention_forward, attention_forward_taking
+from .host import _run, attention_forward, attention_forward_taking
 from .host_quant import _prepare_v, _quantize_qk, _rotation_signs, _v_range, _v_stats_needed
 from .launch import _launch, set_launch_hook
 from .log import logger
@@ -93,8 +93,8 @@ def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: s
             return torch.cat(parts)
         return torch.cat([o for o, _ in parts]), torch.cat([lse for _, lse in parts])
     if config is None:
-        cfg = _resolved_config(arch_for_device(q.device), q.shape[-1], qk_quant_gran, pv_precision, pv_accum_dtype,
-                               qk_rotation)
+        cfg = check_config(_resolved_config(arch_for_device(q.device), q.shape[-1], qk_quant_gran, pv_precision,
+                                            pv_accum_dtype, qk_rotation))
     elif qk_quant_gran is None and pv_precision is None and pv_accum_dtype is None and qk_rotation is None:
         cfg = check_config(config)
     else:
@@ -104,12 +104,13 @@ def sageattn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensor_layout: s
     # The custom op is what torch.compile traces (and what refuses autograd); plain eager calls skip
     # its dispatcher layers, host time that short sequences pay on every call.
     # Wrapper subclasses (AsyncCollectiveTensor) too: the op's dispatch waits on and unwraps them.
-    if torch.compiler.is_compiling() or q.requires_grad or k.requires_grad or v.requires_grad or \
-            wrapped(q, k, v, attn_mask):
+    # Checked above, once: the pipeline checks only the shapes; a traced graph's op checks at each run.
+    compiling = torch.compiler.is_compiling()
+    if compiling or q.requires_grad or k.requires_grad or v.requires_grad or wrapped(q, k, v, attn_mask):
         out, lse = attention_op(q, k, v, tensor_layout, bool(is_causal), float(sm_scale), attn_mask,
                                 bool(return_lse), *_op_config(cfg), bool(smooth_k), bool(smooth_v),
-                                out_layout or tensor_layout)
+                                out_layout or tensor_layout, not compiling)
     else:
-        out, lse = attention_forward(q, k, v, tensor_layout, bool(is_causal), sm_scale, attn_mask,
-                                     bool(return_lse), cfg, bool(smooth_k), bool(smooth_v), out_layout)
+        out, lse = _run([q, k, v], tensor_layout, bool(is_causal), sm_scale, attn_mask, bool(return_lse), cfg,
+                        bool(smooth_k), bool(smooth_v), out_layout, release=False, checked=True)
     return (out, lse) if return_lse else out

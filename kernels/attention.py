@@ -29,16 +29,20 @@ HOT_LOGIT_LIMIT_FP8 = tl.constexpr(262144.0)
 P_SLACK = tl.constexpr(0.0028)  # log2(255.5 / 255): how far above 2^P_LOG2 the largest P may round
 
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
+# The modes by name in the kernels too (a @triton.jit function reads only constexpr globals): the host passes
+# the ints above as PV_MODE / MASK_KIND, the kernels compare them with these.
+PV_16BIT_C, PV_16BIT_TILE_C, PV_FP8_C, PV_INT8_C = map(tl.constexpr, (PV_16BIT, PV_16BIT_TILE, PV_FP8, PV_INT8))
+MASK_NONE_C, MASK_BOOL_C, MASK_ADD_C = map(tl.constexpr, (MASK_NONE, MASK_BOOL, MASK_ADD))
 
 
 @triton.jit
 def _masked_logits(x, offs_m, offs_n, mask_base, stride_mm, stride_mn, LQ, LK,
                    BOUNDARY: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr):
     """Base-2 logits with the mask, key bounds and causality applied (-inf where dropped)."""
-    if MASK_KIND != 0:
+    if MASK_KIND != MASK_NONE_C:
         m_ptrs = mask_base + offs_m[:, None].to(tl.int64) * stride_mm + offs_n[None, :].to(tl.int64) * stride_mn
         m_ok = (offs_m[:, None] < LQ) & (offs_n[None, :] < LK)
-        if MASK_KIND == 1:
+        if MASK_KIND == MASK_BOOL_C:
             keep = tl.load(m_ptrs, mask=m_ok, other=0) != 0
             # Added rather than selected so a NaN logit stays NaN under a mask, as in SDPA.
             x = x + tl.where(keep, 0.0, float("-inf"))
@@ -108,7 +112,7 @@ def _attn_tile(
 
     if K_SCALAR:
         row_scale = qs * tl.load(ks_base + start_n // BLOCK_N)
-    hot: tl.constexpr = K_SCALAR and not BOUNDARY and MASK_KIND == 0
+    hot: tl.constexpr = K_SCALAR and not BOUNDARY and MASK_KIND == MASK_NONE_C
     if hot:
         # Scales are positive, so the row max can be taken on the integers, and the rescale and the
         # P range factor fold into the exp2 argument (one FMA per logit).
@@ -122,7 +126,7 @@ def _attn_tile(
         x = _masked_logits(x, offs_m, offs_n, mask_base, stride_mm, stride_mn, LQ, LK, BOUNDARY, IS_CAUSAL,
                            MASK_KIND)
         t_max = tl.max(x, 1)
-    if PV_MODE == 3 and not K_SCALAR:
+    if PV_MODE == PV_INT8_C and not K_SCALAR:
         # Per-token K scales: a NaN key's logits are NaN only in its column, which the row max skips and
         # INT8 P rounds to a number. Its scale (NaN for a NaN/Inf key) poisons the row instead, as SDPA.
         t_max += tl.sum(ks, 0) * 0.0
@@ -130,13 +134,13 @@ def _attn_tile(
     # P = 2^(logit - base). 16-bit and fp8 P: base = the running max less P_LOG2, the sums kept in units
     # of 2^(m_i - P_LOG2). INT8 P: its own per-tile shift, the sums kept in units of 2^sh_i (alpha moves
     # them from the last tile's). One FMA per output element either way.
-    if K_SCALAR and MASK_KIND == 0:
+    if K_SCALAR and MASK_KIND == MASK_NONE_C:
         # The hot loop, and the last key tile of the same unmasked per_warp/per_block call: rows past
         # the hot loop's limit are made NaN after the loops, so its margin is enough here (the exact base
         # below, in this kernel, spilled 3 registers on sm90 with INT8 P·V).
         # A row masked so far has max -inf: shift by 0 instead, so exp2 gives 0 rather than NaN.
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        if PV_MODE == 3:
+        if PV_MODE == PV_INT8_C:
             # sh_i carries the shift itself here (base + P_LOG2): the operations and their order of
             # before issue 39, which ptxas schedules better on sm90 (bench/NOTES.md, "INT8 P·V after issue 39").
             shift = int8_p_shift(t_max, m_use)
@@ -153,7 +157,7 @@ def _attn_tile(
         # Nothing live yet (max -inf): a base below every finite logit (the masks' are >= -2.9e38), so P
         # is 0 and a later tile's alpha scales these zero sums by 0, never by 2^(huge) (0 * inf: NaN).
         m_use = tl.where(m_new == float("-inf"), -3.0e38, m_new)
-        if PV_MODE == 3:
+        if PV_MODE == PV_INT8_C:
             base = exact_p_base(tl.maximum(t_max, m_use - INT8_SHIFT_FLOOR, propagate_nan=tl.PropagateNan.ALL),
                                 P_LOG2)
             alpha = tl.math.exp2(sh_i - base)
@@ -162,7 +166,7 @@ def _attn_tile(
             alpha = tl.math.exp2(m_i - m_use)
         p = tl.math.exp2(x - base[:, None])
 
-    if PV_MODE == 3:
+    if PV_MODE == PV_INT8_C:
         p8 = round_p_offset_int8(p)  # P - 128
         l_i = l_i * alpha + (tl.sum(p8.to(tl.int32), 1) + P_OFFSET * BLOCK_N).to(tl.float32)
     else:
@@ -173,7 +177,7 @@ def _attn_tile(
     v = _load_v(v_desc, v_ptrs, bhk, 0, start_n, offs_n, offs_d, LK, D, BLOCK_N, D_PAD, BOUNDARY, PV_MODE, EVEN_D,
                 V_TMA, V_T)
 
-    if PV_MODE == 0:
+    if PV_MODE == PV_16BIT_C:
         if v.dtype == tl.float32:  # fp32 inputs: P·V in bf16 (fp16 could overflow on large V)
             v = v.to(tl.bfloat16)
         p16 = p.to(v.dtype)
@@ -182,9 +186,9 @@ def _attn_tile(
             acc = tl.dot(p16.to(tl.float32), v.to(tl.float32), acc)
         else:
             acc = tl.dot(p16, v, acc)
-    elif PV_MODE == 1:
+    elif PV_MODE == PV_16BIT_TILE_C:
         acc += tl.dot(p.to(tl.float16), v.to(tl.float16), out_dtype=tl.float16).to(tl.float32)
-    elif PV_MODE == 2:
+    elif PV_MODE == PV_FP8_C:
         # V's tokens are stored in the MMA operand order; P is relabelled to match (no shuffles).
         p8 = mma_operand_order(to_fp8(p, v.dtype, INTERPRETER), BLOCK_N)
         pv = tl.dot(p8, v)
@@ -195,8 +199,8 @@ def _attn_tile(
     else:
         pv = tl.dot(mma_operand_order(p8, BLOCK_N), v)  # int32, exact: (P - 128)·V
         acc += (pv + tl.load(tb_base + (start_n // BLOCK_N) * D_PAD + offs_d)[None, :]).to(tl.float32)
-    if PV_MODE == 3:
-        if K_SCALAR and MASK_KIND == 0:
+    if PV_MODE == PV_INT8_C:
+        if K_SCALAR and MASK_KIND == MASK_NONE_C:
             sh_i = shift
         else:
             sh_i = base
@@ -306,19 +310,19 @@ def attention_kernel(
             BLOCK_N, D_PAD, True, IS_CAUSAL, MASK_KIND, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
             K_TMA, V_TMA, V_T, V_RES)
 
-    if K_SCALAR and MASK_KIND == 0:
+    if K_SCALAR and MASK_KIND == MASK_NONE_C:
         # The first loop is the hot one (logits from the integer row max, one FMA each): its rounding
         # margin holds below HOT_LOGIT_LIMIT. A row whose max got there (huge q and k) is made NaN, never
         # a silent 0 or a wrapped weight: the nodes' non-finite guard then runs SDPA for the call. A
         # check per row and program, nothing per tile (working such rows out again from materialized
         # logits spilled registers on sm90/sm120 whether it ran or not).
-        if PV_MODE == 3:
+        if PV_MODE == PV_INT8_C:
             # From the last shift, not m_i: sh_i is within 20 of m_i (``int8_p_shift``; -20 for a row with no
             # live key), so this flags every row the check on m_i would, and a few 2^21-sized ones more.
             # Reading m_i after the loops cost sm90's hot loop 5 register moves (Triton 3.6, bench/NOTES.md).
             l_i = tl.where(tl.abs(sh_i) >= HOT_LOGIT_LIMIT - 32.0, float("nan"), l_i)
         else:
-            limit: tl.constexpr = HOT_LOGIT_LIMIT_FP8 if PV_MODE == 2 else HOT_LOGIT_LIMIT
+            limit: tl.constexpr = HOT_LOGIT_LIMIT_FP8 if PV_MODE == PV_FP8_C else HOT_LOGIT_LIMIT
             l_i = tl.where((tl.abs(m_i) >= limit) & (m_i > float("-inf")), float("nan"), l_i)
     out = finish_rows(acc, l_i, VScale, VMean, bhk, offs_d, D, HAS_VSCALE, HAS_VMEAN)
     d_ok = offs_d < D
@@ -330,8 +334,8 @@ def attention_kernel(
         live = l_i != 0  # a fully masked row: LSE -inf, as SDPA (NaN stays NaN)
         # l_i is in units of 2^(m_i - P_LOG2), or with INT8 P·V 2^sh_i, sh_i less P_LOG2 where it holds the
         # hot path's shift (``_attn_tile``).
-        if PV_MODE == 3:
-            unit = sh_i - P_LOG2 if K_SCALAR and MASK_KIND == 0 else sh_i
+        if PV_MODE == PV_INT8_C:
+            unit = sh_i - P_LOG2 if K_SCALAR and MASK_KIND == MASK_NONE_C else sh_i
         else:
             unit = m_i - P_LOG2
         lse = tl.where(live, (unit + tl.math.log2(tl.where(live, l_i, 1.0))) * 0.6931471805599453, float("-inf"))

@@ -25,19 +25,23 @@ def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: s
                     block_m: int, block_n: int, num_warps: int, num_stages: int, use_tma: bool,
                     max_registers: int, shared_kv_min_len: int, v_residual: bool, pdl: bool, qk_rotation: bool,
                     rotation_tiles: bool, smooth_k: bool, smooth_v: bool,
-                    out_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+                    out_layout: str, checked: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    # ``checked``: an eager ``sageattn`` call that checked its arguments and config (autograd, wrapper subclasses).
+    # A traced graph enters with False, and so does any other caller: the checks run here then, once.
     cfg = KernelConfig(qk_quant_gran, pv_precision, pv_accum_dtype, fp8_format or None,
                        block_m, block_n, num_warps, num_stages, use_tma=use_tma, max_registers=max_registers,
                        shared_kv_min_len=shared_kv_min_len, v_residual=v_residual, pdl=pdl, qk_rotation=qk_rotation,
                        rotation_tiles=rotation_tiles)
-    check_config(cfg)
+    if not checked:
+        check_config(cfg)
     return _run([q, k, v], layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v, out_layout,
-                release=False, in_op=True)
+                release=False, in_op=True, checked=checked)
 
 
 def _attention_fake(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, qk_quant_gran, pv_precision,
                     pv_accum_dtype, fp8_format, block_m, block_n, num_warps, num_stages, use_tma, max_registers,
-                    shared_kv_min_len, v_residual, pdl, qk_rotation, rotation_tiles, smooth_k, smooth_v, out_layout):
+                    shared_kv_min_len, v_residual, pdl, qk_rotation, rotation_tiles, smooth_k, smooth_v, out_layout,
+                    checked=False):
     B, D = q.shape[0], q.shape[3]
     H, LQ = (q.shape[1], q.shape[2]) if layout == "HND" else (q.shape[2], q.shape[1])
     lse_shape = (B, H, LQ) if return_lse else (0,)

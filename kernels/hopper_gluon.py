@@ -54,6 +54,8 @@ try:
     # row-sum MMA (228-243, 3.8: 18-35). Waiting for P·V's MMA first brings fp8+residual to the plain
     # fp8 kernel's count and INT8 to 33-64 (bench/NOTES.md, "Triton 3.9").
     WAIT_PV_MMA = gl.constexpr(TRITON_VERSION >= (3, 9))
+    # ``_attention``'s LSE: none, each row's LSE, or the LSE plus Q's K-mean bias (``hopper_lse``'s twins).
+    LSE_NONE, LSE_STORE, LSE_STORE_QBIAS = gl.constexpr(0), gl.constexpr(1), gl.constexpr(2)
 
     AVAILABLE = True
 except ImportError:  # triton without Gluon: the portable kernel serves every call
@@ -278,9 +280,10 @@ if AVAILABLE:
                          (pid // splits) * NCONS + C, pid % splits, splits, (Lse, QBias, bh, row0, LQ), P_LOG2, LSE)
         else:
             gl.store(o_ptrs, out, mask=o_mask)
-            if LSE:  # the row sums are in units of 2^(max - P_LOG2), INT8's of its last shift
+            if LSE != LSE_NONE:  # the row sums are in units of 2^(max - P_LOG2), INT8's of its last shift
                 unit = sh_i if v_smem.dtype == gl.int8 else m_i
-                _store_lse(Lse, QBias, gl.convert_layout(unit, row_o), l_i, bh, row0, LQ, P_LOG2, LSE == 2)
+                _store_lse(Lse, QBias, gl.convert_layout(unit, row_o), l_i, bh, row0, LQ, P_LOG2,
+                           LSE == LSE_STORE_QBIAS)
 
     @gluon.jit
     def _store_lse(Lse, QBias, m, l_sum, bh, row0, LQ, P_LOG2: gl.constexpr, HAS_QBIAS: gl.constexpr):
@@ -344,10 +347,10 @@ if AVAILABLE:
             merged, m_i, l_i = merge_rows(o_prev, m_prev, l_prev, out.to(gl.float32), m_i, l_i)
             out = merged.to(out.dtype)
         gl.store(o_ptrs, out, mask=o_mask)
-        if LSE:
+        if LSE != LSE_NONE:
             if p + 1 == splits:
                 Lse, QBias, bh, row0, LQ = lse_args
-                _store_lse(Lse, QBias, m_i, l_i, bh, row0, LQ, P_LOG2, LSE == 2)
+                _store_lse(Lse, QBias, m_i, l_i, bh, row0, LQ, P_LOG2, LSE == LSE_STORE_QBIAS)
         if p + 1 < splits:
             gl.store(ml_out, m_i)
             gl.store(ml_out + 1, l_i)
@@ -449,7 +452,7 @@ if AVAILABLE:
         """CTA i: query rows 192·(i mod ceil(LQ/192)) of head i div ceil(LQ/192), every key."""
         _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, TileBias, Out, stride_ob, stride_oh, stride_om,
                    H, H_KV, LQ, LK, D, 0, 1, QS, QS, QS, QS, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, REGISTERS, V_RES,
-                   False, 0)
+                   False, LSE_NONE)
 
     @gluon.jit
     def shared_kv_split_kernel(
@@ -466,7 +469,7 @@ if AVAILABLE:
         per warpgroup of each tail CTA; ``ML``: fp32 row max and sum)."""
         _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, TileBias, Out, stride_ob, stride_oh, stride_om,
                    H, H_KV, LQ, LK, D, n_whole, splits, Flags, ML, QS, QS, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN,
-                   REGISTERS, V_RES, True, 0)
+                   REGISTERS, V_RES, True, LSE_NONE)
 
     def descriptors(q8, k8, v_t):
         """TMA descriptors over the quantized tensors as 2-D views: q8, k8 int8 (B*H, L, D_PAD), v_t

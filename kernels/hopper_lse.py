@@ -14,7 +14,7 @@ if AVAILABLE:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
 
-    from .hopper_gluon import _attention
+    from .hopper_gluon import LSE_STORE, LSE_STORE_QBIAS, _attention
 
     @gluon.jit
     def shared_kv_attention_lse_kernel(
@@ -29,7 +29,7 @@ if AVAILABLE:
         it needs stay out of the plain kernel's code)."""
         _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, TileBias, Out, stride_ob, stride_oh, stride_om,
                    H, H_KV, LQ, LK, D, 0, 1, QS, QS, Lse, QBias, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, REGISTERS,
-                   V_RES, False, 2 if HAS_QBIAS else 1)
+                   V_RES, False, LSE_STORE_QBIAS if HAS_QBIAS else LSE_STORE)
 
     @gluon.jit
     def shared_kv_split_lse_kernel(
@@ -43,4 +43,4 @@ if AVAILABLE:
         """``shared_kv_split_kernel`` that also stores each row's LSE, from the last share of its CTA."""
         _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, TileBias, Out, stride_ob, stride_oh, stride_om,
                    H, H_KV, LQ, LK, D, n_whole, splits, Flags, ML, Lse, QBias, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN,
-                   REGISTERS, V_RES, True, 2 if HAS_QBIAS else 1)
+                   REGISTERS, V_RES, True, LSE_STORE_QBIAS if HAS_QBIAS else LSE_STORE)

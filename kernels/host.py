@@ -82,9 +82,11 @@ def attention_forward_taking(inputs: list, layout: str, is_causal: bool, sm_scal
 
 
 def _run(inputs: list, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v, out_layout,
-         release: bool, in_op: bool = False):
+         release: bool, in_op: bool = False, checked: bool = False):
     """The call on its inputs' device (``devices``); wrapper subclasses through the custom op, which
-    waits on and unwraps them (``in_op``: this is that op's implementation)."""
+    waits on and unwraps them (``in_op``: this is that op's implementation). ``checked``: the caller
+    (``sageattn``) already ran ``_check_inputs`` and ``_check_scale`` (``sm_scale`` is its float): each call
+    is validated once; the shapes (``_check_shapes``) and ``out_layout`` are checked here either way."""
     if wrapped(*inputs, attn_mask):
         if in_op or launch.hook is not None:
             kind = type(next(t for t in (*inputs, attn_mask) if wrapped(t))).__name__
@@ -95,15 +97,16 @@ def _run(inputs: list, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, 
         q, k, v = inputs
         inputs.clear()
         return attention_op(q, k, v, layout, bool(is_causal), float(_check_scale(sm_scale, q.shape[-1])), attn_mask,
-                            bool(return_lse), *_op_config(cfg), bool(smooth_k), bool(smooth_v), out_layout or layout)
+                            bool(return_lse), *_op_config(cfg), bool(smooth_k), bool(smooth_v), out_layout or layout,
+                            checked)
     with device_scope(inputs[0].device):
         return _run_on_device(inputs, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
-                              out_layout, release)
+                              out_layout, release, checked)
 
 
 
 def _run_on_device(inputs: list, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
-                   out_layout, release: bool):
+                   out_layout, release: bool, checked: bool = False):
     """Replay a recorded call, or work the call out in full (recording it where it may be replayed)."""
     key = None
     # A negative scale quantizes a negated copy of q (``_plan_call``), which a replay would not make.
@@ -113,7 +116,7 @@ def _run_on_device(inputs: list, layout, is_causal, sm_scale, attn_mask, return_
                                                         smooth_k, smooth_v))
     if key is None or replay.refused(key):
         plan = _forward(inputs, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
-                        out_layout, release=release)
+                        out_layout, release=release, checked=checked)
         return plan.out, plan.lse
     rec = replay.lookup(key, cfg)
     if rec is not None:
@@ -124,7 +127,7 @@ def _run_on_device(inputs: list, layout, is_causal, sm_scale, attn_mask, return_
     replay.start()
     try:
         plan = _forward(inputs, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
-                        out_layout, release=False)
+                        out_layout, release=False, checked=checked)
     finally:
         launches = replay.stop()
     # Not recorded when a Gluon kernel failed and the portable one took over.
@@ -147,11 +150,11 @@ def _replay_call(rec, q, k, v, layout: str, out_layout: str, attn_mask, return_l
 
 
 def _forward(inputs: list, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v, out_layout,
-             release: bool) -> _CallPlan:
+             release: bool, checked: bool = False) -> _CallPlan:
     """The call's host work and launches; its plan holds the output. ``release``: ``inputs`` holds the
     only references to q, k, v (``attention_forward_taking``)."""
     plan = _plan_call(*inputs, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, out_layout,
-                      defer_out=release)
+                      defer_out=release, checked=checked)
     inputs.clear()
     if plan.dims[3] == 0:
         _allocate_out(plan)
@@ -170,9 +173,11 @@ def _forward(inputs: list, layout, is_causal, sm_scale, attn_mask, return_lse, c
 
 
 def _plan_call(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg: KernelConfig,
-               out_layout, defer_out: bool = False) -> _CallPlan:
-    """Check the inputs, allocate the outputs and choose the attention kernel."""
-    _check_inputs(q, k, v, layout, attn_mask, is_causal)
+               out_layout, defer_out: bool = False, checked: bool = False) -> _CallPlan:
+    """Check the inputs (``checked``: ``sageattn`` checked them, all but the shapes), allocate the outputs and
+    choose the attention kernel."""
+    if not checked:
+        _check_inputs(q, k, v, layout, attn_mask, is_causal)
     out_layout = out_layout or layout
     if out_layout not in ("HND", "NHD"):
         raise ValueError(f"out_layout must be 'HND' or 'NHD', got {out_layout!r}")
@@ -180,7 +185,8 @@ def _plan_call(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg:
     _check_shapes(qh, kh, vh)
     B, H, LQ, D = qh.shape
     H_KV, LK = kh.shape[1:3]
-    sm_scale = _check_scale(sm_scale, D)
+    if not checked:
+        sm_scale = _check_scale(sm_scale, D)
     if sm_scale < 0:
         # Q·Kᵀ·s = (-Q)·Kᵀ·|s|: the kernels' scales stay positive, as their integer row max needs.
         qh, sm_scale = -qh, -sm_scale

@@ -27,6 +27,7 @@ except ImportError:  # pragma: no cover - older Triton
 LOG2E = 1.4426950408889634
 
 MEAN_NONE, MEAN_SUBTRACT, MEAN_DOT = 0, 1, 2
+MEAN_SUBTRACT_C, MEAN_DOT_C = tl.constexpr(MEAN_SUBTRACT), tl.constexpr(MEAN_DOT)  # as the kernels compare MEAN_MODE
 
 
 # Adding 1.5·2²³ to a float of magnitude below 2²² rounds it to an integer (to nearest even) held
@@ -146,6 +147,7 @@ STATS_PARTS = 16
 # bench/results/sm90_k_mean_sampling_ab.json.
 STATS_TILE = 2048
 V_NONE, V_ABSMAX, V_MINMAXSUM = 0, 1, 2
+V_NONE_C, V_ABSMAX_C, V_MINMAXSUM_C = map(tl.constexpr, (V_NONE, V_ABSMAX, V_MINMAXSUM))  # as kernels compare V_STATS
 REDUCE_SUM, REDUCE_MAX, REDUCE_MIN = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 # K smoothing subtracts one vector from every key: softmax is unchanged for any vector, and the mean
@@ -231,10 +233,10 @@ def kv_stats_kernel(
             if blk % k_stride == 0:
                 _, _, k = _load_rows(K, stride_kb, stride_kh, stride_kl, stride_kd, bh, H, offs_l, L, D, D_PAD)
                 ksum += k
-        if V_STATS == 1:  # V_ABSMAX. Padding rows load as 0: neutral for max |v|
+        if V_STATS == V_ABSMAX_C:  # Padding rows load as 0: neutral for max |v|
             _, _, v = _load_rows(V, stride_vb, stride_vh, stride_vl, stride_vd, bh, H, offs_l, L, D, D_PAD)
             vhi = _max_nan(vhi, tl.abs(v))
-        elif V_STATS == 2:  # V_MINMAXSUM
+        elif V_STATS == V_MINMAXSUM_C:
             row_ok, _, v = _load_rows(V, stride_vb, stride_vh, stride_vl, stride_vd, bh, H, offs_l, L, D, D_PAD)
             vlo = _min_nan(vlo, tl.where(row_ok[:, None], v, float("inf")))
             vhi = _max_nan(vhi, tl.where(row_ok[:, None], v, float("-inf")))
@@ -242,9 +244,9 @@ def kv_stats_kernel(
     dst = (bh.to(tl.int64) * tl.num_programs(0) + part) * D_PAD + tl.arange(0, D_PAD)
     if K_SUM:
         tl.store(KSum + dst, tl.sum(ksum, axis=0))
-    if V_STATS != 0:
+    if V_STATS != V_NONE_C:
         tl.store(VHi + dst, _reduce_nan(vhi, 0, True, INTERPRETER))
-    if V_STATS == 2:
+    if V_STATS == V_MINMAXSUM_C:
         tl.store(VLo + dst, _reduce_nan(vlo, 0, False, INTERPRETER))
         tl.store(VSum + dst, tl.sum(vsum, axis=0))
 
@@ -289,7 +291,7 @@ def _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L, k_t
     dst = Final + kvh * D + offs_d
     if K_SUM:
         tl.store(dst, _k_mean(Parts, kvh, n_parts, k_tokens, PARTS_PAD, D_PAD), mask=d_ok)
-    if V_STATS == 2:  # V_MINMAXSUM: the range around the mean
+    if V_STATS == V_MINMAXSUM_C:  # the range around the mean
         vmin = _reduce_parts(Parts + part_slot, kvh, n_parts, REDUCE_MIN, PARTS_PAD, D_PAD, INTERPRETER)
         vmax = _reduce_parts(Parts + 2 * part_slot, kvh, n_parts, REDUCE_MAX, PARTS_PAD, D_PAD, INTERPRETER)
         mean = _reduce_parts(Parts + 3 * part_slot, kvh, n_parts, REDUCE_SUM, PARTS_PAD, D_PAD, INTERPRETER) / L
@@ -297,7 +299,7 @@ def _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L, k_t
         amax = tl.maximum(vmax - mean, mean - vmin)
     else:  # V_ABSMAX: max |v|, NaN if any v is
         amax = _reduce_parts(Parts + 2 * part_slot, kvh, n_parts, REDUCE_MAX, PARTS_PAD, D_PAD, INTERPRETER)
-    if V_STATS != 0:
+    if V_STATS != V_NONE_C:
         if V_POW2:  # powers of two keep the scaling exact in fp16
             scale = tl.exp2(tl.ceil(tl.log2(tl.maximum(amax / V_RANGE, 1.0))))
         else:
@@ -411,23 +413,23 @@ def _quantize_rotated_tiles(
                                V_RANGE, V_POW2, PARTS_PAD, D_PAD, INTERPRETER)
             if K_SUM:
                 _store_rotated_mean(Parts, Final, final_slot, kvh, n_parts, K_TOKENS, Signs, PARTS_PAD, D_PAD)
-    if MEAN_MODE == 1:
+    if MEAN_MODE == MEAN_SUBTRACT_C:
         mean_h = tl.load(Final + ROTATED_MEAN_SLOT * final_slot + bh * D_PAD + d)
-    if MEAN_MODE == 2:
+    if MEAN_MODE == MEAN_DOT_C:
         mean = _k_mean(Parts, kvh, n_parts, K_TOKENS, PARTS_PAD, D_PAD)
     for i in tl.range(0, TILES, num_stages=STAGES):
         tile = first + i
         offs_l = tile * BLOCK + rows
         row_ok, _, x = _load_rows(X, stride_xb, stride_xh, stride_xl, stride_xd, bh, H, offs_l, L, D, D_PAD,
                                   X.dtype.element_ty)
-        if MEAN_MODE == 2:  # q·mean(K) for the LSE, from the unrotated rows
+        if MEAN_MODE == MEAN_DOT_C:  # q·mean(K) for the LSE, from the unrotated rows
             tl.store(Bias + bh.to(tl.int64) * L + offs_l, tl.sum(x.to(tl.float32) * mean[None, :], axis=1) * bias_mult,
                      mask=row_ok)
         if INTERPRETER:  # its bf16 dot reads the bits as integers: the same exact values in fp32
             y = tl.dot(x.to(tl.float32), signs.to(tl.float32))
         else:
             y = tl.dot(x, signs)
-        if MEAN_MODE == 1:
+        if MEAN_MODE == MEAN_SUBTRACT_C:
             y = y - mean_h[None, :]
         y = tl.where(row_ok[:, None], y, 0.0)
         _quantize_rows(y, Out, Scale, bh, L, offs_l, row_ok, d, tile, scale_mult, BLOCK, GROUP, D_PAD,
@@ -453,11 +455,11 @@ def _quantize_tile(
             _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L_KV, K_TOKENS, D, K_SUM, V_STATS,
                                V_RANGE, V_POW2, PARTS_PAD, D_PAD, INTERPRETER)
 
-    if MEAN_MODE == 1:
+    if MEAN_MODE == MEAN_SUBTRACT_C:
         mean = tl.load(Final + bh * D + offs_d, mask=offs_d < D, other=0.0)
         x = tl.where(ld_mask, x - mean[None, :], 0.0)
 
-    if MEAN_MODE == 2:
+    if MEAN_MODE == MEAN_DOT_C:
         # q·mean(K): the per-row constant smoothing removed from the logits, needed for the LSE.
         # Every program needs it before Final exists, so each reduces the K partials itself.
         mean = _k_mean(Parts, kvh, n_parts, K_TOKENS, PARTS_PAD, D_PAD)

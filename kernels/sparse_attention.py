@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .attention import HOT_LOGIT_LIMIT, HOT_LOGIT_LIMIT_FP8, _attn_tile, finish_rows
+from .attention import HOT_LOGIT_LIMIT, HOT_LOGIT_LIMIT_FP8, PV_FP8_C, PV_INT8_C, _attn_tile, finish_rows
 from .quant import gdc_wait
 
 
@@ -88,10 +88,10 @@ def sparse_attention_kernel(
             K_TMA, V_TMA, V_T, V_RES)
 
     if K_SCALAR:  # the hot loop's margin, as ``attention_kernel``: rows past it come out NaN, never wrong
-        if PV_MODE == 3:
+        if PV_MODE == PV_INT8_C:
             l_i = tl.where(tl.abs(sh_i) >= HOT_LOGIT_LIMIT - 32.0, float("nan"), l_i)
         else:
-            limit: tl.constexpr = HOT_LOGIT_LIMIT_FP8 if PV_MODE == 2 else HOT_LOGIT_LIMIT
+            limit: tl.constexpr = HOT_LOGIT_LIMIT_FP8 if PV_MODE == PV_FP8_C else HOT_LOGIT_LIMIT
             l_i = tl.where((tl.abs(m_i) >= limit) & (m_i > float("-inf")), float("nan"), l_i)
     out = finish_rows(acc, l_i, VScale, VScale, bhk, offs_d, D, HAS_VSCALE, False)
     d_ok = offs_d < D
@@ -99,7 +99,7 @@ def sparse_attention_kernel(
               + offs_m[:, None].to(tl.int64) * stride_om + offs_d[None, :] * stride_od)
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
     if RETURN_LSE:
-        if PV_MODE == 3:
+        if PV_MODE == PV_INT8_C:
             u = sh_i - P_LOG2 if K_SCALAR else sh_i
         else:
             u = m_i - P_LOG2

@@ -16,6 +16,7 @@ import triton.language as tl
 from .quant import _reduce_nan
 
 POOL_MEAN, POOL_SUM = 0, 1
+POOL_MEAN_C = tl.constexpr(POOL_MEAN)  # as pool_kernel compares MODE
 BLOCK = 64  # tokens per routing block (sparse_reference.BLOCK)
 
 
@@ -43,7 +44,7 @@ def pool_kernel(
         x = tl.load(base + offs_l[:, None].to(tl.int64) * stride_xl + offs_d[None, :] * stride_xd,
                     mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
         s = tl.sum(x, axis=0)
-        if MODE == 0:
+        if MODE == POOL_MEAN_C:
             n_live = tl.minimum(L - blk * 64, 64).to(tl.float32)
             s = s / n_live
         # The mask as a tensor: Triton 3.9's interpreter refuses a scalar one.

@@ -122,13 +122,8 @@ def test_each_thread_launches_under_its_own_inputs_device(fake_devices, seed, mo
     assert all(dev == torch.device("cpu") for _, dev in fake_devices)
 
 
-def test_async_collective_tensors_are_waited_on_not_read_by_pointer(seed, monkeypatch):
-    """diffusers' ring and unified context parallelism hand K/V over as ``AsyncCollectiveTensor``s,
-    whose raw pointer is no data until waited on (0 here): they go through the custom op, so no kernel
-    is ever launched with one (a GPU launch reads every tensor argument's pointer; the interpreter
-    copies through torch, which waits, so only the arguments' types tell here)."""
-    from torch.distributed._functional_collectives import AsyncCollectiveTensor
-
+def launched_types(monkeypatch) -> list:
+    """The type names of the tensor arguments of every interpreted launch from now on (a list that fills)."""
     launched = []
     run = InterpretedFunction.run
 
@@ -137,6 +132,17 @@ def test_async_collective_tensors_are_waited_on_not_read_by_pointer(seed, monkey
         return run(self, *args, **kwargs)
 
     monkeypatch.setattr(InterpretedFunction, "run", noting_run)
+    return launched
+
+
+def test_async_collective_tensors_are_waited_on_not_read_by_pointer(seed, monkeypatch):
+    """diffusers' ring and unified context parallelism hand K/V over as ``AsyncCollectiveTensor``s,
+    whose raw pointer is no data until waited on (0 here): they go through the custom op, so no kernel
+    is ever launched with one (a GPU launch reads every tensor argument's pointer; the interpreter
+    copies through torch, which waits, so only the arguments' types tell here)."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    launched = launched_types(monkeypatch)
 
     q, k, v = (torch.randn(1, 2, 40, 32, dtype=torch.float16) for _ in range(3))
     expected, expected_lse = kernels.sageattn(q, k, v, return_lse=True)
@@ -190,14 +196,7 @@ def test_sparse_attn_waits_on_async_collective_tensors(seed, monkeypatch):
     sparse launch gets one as an argument, and the result is the plain tensors' bit for bit."""
     from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
-    launched = []
-    run = InterpretedFunction.run
-
-    def noting_run(self, *args, **kwargs):
-        launched.extend(type(a).__name__ for a in args if isinstance(a, torch.Tensor))
-        return run(self, *args, **kwargs)
-
-    monkeypatch.setattr(InterpretedFunction, "run", noting_run)
+    launched = launched_types(monkeypatch)
     q, k, v = (torch.randn(1, 200, 2, 32, dtype=torch.float16) for _ in range(3))
     expected, expected_lse = kernels.sparse_attn(q, k, v, 0.5, return_lse=True)
     out, lse = kernels.sparse_attn(q, AsyncCollectiveTensor(k.clone()), AsyncCollectiveTensor(v.clone()), 0.5,

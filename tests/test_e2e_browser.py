@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from e2e_server import PACK_LINK, TINY_MODEL, cpu_install_server, flat_defaults, sage_server  # noqa: F401 (fixture)
+from sagetriton.nodes.reporting.panel_text import mark_choices, run_alerts, run_lines, status_panel
 
 from conftest import needs_comfyui
 
@@ -29,7 +30,6 @@ ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / (os.environ.get("SAGETRITON_ARTIFACTS") or "tests/artifacts")  # relative: to the checkout
 CHROMEDRIVER = "/usr/bin/chromedriver"
 EXT_NAME = "SageTriton.NodeInfo"
-FORMAT_URL = f"/extensions/{PACK_LINK}/sage_format.mjs"
 
 
 @pytest.fixture(scope="module")
@@ -138,18 +138,6 @@ def _wait_panel(driver, node_id, text: str, what: str):
                   f"return !!w && w.lines.some(l => l.includes({json.dumps(text)}))", 30, what)
 
 
-def _format(driver, status: dict) -> dict:
-    """The panel lines sage_format.mjs computes for ``status`` (the page's own module)."""
-    fmt = driver.execute_async_script(
-        "const done = arguments[arguments.length - 1];"
-        f"import({json.dumps(FORMAT_URL)})" ".then(m => done({"
-        " defaults: m.defaultsLine(arguments[0]), seq: m.seqLine(arguments[0]),"
-        " run: m.runLines(arguments[0].last_run),"
-        " bad: m.unsupportedChoices(arguments[0])}), e => done({error: String(e)}));", status)
-    assert "error" not in fmt, fmt
-    return fmt
-
-
 def _refetch_status(driver):
     # The extension refetches /sage/status after each prompt: fake the end of one.
     driver.execute_async_script(
@@ -163,19 +151,26 @@ def _refetch_status(driver):
 AMPERE_WHY = "sm80 has no fp8 matrix instructions; fp8 → fp16 on this GPU"
 
 
+def ampere_status(status: dict) -> dict:
+    """``status`` as the route would answer on an sm80 (no fp8), its panel and run lines made by the server's code."""
+    s = {**status, "arch": "sm80", "family": "ampere", "vendor": "nvidia", "kernel_active": True, "note": ""}
+    s["supported_choices"] = mark_choices({**s["supported_choices"], "pv_precision": {
+        **s["supported_choices"]["pv_precision"], "fp8": {"ok": False, "why": AMPERE_WHY}}})
+    run = {**(s.get("last_run") or {"kernel": 0, "fallback": {}}), "notes": [AMPERE_WHY]}
+    s["last_run"] = {**run, "lines": run_lines(run), "alerts": run_alerts(run)}
+    s["panel"] = status_panel(s)
+    return s
+
+
 @contextlib.contextmanager
-def simulated_ampere(driver):
-    """Test-only: the page sees /sage/status answers rewritten to an sm80 with no fp8."""
+def simulated_ampere(driver, server):
+    """Test-only: the page sees /sage/status answer as an sm80 with no fp8 would."""
+    _, status = server.get("/sage/status")
     driver.execute_script(
-        "const why = arguments[0]; window.__sageRealFetch = window.fetch;"
+        "const body = arguments[0]; window.__sageRealFetch = window.fetch;"
         "window.fetch = (url, opts) => !String(url).includes('/sage/status') ? window.__sageRealFetch(url, opts)"
-        " : window.__sageRealFetch(url, opts).then(r => r.json()).then(s => {"
-        "   s.arch = 'sm80'; s.family = 'ampere'; s.vendor = 'nvidia'; s.kernel_active = true; s.note = '';"
-        "   const key = 'choices' in s ? 'choices' : 'supported_choices';"
-        "   s[key] = {...s[key], pv_precision: {...s[key].pv_precision, fp8: {ok: false, why}}};"
-        "   s.last_run = {...(s.last_run ?? {kernel: 0, fallback: {}}), notes: [why]};"
-        "   return new Response(JSON.stringify(s), {headers: {'Content-Type': 'application/json'}}); });",
-        AMPERE_WHY)
+        " : Promise.resolve(new Response(body, {headers: {'Content-Type': 'application/json'}}));",
+        json.dumps(ampere_status(status)))
     _refetch_status(driver)
     try:
         yield
@@ -195,22 +190,20 @@ def test_nodes_show_gpu_and_defaults_from_the_server(driver, sage_server):  # no
     _, status = sage_server.get("/sage/status")
     ids = driver.execute_script(BUILD_GRAPH, TINY_MODEL, random.randrange(2**31))
     _wait_panel(driver, ids["settings"], f"SageTriton · {status['arch']}", "the info panel")
-    fmt = _format(driver, status)
     settings = driver.execute_script(READ_NODE, ids["settings"])
     patch = driver.execute_script(READ_NODE, ids["patch"])
+    panel = status["panel"]  # the server's lines, drawn as sent
     for node in (settings, patch):
         assert node["lines"][0].startswith(f"SageTriton · {status['arch']}")
-        assert node["lines"][1] == fmt["defaults"]
+        assert node["lines"][:len(panel["lines"])] == panel["lines"], (node["lines"], panel)
         assert f"PV {flat_defaults(status)['pv_precision']}" in node["lines"][1]
-        assert node["lines"][2] == fmt["seq"]
         if not status["kernel_active"]:  # this machine: no GPU, so the node must not promise the kernel
             assert node["lines"][2] == "no GPU: ComfyUI's own attention runs"
         assert node["hidden"] is False
     # A fresh node has not run: whatever ran on the server before (other tests' prompts) is not its run.
-    assert patch["lines"][3:] == ["last run: none yet"], patch["lines"]
-    # Whatever the server says this GPU cannot run is marked (on the CPU "arch": nothing).
-    marks = [line for line in settings["lines"] if line.startswith("⚠")]
-    assert marks == [f"⚠ {r['short']}" for values in fmt["bad"].values() for r in values.values()]
+    assert patch["lines"] == panel["lines"] + ["last run: none yet"], patch["lines"]
+    # Whatever the server says this GPU cannot run is marked (on the CPU "arch": nothing), as it says it.
+    assert settings["lines"] == panel["lines"] + panel["settings"], settings["lines"]
     _shot(driver, "sagetriton_nodes.png")
 
 
@@ -296,7 +289,7 @@ def test_unsupported_choices_are_marked(driver, sage_server):  # noqa: F811
     ids = driver.execute_script(BUILD_GRAPH, TINY_MODEL, random.randrange(2**31))
     _, info = sage_server.get("/object_info/SageTritonSettings")
     own_tip = info["SageTritonSettings"]["input"]["required"]["pv_precision"][1]["tooltip"]
-    with simulated_ampere(driver):
+    with simulated_ampere(driver, sage_server):
         _wait_panel(driver, ids["settings"], "⚠ fp8 → fp16 on this GPU", "the fp8 mark")
         settings = driver.execute_script(READ_NODE, ids["settings"])
         assert settings["lines"][0].startswith("SageTriton · sm80")
@@ -318,7 +311,7 @@ def test_unsupported_choices_are_marked(driver, sage_server):  # noqa: F811
     _, status = sage_server.get("/sage/status")
     _wait_panel(driver, ids["settings"], f"SageTriton · {status['arch']}", "the real status again")
     settings = driver.execute_script(READ_NODE, ids["settings"])
-    if "fp8" not in _format(driver, status)["bad"].get("pv_precision", {}):
+    if status["supported_choices"]["pv_precision"]["fp8"]["ok"] is not False:
         assert "⚠" not in (settings["widgets"]["pv_precision"]["label"] or "")
         assert settings["widgets"]["pv_precision"]["tooltip"] is None
 
@@ -341,7 +334,7 @@ def test_setting_hides_the_panels(driver, sage_server):  # noqa: F811
         "return app.extensions.find(e => e.name === arguments[0]).settings.map(s => s.id)", EXT_NAME)
     assert setting in listed
     ids = driver.execute_script(BUILD_GRAPH, TINY_MODEL, random.randrange(2**31))
-    with simulated_ampere(driver):
+    with simulated_ampere(driver, sage_server):
         _wait_panel(driver, ids["settings"], "⚠ fp8 → fp16", "the fp8 mark")
         _pick(driver, ids["settings"], "pv_precision", "fp8")
         assert driver.execute_script(MARKED_LABELS)
@@ -406,6 +399,10 @@ def test_run_from_the_canvas_updates_the_patch_node(driver, sage_server):  # noq
     # text, which the frontend would draw again as a raw, cut-off text box under it.
     events = _wait(driver, "return window.__sageRunEvents", 10, "the run event")
     assert [e["node"] for e in events] == [str(ids["patch"])], events
+    # The panel shows the server's lines for that run verbatim, the ones the event carried.
+    assert events[0]["lines"] == run["lines"] == status["runs_by_node"][str(ids["patch"])]["lines"]
+    shown = driver.execute_script(READ_NODE, ids["patch"])["lines"]
+    assert shown == status["panel"]["lines"] + run["lines"], shown
     assert driver.execute_script("return window.__sageTexts") == []
     shown = driver.execute_script(f"return app.graph.getNodeById({ids['patch']}).widgets.map(w => w.name)")
     assert shown == ["sagetriton_info"], shown  # the panel and nothing else (no '$$node-text-preview')
@@ -631,56 +628,6 @@ def _thumbnail(driver, shot: Path, out: Path) -> None:
         thumb = full.crop(box).convert("RGB")
         thumb.thumbnail((768, 768))
         thumb.save(out, quality=85)
-
-
-def test_panel_text_for_each_route_shape(driver):
-    """sage_format.mjs on the shapes /sage/status may take: flat or head_dim-keyed defaults,
-    choices as [ok, why] lists or {ok, why} objects, a measured crossover, many fallback reasons."""
-    out = driver.execute_async_script(
-        "const done = arguments[arguments.length - 1];"
-        f"import({json.dumps(FORMAT_URL)})" ".then(m => {"
-        " const why = 'sm86 has no fp8 matrix instructions; fp8 → fp16 on this GPU';"
-        " const keyed = {arch: 'sm86', family: 'ampere_consumer', vendor: 'nvidia', crossover: {seq_len: 1536},"
-        "  defaults: {'64': {qk_quant_gran: 'per_block'}, '128': {qk_quant_gran: 'per_warp', pv_precision: 'fp16',"
-        "   pv_accum_dtype: 'fp16+fp32', min_seq_len: 1024}},"
-        "  supported_choices: {pv_precision: {fp8: {ok: false, why}}}};"
-        " const flat = {arch: 'gfx1201', family: 'rdna4', vendor: 'amd', defaults: {qk_quant_gran: 'per_thread',"
-        "  pv_precision: 'fp8', pv_accum_dtype: 'fp32', min_seq_len: 0}, choices: {pv_precision: {fp8: [true, '']},"
-        "  qk_quant_gran: {per_block: [false, 'x']}},"
-        "  last_run: {kernel: 7, fallback: {a: 1, b: 5, c: 2, d: 1}, notes: [why]},"
-        "  setup: {phase: 'running', message: '', progress: {done: 3, total: 12}}};"
-        " done({keyed: m.infoLines(m.SETTINGS_NODE, keyed),"
-        "  flat: m.infoLines(m.PATCH_NODE, flat, m.unsupportedChoices(flat), flat.last_run),"
-        "  cpu: m.infoLines(m.PATCH_NODE, {arch: 'cpu', vendor: 'cpu', kernel_active: false,"
-        "   defaults: {qk_quant_gran: 'per_warp', pv_precision: 'fp16', min_seq_len: 0}}),"
-        "  loading: m.infoLines(m.PATCH_NODE, undefined), missing: m.infoLines(m.PATCH_NODE, null),"
-        "  badFlat: m.unsupportedChoices(flat),"
-        "  composed: m.runLines({kernel: 2, fallback: {}, backend: 'SDPA', replaced: 'comfy_kitchen_int8, set per"
-        " model (Model Attention Backend node)', fallback_backend: 'PyTorch SDPA (Sage Settings fallback=sdpa)'}),"
-        "  global: m.runLines({kernel: 1, fallback: {}, backend: 'SageTriton', replaced: 'g',"
-        "   fallback_backend: 'g'}),"
-        "  rope: m.runLines({kernel: 57, fallback: {}, rope: 57})});"
-        "}, e => done({error: String(e)}));")
-    assert "error" not in out, out
-    assert out["keyed"] == ["SageTriton · sm86 · ampere_consumer · NVIDIA",
-                            "defaults: QK per_warp · PV fp16 · fp16+fp32 acc",
-                            "kernel from 1536 tokens", "⚠ fp8 → fp16 on this GPU"]
-    assert out["flat"] == ["SageTriton · gfx1201 · rdna4 · AMD", "defaults: QK per_thread · PV fp8 · fp32 acc",
-                           "kernel at any sequence length", "⏳ building and testing kernels 3/12",
-                           "last run: 7 kernel · 9 fallback",
-                           "5× b", "2× c", "1× a", "+1 more fallback reasons", "⚠ fp8 → fp16 on this GPU"]
-    # No GPU (or --cpu): min_seq_len 0 must not read as "kernel at any sequence length".
-    assert out["cpu"][2] == "no GPU: ComfyUI's own attention runs", out["cpu"]
-    assert out["loading"] == ["SageTriton · loading…"]
-    assert out["missing"] == ["SageTriton · status unavailable"]
-    short = "per_block not supported on this GPU"
-    assert out["badFlat"] == {"qk_quant_gran": {"per_block": {"why": "x", "short": short}}}
-    # What a patch replaced and what serves its fallbacks (nodes/core_backends.py), and the backend choice.
-    assert out["composed"] == ["last run: 2 kernel · 0 fallback", "kernel calls on SDPA (Sage Settings)",
-                               "took over from comfy_kitchen_int8, set per model (Model Attention Backend node) · "
-                               "fallbacks on PyTorch SDPA (Sage Settings fallback=sdpa)"]
-    assert out["global"] == ["last run: 1 kernel · 0 fallback", "fallbacks run on g"]
-    assert out["rope"] == ["last run: 57 kernel · 0 fallback", "RoPE: 57 calls on SageTriton's kernel"]
 
 
 # Test code only: turn Vue nodes on (or off), load an example, and read back each node's box on the page

@@ -199,7 +199,8 @@ def test_install_py_rewrites_a_broken_report(rep, fake_worker, monkeypatch, caps
 
 
 def test_nodes_panel_says_the_report_was_ignored(rep, tmp_path):
-    """The panel lines of web/sage_format.mjs (the module the page loads) for the status of a broken report."""
+    """The server's panel lines for the status of a broken report, as web/sage_format.mjs (the module the page
+    loads) picks them for a Patch node that has not run."""
     import shutil
     import subprocess
 
@@ -219,4 +220,6 @@ def test_nodes_panel_says_the_report_was_ignored(rep, tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     lines = json.loads(proc.stdout)
+    panel = json.loads((tmp_path / "status.json").read_text())["panel"]
+    assert lines == panel["lines"] + panel["not_run"]  # drawn as sent
     assert any(ln.startswith("⚠ self-test report ignored (the report is list, not an object)") for ln in lines), lines

@@ -11,10 +11,6 @@ Kernels run through the Triton interpreter on the CPU (a few seconds a call at 3
 """
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-
 import pytest
 import tiny_models
 import torch
@@ -26,12 +22,11 @@ from sagetriton.nodes.config.settings import SageSettings
 from sagetriton.nodes.config.sparse_settings import SparseSettings
 from sagetriton.nodes.patching import OVERRIDE_KEY, patch_model
 from sagetriton.nodes.reporting import stats
+from sagetriton.nodes.reporting.panel_text import run_lines
 from sagetriton.nodes.routing import sparse_calls
 from sagetriton.nodes.routing.conditioning_span import TEXT_KEY, sinks_for
 from sagetriton.nodes.routing.dispatch import bind_call
 from tiny_models import sample
-
-from sagetriton_import import PACK_DIR
 
 pytestmark = pytest.mark.usefixtures("comfyui_path", "no_install_report")
 
@@ -113,16 +108,9 @@ def test_wan_runs_sparse_in_its_window_and_layers_and_reports_it(monkeypatch, pa
 
 
 def panel_lines(run: dict) -> list:
-    """The Patch node's panel lines for ``run`` (web/sage_format.mjs's runLines, run by node)."""
-    if shutil.which("node") is None:
-        pytest.skip("needs node")
-    module = (PACK_DIR / "web" / "sage_format.mjs").as_uri()
-    js = (f"import {{runLines}} from '{module}';"
-          "console.log(JSON.stringify(runLines(JSON.parse(process.argv[1]))));")
-    proc = subprocess.run(["node", "--input-type=module", "-e", js, json.dumps(run)], capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    """The Patch node's panel lines for ``run``: the summary's own ``lines``, which the panel draws as sent."""
+    assert run["lines"] == run_lines(run)  # made when the run ended, from the same summary
+    return run["lines"]
 
 
 # --- Joint attention: the sinks are the text -------------------------------------------------------

@@ -18,6 +18,7 @@ def test_payload_without_server(pack, tmp_path, monkeypatch):
     from sagetriton.installer import report as rep
     from sagetriton.kernels.arch import CPU_ARCH
     from sagetriton.nodes.reporting import stats
+    from sagetriton.nodes.reporting.panel_text import defaults_line, seq_line, status_panel
     from sagetriton.nodes.reporting.status_route import status_payload
 
     rep.invalidate_cache()
@@ -25,6 +26,9 @@ def test_payload_without_server(pack, tmp_path, monkeypatch):
     assert EXPECTED_KEYS <= set(p)
     assert p["vendor"] == "cpu" and p["arch"] == "cpu" and p["report"]["found"] is False
     assert p["defaults"]["128"]["num_stages"] >= 1 and p["stats"] == stats.attention_stats()
+    # What the nodes' panel shows, worded here (web/ draws it as sent): the GPU, its defaults, the kernel's reach.
+    assert p["panel"] == status_panel(p) and p["panel"]["lines"][:3] == [
+        "SageTriton · cpu", defaults_line(p), seq_line(p)], p["panel"]
     # A saved report shows up (variants, crossover, sdpa_default_safe) once the cache is refreshed.
     r = rep.new_report(rep.report_key(CPU_ARCH))
     r.update(variants={"per_warp/fp16/fp32": {"build": {"ok": True}, "selftest": {"ok": True, "cosine": 0.9999}}},

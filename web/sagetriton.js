@@ -6,6 +6,7 @@ import {
   PATCH_NODE,
   SETTINGS_NODE,
   infoLines,
+  labelMark,
   setupInProgress,
   unavailableBackends,
   unsupportedChoices,
@@ -48,7 +49,7 @@ async function fetchStatus() {
     const res = await api.fetchApi("/sage/status", { cache: "no-store" });
     status = res.ok ? await res.json() : null;
   } catch (err) {
-    console.warn("[SageTriton] /sage/status failed:", err);
+    console.warn("[SageTriton] no answer from /sage/status:", err);
     status = null;
   }
   // Show the first-start build's progress until it ends, then stop asking.
@@ -116,7 +117,7 @@ function markChoices(node, unsupported) {
     }
     const notes = Object.entries(bad).map(([value, r]) => `${value}: ${r.why || r.short}`);
     const base = w.sageOwnTooltip ?? inputTooltips.get(w.name) ?? "";
-    w.tooltip = [base, `On this GPU (${status?.arch ?? "?"}):`, ...notes].filter(Boolean).join("\n");
+    w.tooltip = [base, status?.panel?.choices_title, ...notes].filter(Boolean).join("\n");
     w.label = bad[w.value] ? `${w.sageOwnLabel ?? w.name} ${labelMark(bad[w.value].short)}` : w.sageOwnLabel;
     if (!w.sageWatched) {
       // Re-mark when the user picks another value.
@@ -131,12 +132,6 @@ function markChoices(node, unsupported) {
   }
 }
 
-// Widget labels have little room: "fp8 → fp16 on this GPU" becomes "⚠ → fp16".
-function labelMark(short) {
-  const to = /→\s*(\S+)/.exec(short);
-  return to ? `⚠ → ${to[1]}` : "⚠";
-}
-
 function refreshNode(node) {
   if (!isOurs(node)) return;
   const type = node.comfyClass ?? node.type;
@@ -144,7 +139,7 @@ function refreshNode(node) {
   const w = infoWidget(node);
   const unsupported = unsupportedChoices(status);
   const backend = node.widgets?.find((x) => x.name === "backend")?.value ?? null;
-  w.lines = show ? infoLines(type, status, unsupported, node.sageRun ?? null, backend) : [];
+  w.lines = show ? infoLines(type, status, node.sageRun ?? null, backend) : [];
   w.value = w.lines.join("\n");
   w.hidden = !show;
   if (type === SETTINGS_NODE) markChoices(node, show ? { ...unsupported, ...unavailableBackends(status) } : {});
@@ -188,17 +183,11 @@ async function afterRun() {
   // A run event can come before the server has recorded that run: keep the nodes until the prompt ends.
   if (ended) for (const node of waiting) ranPatchNodes.delete(node);
   refreshAll();
-  // Downgraded settings ("fp8 → fp16 on this GPU") are said once, visibly.
-  for (const note of fresh?.last_run?.notes ?? []) {
-    if (warnedReasons.has(note)) continue;
-    warnedReasons.add(note);
-    toast("info", "SageTriton settings adjusted", note);
-  }
-  // Kernel failures are worth interrupting the user for; ordinary fallbacks are shown on the node.
-  for (const reason of Object.keys(fresh?.last_run?.fallback ?? {})) {
-    if (!/error|fail|compile/i.test(reason) || warnedReasons.has(reason)) continue;
-    warnedReasons.add(reason);
-    toast("warn", "SageTriton fell back", `Attention fell back to ComfyUI's: ${reason}. See the server log.`);
+  // What the server says a run is worth a toast for (downgraded settings, kernel failures), once a session.
+  for (const alert of fresh?.last_run?.alerts ?? []) {
+    if (warnedReasons.has(alert.key)) continue;
+    warnedReasons.add(alert.key);
+    toast(alert.severity, alert.summary, alert.detail);
   }
 }
 
@@ -232,6 +221,10 @@ app.registerExtension({
     api.addEventListener("sagetriton.run", ({ detail }) => {
       const node = app.graph?.getNodeById?.(detail?.node);
       if ((node?.comfyClass ?? node?.type) !== PATCH_NODE) return;
+      if (Array.isArray(detail.lines)) {
+        node.sageRun = { lines: detail.lines }; // shown at once, as sent
+        refreshNode(node);
+      }
       ranPatchNodes.add(node);
       refreshSoon();
     });

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Optional
 from ...kernels import replay
 from ...kernels.log import logger
 from ..backends.preferred_attention import describe
+from .panel_text import fallback_line, run_alerts, run_lines
 from .reasons import TOO_SHORT, reason_of
 from .sparse_summary import outer_text, sparse_and_outer, sparse_text
 from .stats import RunTally, set_last_run
@@ -81,11 +82,8 @@ def unpatch_hint(summary: dict) -> Optional[str]:
 
 
 def fallback_text(replaced: str, fallback_backend: Optional[str]) -> str:
-    """What runs the calls the kernel does not take (and what the patch took over from, if another).
-    Never "replaced": with no GPU every call runs on ComfyUI's own attention, as the start log says."""
-    if fallback_backend and fallback_backend != replaced:
-        return f"took over from {replaced}, fallbacks on {fallback_backend}"
-    return f"fallbacks run on {replaced}"
+    """The log line's words for what runs the fallbacks; the panel's line is the same with " · "."""
+    return fallback_line(replaced, fallback_backend, sep=", ")
 
 
 def passed_through_text(summary: dict) -> str:
@@ -136,14 +134,15 @@ def format_summary(summary: dict) -> str:
 RUN_EVENT = "sagetriton.run"
 
 
-def notify_browser(node_id: Optional[str]) -> bool:
-    """Send RUN_EVENT for node ``node_id``, if a ComfyUI server runs in this process."""
+def notify_browser(node_id: Optional[str], lines: Optional[list] = None) -> bool:
+    """Send RUN_EVENT for node ``node_id`` with its panel ``lines``, if a ComfyUI server runs in this process."""
     server = sys.modules.get("server")  # never import it ourselves: no server means nothing to tell
     instance = getattr(getattr(server, "PromptServer", None), "instance", None)
     if instance is None or node_id is None or not hasattr(instance, "send_sync"):
         return False
     try:
-        instance.send_sync(RUN_EVENT, {"node": str(node_id)}, getattr(instance, "client_id", None))
+        instance.send_sync(RUN_EVENT, {"node": str(node_id), "lines": list(lines or ())},
+                           getattr(instance, "client_id", None))
     except Exception as e:  # a UI message must never fail a run
         logger.debug("[SageTriton] run event not sent: %s", e)
         return False
@@ -158,9 +157,11 @@ def finish_run(state: PatchState) -> Optional[dict]:
     summary = build_summary(state, run)
     text = format_summary(summary)
     summary["text"] = text
+    summary["lines"] = run_lines(summary)  # the panel's (web/sagetriton.js draws them as sent)
+    summary["alerts"] = run_alerts(summary)
     set_last_run(summary)
     logger.info("[SageTriton] %s", text)
-    notify_browser(state.node_id)
+    notify_browser(state.node_id, summary["lines"])
     return summary
 
 

@@ -49,6 +49,7 @@ def status_payload(device=None) -> dict:
     from ..config.install_report import InstallReport, setup_status
     from ..config.planner import KernelPlanner
     from . import stats
+    from .panel_text import mark_choices, status_panel
 
     if device is None:
         device = comfy_device()
@@ -64,7 +65,7 @@ def status_payload(device=None) -> dict:
         _planner.forget()
     plan = _planner.plan(arch, 128)
     where = rep.current_report_path(arch)
-    return {
+    payload = {
         "device": str(device) if device is not None else ("cuda" if arch.vendor != "cpu" else "cpu"),
         "gpu": arch.name,
         "arch": arch.arch,
@@ -74,8 +75,8 @@ def status_payload(device=None) -> dict:
         "kernel_active": kernel_active,
         "note": "" if kernel_active else "no GPU: SageTriton leaves ComfyUI's attention in place",
         "defaults": {str(d): default_config(arch, d).as_dict() for d in (64, 128, 256)},
-        "supported_choices": {k: {c: {"ok": ok, "why": why} for c, (ok, why) in v.items()}
-                              for k, v in supported_choices(arch).items()},
+        "supported_choices": mark_choices({k: {c: {"ok": ok, "why": why} for c, (ok, why) in v.items()}
+                                           for k, v in supported_choices(arch).items()}),
         "backends": backend_choices(arch.vendor),  # Sage Settings' backend: which can run here, what runs instead
         "variants": (r or {}).get("variants", {}),
         "disabled_variants": (r or {}).get("disabled_variants", []),
@@ -98,6 +99,8 @@ def status_payload(device=None) -> dict:
         "last_run": stats.last_run(),
         "runs_by_node": stats.runs_by_node(),
     }
+    payload["panel"] = status_panel(payload)  # the lines the nodes show (web/sagetriton.js draws them as sent)
+    return payload
 
 
 SETUP_EVENT = "sagetriton.setup"  # websocket event with ``setup_status()`` while the first-start self-test runs
