@@ -1,0 +1,130 @@
+"""``sparse_attn``'s ``extra_tokens``: single tokens outside a query block's exact blocks (the method:
+``sparse_reference``'s module docstring and ``_extra_select``).
+
+Around the unchanged kernels, in two passes of plain torch over (heads x query blocks) slabs:
+
+* ``retail`` (after the router, before the attention kernel): every token outside a query block's exact
+  blocks gets its centroid score ``c_i·(k_t - mu)·scale·log2 e``; the histogram picks the extra tokens
+  (``sparse_reference._extra_select`` itself, so the choice is the reference's), and the rest replace the
+  router's pooled tail (max, sum, P·V in the same base-2 frame), which the kernel then starts from.
+* ``merge`` (after the kernel, which ran with its LSE in the centred frame): the extra tokens' exact
+  attention per row (at most 256 gathered keys per query block, fp32), merged with the kernel's rows by
+  log-sum-exp. The two parts are disjoint, so the merge is the softmax over their union.
+
+Each pass costs about 1/64 of dense attention's products (one centroid row per 64 query rows); memory
+stays bounded by ``CHUNK`` elements per slab at any length.
+"""
+from __future__ import annotations
+
+import torch
+
+from .sparse_reference import BLOCK, _extra_select
+
+CHUNK = 1 << 24  # elements of one (heads x query blocks x tokens) score slab
+
+__all__ = ["retail", "merge"]
+
+
+def _exact_mask(lists, count, nb: int) -> torch.Tensor:
+    """(n, nb, nb) bool from the router's lists: entries past ``count`` are unwritten (any value)."""
+    ok = torch.arange(nb, device=lists.device) < count[..., None]
+    idx = torch.where(ok, lists.long(), nb)  # the unwritten go to a spare column, dropped below
+    mask = torch.zeros(lists.shape[:-1] + (nb + 1,), dtype=torch.bool, device=lists.device)
+    return mask.scatter_(-1, idx, True)[..., :nb]
+
+
+def _heads(B: int, H: int, H_KV: int, a: int, b: int, device):
+    """(batch, query head, key/value head) indices of the flat heads ``a:b`` (B*H order)."""
+    bh = torch.arange(a, b, device=device)
+    bi, hi = bh // H, bh % H
+    return bi, hi, hi // (H // H_KV)
+
+
+def _centred_kv(kh, vh, mu, bi, ki, D):
+    """fp32 keys centred by ``mu`` and values of the key/value heads ``(bi, ki)``: (n, L, D) each."""
+    kc = kh[bi, ki].float() - mu.view(kh.shape[0], kh.shape[1], -1)[bi, ki, None, :D]
+    return kc, vh[bi, ki].float()
+
+
+def retail(qh, kh, vh, cen, mu, lists, count, tail_m, tail_l, tail_acc, log2s: float, extra_tokens: int):
+    """Choose each query block's extra tokens and rewrite its tail (in place) as the per-token centroid
+    terms of the other tokens outside its exact blocks. ``qh, kh, vh``: (B, H|H_KV, L, D) views;
+    ``cen`` (B*H, nb, d_pad), ``mu`` (B*H_KV, d_pad) and the router's outputs as ``sparse_launch.route``.
+    Returns the extra tokens' indices (B*H, nb, extra_tokens) int64 (the first ``n_extra`` of each row
+    are live) and ``n_extra`` (B*H, nb)."""
+    B, H, L, D = qh.shape
+    H_KV = kh.shape[1]
+    nb = cen.shape[1]
+    dev = qh.device
+    E = int(extra_tokens)
+    exact = _exact_mask(lists, count, nb)
+    tok_blk = torch.arange(L, device=dev) // BLOCK
+    idx = torch.zeros((B * H, nb, E), dtype=torch.long, device=dev)
+    n_extra = torch.zeros((B * H, nb), dtype=torch.long, device=dev)
+    hc = max(1, min(B * H, CHUNK // (nb * L)))
+    qc = nb if hc > 1 else max(1, min(nb, CHUNK // L))
+    for a in range(0, B * H, hc):
+        b = min(B * H, a + hc)
+        bi, _, ki = _heads(B, H, H_KV, a, b, dev)
+        kc, vv = _centred_kv(kh, vh, mu, bi, ki, D)
+        for i0 in range(0, nb, qc):
+            i1 = min(nb, i0 + qc)
+            c = torch.matmul(cen[a:b, i0:i1, :D], kc.transpose(1, 2)) * log2s  # (n, q, L), base 2
+            outside = ~exact[a:b, i0:i1][:, :, tok_blk]
+            extra = _extra_select(c, outside, E)
+            s = c.masked_fill(~(outside & ~extra), float("-inf"))
+            m = s.amax(-1)  # NaN stays NaN: a non-finite centroid poisons its block, as the reference
+            p = torch.exp2(s - torch.where(m == float("-inf"), 0.0, m)[..., None])
+            tail_m[a:b, i0:i1] = m
+            tail_l[a:b, i0:i1] = p.sum(-1)
+            tail_acc[a:b, i0:i1, :D] = torch.matmul(p, vv)
+            tail_acc[a:b, i0:i1, D:] = 0.0
+            # the extra tokens' indices, ascending, compacted (the others land in a spare column)
+            pos = torch.where(extra, extra.long().cumsum(-1) - 1, E)
+            slots = torch.zeros(extra.shape[:-1] + (E + 1,), dtype=torch.long, device=dev)
+            slots.scatter_(-1, pos, torch.arange(L, device=dev).expand_as(pos))
+            idx[a:b, i0:i1] = slots[..., :E]
+            n_extra[a:b, i0:i1] = extra.sum(-1)
+    return idx, n_extra
+
+
+def merge(qh, kh, vh, mu, idx, n_extra, scale: float, oh, lse):
+    """Add the extra tokens' exact attention to the kernel's rows in place: ``oh`` (B, H, L, D) view of the
+    output, ``lse`` (B, H, L) fp32, the kernel's natural-log LSE in the centred frame ``q·(k - mu)·scale``
+    (left in that frame, merged). ``qh`` is the (sign-folded) Q the kernel ran."""
+    B, H, L, D = qh.shape
+    H_KV = kh.shape[1]
+    nb, E = idx.shape[1], idx.shape[2]
+    dev = qh.device
+    lse_flat = lse.view(B * H, L)
+    per_block = E * (BLOCK + 2 * D)  # scores plus gathered keys and values per (head, query block)
+    hc = max(1, min(B * H, CHUNK // (nb * per_block)))
+    qc = nb if hc > 1 else max(1, min(nb, CHUNK // per_block))
+    live = torch.arange(E, device=dev)
+    for a in range(0, B * H, hc):
+        b = min(B * H, a + hc)
+        bi, hi, ki = _heads(B, H, H_KV, a, b, dev)
+        kc, vv = _centred_kv(kh, vh, mu, bi, ki, D)
+        rows = torch.arange(b - a, device=dev)[:, None, None]
+        for i0 in range(0, nb, qc):
+            i1 = min(nb, i0 + qc)
+            r0, r1 = i0 * BLOCK, min(L, i1 * BLOCK)
+            q = torch.nn.functional.pad(qh[bi, hi, r0:r1].float(), (0, 0, 0, (i1 - i0) * BLOCK - (r1 - r0)))
+            q = q.view(b - a, i1 - i0, BLOCK, D)
+            sel = idx[a:b, i0:i1]
+            s = torch.matmul(q, kc[rows, sel].transpose(-1, -2)) * scale  # (n, q, 64, E), natural
+            s = s.masked_fill(~(live < n_extra[a:b, i0:i1, None])[:, :, None, :], float("-inf"))
+            lse2 = torch.logsumexp(s, dim=-1)  # -inf where the block has no extra token
+            p = torch.exp(s - torch.where(lse2 == float("-inf"), 0.0, lse2)[..., None])
+            o2 = torch.matmul(p, vv[rows, sel]).view(b - a, -1, D)[:, :r1 - r0]
+            lse2 = lse2.view(b - a, -1)[:, :r1 - r0]
+            lse1 = lse_flat[a:b, r0:r1]
+            top = torch.maximum(lse1, lse2)  # NaN (a poisoned or out-of-range row) stays NaN
+            top = torch.where(top == float("-inf"), 0.0, top)
+            w1, w2 = torch.exp(lse1 - top), torch.exp(lse2 - top)
+            den = w1 + w2
+            o1 = oh[bi, hi, r0:r1].float()
+            oh[bi, hi, r0:r1] = ((w1[..., None] * o1 + w2[..., None] * o2) / den[..., None]).to(oh.dtype)
+            lse_flat[a:b, r0:r1] = top + torch.log(den)
+
+
