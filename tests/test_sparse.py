@@ -12,7 +12,7 @@ import math
 import pytest
 import sagetriton.kernels as kernels
 import torch
-from sagetriton.kernels import sparse_launch
+from sagetriton.kernels import sparse_extra, sparse_launch
 from sagetriton.kernels import sparse_reference as sref
 from sagetriton.kernels.arch import CPU_ARCH, default_config
 
@@ -253,10 +253,102 @@ def test_huge_logits_are_right_or_nan_never_silently_wrong():
     assert rel(out[rows], ref[rows]) < 0.05 if rows.any() else True
 
 
-def test_extra_tokens_are_refused_until_the_kernels_have_them():
-    q, k, v = smooth_qkv(130)
-    with pytest.raises(NotImplementedError, match="extra_tokens"):
-        sparse_attn(q, k, v, extra_tokens=64)
+# ---- extra_tokens (kernels/sparse_extra.py) --------------------------------------------------------
+
+@pytest.mark.parametrize("extra,T,kw,layout", [
+    (64, 330, dict(tau=1.0), "NHD"),
+    (256, 700, dict(tau=1.5), "NHD"),
+    (128, 330, dict(topk_ratio=0.2, sink_blocks=[1, 2], sink_q=[3, 4]), "NHD"),
+    (192, 200, dict(tau=1.0, H=4, H_KV=2, out_layout="NHD"), "HND"),
+    (256, 261, dict(tau=1.0, scale=-0.2), "NHD"),
+])
+def test_extra_tokens_match_the_reference(extra, T, kw, layout):
+    kw = dict(kw)
+    H, H_KV, out_layout = kw.pop("H", 2), kw.pop("H_KV", 1), kw.pop("out_layout", layout)
+    q, k, v = smooth_qkv(T, H=H, H_KV=H_KV, seed=T + extra, layout=layout)
+    out, lse, density = sparse_attn(q, k, v, extra_tokens=extra, tensor_layout=layout, out_layout=out_layout,
+                                    return_lse=True, return_density=True, **kw)
+    ref, ref_lse, ref_density = sref.sparse_reference(q, k, v, extra_tokens=extra, tensor_layout=layout,
+                                                      return_lse=True, return_density=True, **kw)
+    without = sref.sparse_reference(q, k, v, tensor_layout=layout, **kw)
+    if out_layout != layout:
+        out = out.permute(0, 2, 1, 3)
+    allowed = budget(q, k, v, layout) + (0.01 if "scale" in kw else 0.0)
+    assert rel(out, ref) <= allowed, (rel(out, ref), allowed)
+    assert rel(without, ref) > 3 * allowed  # the extra tokens matter here: following them is what is tested
+    torch.testing.assert_close(lse, ref_lse, atol=0.05, rtol=0)
+    assert float(density) == pytest.approx(float(ref_density))  # exact block pairs only, as the reference
+
+
+def test_extra_tokens_move_the_kernel_s_answer_toward_dense():
+    q, k, v = smooth_qkv(700, H=1, H_KV=1, seed=15)
+    exact = sref.dense_reference(q, k, v)
+    base, d0 = sparse_attn(q, k, v, 1.5, return_density=True)
+    aug, d1 = sparse_attn(q, k, v, 1.5, extra_tokens=256, return_density=True)
+    assert float(d0) == float(d1)
+    assert rel(aug, base) > 3 * budget(q, k, v)
+    assert rel(aug, exact) < 0.8 * rel(base, exact)
+
+
+@pytest.mark.parametrize("D,dtype", [(40, torch.float32), (128, torch.bfloat16)])
+def test_extra_tokens_with_padded_head_dims_and_fp32(D, dtype):
+    q, k, v = smooth_qkv(200, H=1, H_KV=1, D=D, seed=D, dtype=dtype)
+    out = sparse_attn(q, k, v, 1.0, extra_tokens=64)
+    assert out.dtype == dtype
+    assert rel(out, sref.sparse_reference(q, k, v, 1.0, extra_tokens=64)) <= budget(q, k, v)
+
+
+@pytest.mark.parametrize("gran,pv,rotation", [("per_warp", "fp8", "tiles"), ("per_block", "int8", True),
+                                              ("per_thread", "fp16", False)])
+def test_extra_tokens_on_every_lse_frame_of_the_gpus(gran, pv, rotation):
+    # the merge reads the kernel's LSE in the centred frame: each rotation method and P·V format keeps it
+    cfg = CPU_CFG.replace(qk_quant_gran=gran, qk_rotation=bool(rotation),
+                          rotation_tiles=rotation == "tiles").with_pv_choice(pv)
+    if cfg.pv_precision == "fp8":
+        cfg = cfg.replace(fp8_format="e4m3fn")
+    q, k, v = smooth_qkv(330, H=2, H_KV=1, seed=21, dtype=torch.bfloat16)
+    out, lse = sparse_attn(q, k, v, 1.0, config=cfg, extra_tokens=128, return_lse=True)
+    ref, ref_lse = sref.sparse_reference(q, k, v, 1.0, extra_tokens=128, return_lse=True)
+    assert rel(out, ref) <= budget(q, k, v, config=cfg)
+    torch.testing.assert_close(lse, ref_lse, atol=0.05, rtol=0)
+
+
+def test_extra_tokens_in_small_slabs_give_the_same_answer(monkeypatch):
+    # long sequences run in slabs of one head and a few query blocks: the bookkeeping must not matter
+    q, k, v = smooth_qkv(330, H=2, H_KV=1, seed=22)
+    whole, lse = sparse_attn(q, k, v, 1.0, extra_tokens=128, return_lse=True)
+    monkeypatch.setattr(sparse_extra, "CHUNK", 2 * 330)
+    sliced, lse_s = sparse_attn(q, k, v, 1.0, extra_tokens=128, return_lse=True)
+    torch.testing.assert_close(sliced, whole, atol=1e-3, rtol=0)
+    torch.testing.assert_close(lse_s, lse, atol=1e-5, rtol=0)
+
+
+def test_extra_tokens_read_strided_views_in_place():
+    q0, k0, v0 = smooth_qkv(200, H=2, H_KV=2, D=64, seed=6)
+    qkv = torch.cat([q0, k0, v0], dim=-1)
+    q, k, v = qkv[..., :64], qkv[..., 64:128], qkv[..., 128:]
+    assert rel(sparse_attn(q, k, v, 1.0, extra_tokens=64), sparse_attn(q0, k0, v0, 1.0, extra_tokens=64)) == 0.0
+
+
+def test_extra_tokens_keep_the_non_finite_rules():
+    q, k, v = smooth_qkv(330, H=1, H_KV=1, seed=12)
+    q[0, 70, 0, 3] = float("nan")
+    out = sparse_attn(q, k, v, 1.0, extra_tokens=256)
+    ref = sref.sparse_reference(q, k, v, 1.0, extra_tokens=256)
+    bad = ~torch.isfinite(out[0, :, 0]).all(-1)
+    assert torch.equal(bad, ~torch.isfinite(ref[0, :, 0]).all(-1))
+    assert bad[64:128].all() and not bad[:64].any() and not bad[128:].any()
+    q, k, v = smooth_qkv(330, H=1, H_KV=1, seed=13)
+    v[0, 5, 0, 0] = float("nan")
+    out = sparse_attn(q, k, v, 1.0, extra_tokens=64)
+    assert torch.isnan(out[..., 0]).all() and torch.isfinite(out[..., 1:]).all()
+    k[0, 5, 0, 0] = float("nan")
+    assert torch.isnan(sparse_attn(q, k, v, 1.0, extra_tokens=64)).all()
+    q, k, v = (x.float() * s for x, s in zip(smooth_qkv(200, H=1, H_KV=1, seed=14), (3000, 3000, 1)))
+    out = sparse_attn(q, k, v, 1.0, extra_tokens=128)
+    ref = sref.sparse_reference(q, k, v, 1.0, extra_tokens=128)
+    rows = torch.isfinite(out).all(-1)
+    assert rel(out[rows], ref[rows]) < 0.05 if rows.any() else True
 
 
 def test_reference_extra_tokens_admit_whole_bins_within_the_budget():
@@ -274,11 +366,12 @@ def test_reference_extra_tokens_admit_whole_bins_within_the_budget():
     assert sref._extra_select(torch.zeros(1, 6), live, 5).sum() == 0  # a flat profile admits none
 
 
-def test_torch_compile_traces_without_graph_breaks():
-    q, k, v = smooth_qkv(130, seed=16)
+@pytest.mark.parametrize("extra", [0, 64])
+def test_torch_compile_traces_without_graph_breaks(extra):
+    q, k, v = smooth_qkv(330 if extra else 130, seed=16)
 
     def f(q, k, v):
-        out, density = sparse_attn(q * 1, k, v, 1.0, return_density=True)
+        out, density = sparse_attn(q * 1, k, v, 1.0, return_density=True, extra_tokens=extra)
         return out.float().sum(-1), density
 
     explanation = torch._dynamo.explain(f)(q, k, v)
