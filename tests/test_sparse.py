@@ -344,7 +344,7 @@ def test_extra_tokens_keep_the_non_finite_rules():
     assert torch.isnan(out[..., 0]).all() and torch.isfinite(out[..., 1:]).all()
     k[0, 5, 0, 0] = float("nan")
     assert torch.isnan(sparse_attn(q, k, v, 1.0, extra_tokens=64)).all()
-    q, k, v = (x.float() * s for x, s in zip(smooth_qkv(200, H=1, H_KV=1, seed=14), (3000, 3000, 1)))
+    q, k, v = (x.float() * s for x, s in zip(smooth_qkv(200, H=1, H_KV=1, seed=14), (3000, 3000, 1), strict=True))
     out = sparse_attn(q, k, v, 1.0, extra_tokens=128)
     ref = sref.sparse_reference(q, k, v, 1.0, extra_tokens=128)
     rows = torch.isfinite(out).all(-1)
