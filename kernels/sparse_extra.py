@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import torch
 
-from .sparse_reference import BLOCK, _extra_select
+from . import api
+from .sparse_extra_route import extra_tail_kernel
+from .sparse_reference import BLOCK, EXTRA_BIN, EXTRA_BINS
 
-CHUNK = 1 << 24  # elements of one (heads x query blocks x tokens) score slab
+CHUNK = 1 << 24  # elements of one (heads x query blocks x extra tokens x (rows + keys + values)) merge slab
+QB = 16  # query blocks per extra-router program
 
 __all__ = ["retail", "merge"]
 
@@ -30,7 +33,7 @@ def _exact_mask(lists, count, nb: int) -> torch.Tensor:
     ok = torch.arange(nb, device=lists.device) < count[..., None]
     idx = torch.where(ok, lists.long(), nb)  # the unwritten go to a spare column, dropped below
     mask = torch.zeros(lists.shape[:-1] + (nb + 1,), dtype=torch.bool, device=lists.device)
-    return mask.scatter_(-1, idx, True)[..., :nb]
+    return mask.scatter_(-1, idx, True)[..., :nb].contiguous()
 
 
 def _heads(B: int, H: int, H_KV: int, a: int, b: int, device):
@@ -46,45 +49,26 @@ def _centred_kv(kh, vh, mu, bi, ki, D):
     return kc, vh[bi, ki].float()
 
 
-def retail(qh, kh, vh, cen, mu, lists, count, tail_m, tail_l, tail_acc, log2s: float, extra_tokens: int):
+def retail(qh, kh, vh, cen, mu, lists, count, tail_m, tail_l, tail_acc, log2s: float, extra_tokens: int,
+           precisions=("ieee", "ieee")):
     """Choose each query block's extra tokens and rewrite its tail (in place) as the per-token centroid
-    terms of the other tokens outside its exact blocks. ``qh, kh, vh``: (B, H|H_KV, L, D) views;
-    ``cen`` (B*H, nb, d_pad), ``mu`` (B*H_KV, d_pad) and the router's outputs as ``sparse_launch.route``.
-    Returns the extra tokens' indices (B*H, nb, extra_tokens) int64 (the first ``n_extra`` of each row
-    are live) and ``n_extra`` (B*H, nb)."""
+    terms of the other tokens outside its exact blocks (``sparse_extra_route.extra_tail_kernel``).
+    ``qh, kh, vh``: (B, H|H_KV, L, D) views; ``cen`` (B*H, nb, d_pad), ``mu`` (B*H_KV, d_pad) and the
+    router's outputs as ``sparse_launch.route``; ``precisions``: its (scores, P·V) products'. Returns the
+    extra tokens' indices (B*H, nb, extra_tokens) int32 (the first ``n_extra`` of each row are live,
+    the rest 0) and ``n_extra`` (B*H, nb) int32."""
     B, H, L, D = qh.shape
     H_KV = kh.shape[1]
-    nb = cen.shape[1]
+    nb, d_pad = cen.shape[1], cen.shape[2]
     dev = qh.device
-    E = int(extra_tokens)
-    exact = _exact_mask(lists, count, nb)
-    tok_blk = torch.arange(L, device=dev) // BLOCK
-    idx = torch.zeros((B * H, nb, E), dtype=torch.long, device=dev)
-    n_extra = torch.zeros((B * H, nb), dtype=torch.long, device=dev)
-    hc = max(1, min(B * H, CHUNK // (nb * L)))
-    qc = nb if hc > 1 else max(1, min(nb, CHUNK // L))
-    for a in range(0, B * H, hc):
-        b = min(B * H, a + hc)
-        bi, _, ki = _heads(B, H, H_KV, a, b, dev)
-        kc, vv = _centred_kv(kh, vh, mu, bi, ki, D)
-        for i0 in range(0, nb, qc):
-            i1 = min(nb, i0 + qc)
-            c = torch.matmul(cen[a:b, i0:i1, :D], kc.transpose(1, 2)) * log2s  # (n, q, L), base 2
-            outside = ~exact[a:b, i0:i1][:, :, tok_blk]
-            extra = _extra_select(c, outside, E)
-            s = c.masked_fill(~(outside & ~extra), float("-inf"))
-            m = s.amax(-1)  # NaN stays NaN: a non-finite centroid poisons its block, as the reference
-            p = torch.exp2(s - torch.where(m == float("-inf"), 0.0, m)[..., None])
-            tail_m[a:b, i0:i1] = m
-            tail_l[a:b, i0:i1] = p.sum(-1)
-            tail_acc[a:b, i0:i1, :D] = torch.matmul(p, vv)
-            tail_acc[a:b, i0:i1, D:] = 0.0
-            # the extra tokens' indices, ascending, compacted (the others land in a spare column)
-            pos = torch.where(extra, extra.long().cumsum(-1) - 1, E)
-            slots = torch.zeros(extra.shape[:-1] + (E + 1,), dtype=torch.long, device=dev)
-            slots.scatter_(-1, pos, torch.arange(L, device=dev).expand_as(pos))
-            idx[a:b, i0:i1] = slots[..., :E]
-            n_extra[a:b, i0:i1] = extra.sum(-1)
+    exact = _exact_mask(lists, count, nb).view(torch.uint8)
+    idx = torch.zeros((B * H, nb, int(extra_tokens)), dtype=torch.int32, device=dev)
+    n_extra = torch.empty((B * H, nb), dtype=torch.int32, device=dev)
+    api._launch(extra_tail_kernel, (-(-nb // QB), B * H), (
+        cen, kh, *kh.stride(), vh, *vh.stride(), mu, exact, tail_m, tail_l, tail_acc, idx, n_extra,
+        H, H_KV, L, D, nb, int(extra_tokens), float(log2s),
+    ), dict(QB=QB, D_PAD=d_pad, BIN=EXTRA_BIN, NBINS=EXTRA_BINS, SCORE_PREC=precisions[0],
+            TAIL_PREC=precisions[1]), num_warps=4)
     return idx, n_extra
 
 
@@ -111,7 +95,7 @@ def merge(qh, kh, vh, mu, idx, n_extra, scale: float, oh, lse):
             r0, r1 = i0 * BLOCK, min(L, i1 * BLOCK)
             q = torch.nn.functional.pad(qh[bi, hi, r0:r1].float(), (0, 0, 0, (i1 - i0) * BLOCK - (r1 - r0)))
             q = q.view(b - a, i1 - i0, BLOCK, D)
-            sel = idx[a:b, i0:i1]
+            sel = idx[a:b, i0:i1].long()
             s = torch.matmul(q, kc[rows, sel].transpose(-1, -2)) * scale  # (n, q, 64, E), natural
             s = s.masked_fill(~(live < n_extra[a:b, i0:i1, None])[:, :, None, :], float("-inf"))
             lse2 = torch.logsumexp(s, dim=-1)  # -inf where the block has no extra token
