@@ -1,18 +1,21 @@
 """``sparse_attn``'s ``extra_tokens``: single tokens outside a query block's exact blocks (the method:
 ``sparse_reference``'s module docstring and ``_extra_select``).
 
-Around the unchanged kernels, in two passes of plain torch over (heads x query blocks) slabs:
+Around the unchanged attention kernel, in two steps:
 
-* ``retail`` (after the router, before the attention kernel): every token outside a query block's exact
-  blocks gets its centroid score ``c_i·(k_t - mu)·scale·log2 e``; the histogram picks the extra tokens
-  (``sparse_reference._extra_select`` itself, so the choice is the reference's), and the rest replace the
-  router's pooled tail (max, sum, P·V in the same base-2 frame), which the kernel then starts from.
-* ``merge`` (after the kernel, which ran with its LSE in the centred frame): the extra tokens' exact
-  attention per row (at most 256 gathered keys per query block, fp32), merged with the kernel's rows by
-  log-sum-exp. The two parts are disjoint, so the merge is the softmax over their union.
+* ``retail`` (after the router, before the attention kernel): ``sparse_extra_route.extra_tail_kernel``
+  scores every token outside a query block's exact blocks by the block's centroid, picks the extra
+  tokens by the histogram, and replaces the router's pooled tail with the other tokens' own terms (max,
+  sum, P·V in the same base-2 frame), which the attention kernel then starts from.
+* ``merge`` (after the kernel, which ran with its LSE in the centred frame ``q·(k - mu)·scale``): the
+  extra tokens' exact attention per row (at most 256 gathered keys per query block, fp32 torch), merged
+  with the kernel's rows by log-sum-exp. The two parts are disjoint, so the merge is the softmax over
+  their union.
 
-Each pass costs about 1/64 of dense attention's products (one centroid row per 64 query rows); memory
-stays bounded by ``CHUNK`` elements per slab at any length.
+The extra router runs one centroid row per query block over K three times and over V once: about 1/32
+of dense attention's products, but in TF32 (fp32 on AMD) where dense runs INT8/FP8, and with K read
+once per 16 query blocks. The merge is 2·64·E·D products per query block. Memory beyond the kernel's:
+an (nb, nb) byte mask and the (nb, E) indices per head, and the merge's slabs (``CHUNK`` elements).
 """
 from __future__ import annotations
 
@@ -61,7 +64,7 @@ def retail(qh, kh, vh, cen, mu, lists, count, tail_m, tail_l, tail_acc, log2s: f
     H_KV = kh.shape[1]
     nb, d_pad = cen.shape[1], cen.shape[2]
     dev = qh.device
-    exact = _exact_mask(lists, count, nb).view(torch.uint8)
+    exact = _exact_mask(lists, count, nb).view(torch.int8)
     idx = torch.zeros((B * H, nb, int(extra_tokens)), dtype=torch.int32, device=dev)
     n_extra = torch.empty((B * H, nb), dtype=torch.int32, device=dev)
     api._launch(extra_tail_kernel, (-(-nb // QB), B * H), (

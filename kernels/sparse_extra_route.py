@@ -34,7 +34,7 @@ def extra_tail_kernel(
     K, stride_kb, stride_kh, stride_kl, stride_kd,  # (B, H_KV, L, D) any strides, any float dtype
     V, stride_vb, stride_vh, stride_vl, stride_vd,
     Mu,  # fp32 (B*H_KV, D_PAD): K's centre
-    Exact,  # uint8 (B*H, NB, NB): 1 where the key block is exact for the query block
+    Exact,  # int8 (B*H, NB, NB): 1 where the key block is exact for the query block
     TailM, TailL,  # fp32 (B*H, NB): written, the per-token tail's max and sum (base 2)
     TailAcc,  # fp32 (B*H, NB, D_PAD): written, its P·V
     Idx,  # int32 (B*H, NB, E): written, the extra tokens (first NExtra of each row), ascending

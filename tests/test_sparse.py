@@ -255,6 +255,44 @@ def test_huge_logits_are_right_or_nan_never_silently_wrong():
 
 # ---- extra_tokens (kernels/sparse_extra.py) --------------------------------------------------------
 
+@pytest.mark.parametrize("T,extra,kw", [(700, 64, dict(tau=1.0)), (700, 256, dict(tau=1.5, sink_blocks=(0, 2))),
+                                         (461, 128, dict(topk_ratio=0.1, sink_q=(2, 3)))])
+def test_extra_router_picks_the_reference_tokens_and_keeps_the_rest_per_token(T, extra, kw):
+    q, k, v = smooth_qkv(T, H=2, H_KV=1, strength=1.0, seed=T + extra)
+    r, cen, kc, vsum, kvar, _ = _proxies(q, k, v)
+    log2s = sref.LOG2E / math.sqrt(q.shape[-1])
+    ref = sref.route_reference(q, k, kw.get("tau", 1.3), sink_blocks=kw.get("sink_blocks"), sink_q=kw.get("sink_q"),
+                               topk_ratio=kw.get("topk_ratio"))
+    lists, count, tm, tl_, tacc = sparse_launch.route(cen, kc, vsum, kvar, 1, 2, 1, T, kw.get("tau", 1.3), log2s,
+                                                      kw.get("sink_blocks"), kw.get("sink_q"), kw.get("topk_ratio"))
+    qh, kh, vh = (x.permute(0, 2, 1, 3) for x in (q, k, v))
+    mu = torch.nn.functional.pad(r["mu"], (0, cen.shape[2] - q.shape[-1])).float().reshape(1, -1)
+    idx, n_extra = sparse_extra.retail(qh, kh, vh, cen, mu, lists, count, tm, tl_, tacc, log2s, extra)
+    # the reference's choice, in fp64, from its own routing (the router's is checked equal above)
+    tok_blk = torch.arange(T) // 64
+    kc_tok = kh[0].double() - r["mu"][0][:, None]
+    c = (r["centroid"][0] @ kc_tok.transpose(-1, -2)) * log2s  # (H, nb, T): one KV head for both
+    outside = ~ref["exact"][0][:, :, tok_blk]
+    want = sref._extra_select(c, outside, extra)
+    got = torch.zeros_like(want)
+    for h in range(2):
+        for i in range(want.shape[1]):
+            sel = idx[h, i, :n_extra[h, i]].long()
+            assert (sel[1:] > sel[:-1]).all() and (idx[h, i, n_extra[h, i]:] == 0).all()
+            got[h, i, sel] = True
+    assert torch.equal(got, want), (got ^ want).nonzero()[:5]
+    assert want.any(dim=-1).float().mean() > 0.5  # most query blocks have extra tokens here
+    # the tail: every other outside token with its own term (weight 1, value v_t), base 2
+    s = c.masked_fill(~(outside & ~want), float("-inf"))
+    m = s.amax(-1)
+    has = torch.isfinite(m)
+    p = torch.nan_to_num(torch.exp2(s - m[..., None].clamp_min(-1e300)), nan=0.0)
+    torch.testing.assert_close(tm[has].double(), m[has], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(tl_[has].double(), p.sum(-1)[has], rtol=1e-5, atol=1e-6)
+    pv = p @ vh[0, 0].double()
+    torch.testing.assert_close(tacc[..., :q.shape[-1]][has].double(), pv[has], rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("extra,T,kw,layout", [
     (64, 330, dict(tau=1.0), "NHD"),
     (256, 700, dict(tau=1.5), "NHD"),
