@@ -224,7 +224,8 @@ def sparse_specs(cfg: KernelConfig, head_dim: int = 128, backend: str = "cuda", 
     seen: set = set()
     for spec in recorded:
         name = spec["name"]
-        if name not in ("pool_kernel", "route_kernel", "sparse_attention_kernel", "extra_tail_kernel"):
+        if name not in ("pool_kernel", "route_kernel", "sparse_attention_kernel", "extra_tail_kernel",
+                        "extra_merge_kernel"):
             continue  # the quantization launches: the dense specs build them
         key = (name, tuple(sorted((k, str(v)) for k, v in spec["constexprs"].items())))
         if key in seen:
@@ -235,6 +236,8 @@ def sparse_specs(cfg: KernelConfig, head_dim: int = 128, backend: str = "cuda", 
             c.update(SCORE_PREC=score, TAIL_PREC=tail)
             if name == "route_kernel":
                 spec["name"] = "route_kernel_topk" if c["HAS_THR"] else "route_kernel"
+        elif name == "extra_merge_kernel":
+            c.update(PREC="tf32x3" if score == "tf32" else "ieee")
         elif name == "pool_kernel":
             spec["name"] = f"pool_kernel_{'sum' if c['MODE'] else 'mean'}{'_absmax' if c['ABSMAX'] else ''}"
         elif not c["RETURN_LSE"]:

@@ -107,3 +107,81 @@ def extra_tail_kernel(
     tl.store(TailL + row, lsum, mask=i_ok)
     tl.store(TailAcc + row[:, None] * D_PAD + offs_d[None, :], acc, mask=i_ok[:, None])
     tl.store(NExtra + row, cnt, mask=i_ok)
+
+
+@triton.jit
+def extra_merge_kernel(
+    Q, stride_qb, stride_qh, stride_ql, stride_qd,  # (B, H, L, D) the (sign-folded) Q the kernel ran
+    K, stride_kb, stride_kh, stride_kl, stride_kd,
+    V, stride_vb, stride_vh, stride_vl, stride_vd,
+    Mu,  # fp32 (B*H_KV, D_PAD)
+    Idx, NExtra,  # the extra tokens per query block (extra_tail_kernel's)
+    Out, stride_ob, stride_oh, stride_ol, stride_od,  # the attention kernel's output, merged in place
+    Lse,  # fp32 (B*H, L): its natural-log LSE in the centred frame, merged in place
+    H, H_KV, L, D, NB, E, scale_log2,
+    D_PAD: tl.constexpr, PREC: tl.constexpr, ET: tl.constexpr, F32: tl.constexpr, INTERPRETER: tl.constexpr,
+):
+    """Each row of one query block attends its block's extra tokens exactly (logits q·(k_t - mu)·scale,
+    online softmax in base 2; 16-bit P·V as the dense kernel's fp16 path, fp32 inputs at ``PREC``); the
+    result is merged with the kernel's row by log-sum-exp."""
+    i = tl.program_id(0)
+    bh = tl.program_id(1)
+    n = tl.load(NExtra + bh.to(tl.int64) * NB + i)
+    if n > 0:
+        b = bh // H
+        h = bh % H
+        kvh = h // (H // H_KV)
+        offs_m = i * 64 + tl.arange(0, 64)
+        m_ok = offs_m < L
+        offs_d = tl.arange(0, D_PAD)
+        d_ok = offs_d < D
+        q = tl.load(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + offs_m[:, None].to(tl.int64)
+                    * stride_ql + offs_d[None, :] * stride_qd, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+        mu = tl.load(Mu + (b * H_KV + kvh).to(tl.int64) * D_PAD + offs_d)
+        # q·(k - mu) as q·k - q·mu: 16-bit inputs multiply exactly on the tensor cores (fp32 sums)
+        q_mu = tl.sum(q.to(tl.float32) * mu[None, :], axis=1)
+        k_base = K + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kh
+        v_base = V + b.to(tl.int64) * stride_vb + kvh.to(tl.int64) * stride_vh
+        m_i = tl.full((64,), float("-inf"), tl.float32)
+        l_i = tl.zeros((64,), tl.float32)
+        acc = tl.zeros((64, D_PAD), tl.float32)
+        for e0 in range(0, n, ET):  # ET extra tokens a step
+            offs_e = e0 + tl.arange(0, ET)
+            e_ok = offs_e < n
+            t = tl.load(Idx + (bh.to(tl.int64) * NB + i) * E + offs_e, mask=e_ok, other=0).to(tl.int64)
+            kv_mask = e_ok[:, None] & d_ok[None, :]
+            k = tl.load(k_base + t[:, None] * stride_kl + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
+            v = tl.load(v_base + t[:, None] * stride_vl + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
+            if F32:
+                s = tl.dot(q, tl.trans(k), input_precision=PREC)
+            elif INTERPRETER:  # the CPU interpreter's bf16 dot is wrong; in fp32 the same products are exact
+                s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            s = tl.where(e_ok[None, :], (s - q_mu[:, None]) * scale_log2, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.math.exp2(m_i - m_new)
+            p = tl.math.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            if F32:
+                pv = tl.dot(p, v, input_precision=PREC)
+            elif INTERPRETER:
+                pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+        lse2 = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
+        lse_ptr = Lse + bh.to(tl.int64) * L + offs_m
+        lse1 = tl.load(lse_ptr, mask=m_ok, other=0.0)
+        top = tl.maximum(lse1, lse2, propagate_nan=tl.PropagateNan.ALL)  # NaN rows stay NaN
+        top = tl.where(top == float("-inf"), 0.0, top)
+        w1 = tl.exp(lse1 - top)
+        w2 = tl.exp(lse2 - top)
+        o_ptrs = (Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+                  + offs_m[:, None].to(tl.int64) * stride_ol + offs_d[None, :] * stride_od)
+        o1 = tl.load(o_ptrs, mask=m_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        den = w1 + w2
+        out = (o1 * w1[:, None] + acc * (w2 / l_i)[:, None]) / den[:, None]
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
+        tl.store(lse_ptr, top + tl.log(den), mask=m_ok)

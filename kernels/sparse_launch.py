@@ -203,7 +203,8 @@ def run(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, r
         **({"maxnreg": regs} if (regs := TUNING["attn_maxnreg"] if TUNING["attn_maxnreg"] is not None
                                   else cfg.max_registers) else {}))
     if extra_tokens:  # the merge runs in the centred frame; the returned LSE then moves to q·k·scale
-        sparse_extra.merge(qh, kh, vh, mu, extra_idx, n_extra, scale, oh, lse)
+        sparse_extra.merge(qh, kh, vh, mu, extra_idx, n_extra, scale, oh, lse,
+                           "tf32x3" if dot_precisions(dev)[0] == "tf32" else "ieee")
         if qbias is not None:
             lse += qbias.view(B, H, L)
     res = (out,)
