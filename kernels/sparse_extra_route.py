@@ -165,10 +165,13 @@ def extra_merge_kernel(
             l_i = l_i * alpha + tl.sum(p, axis=1)
             if F32:
                 pv = tl.dot(p, v, input_precision=PREC)
-            elif INTERPRETER:
-                pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(v.dtype), v)
+            else:  # P in two 16-bit parts (bf16 alone rounds these, the rows' heaviest weights, to 2^-8)
+                p_hi = p.to(v.dtype)
+                p_lo = (p - p_hi.to(tl.float32)).to(v.dtype)
+                if INTERPRETER:
+                    pv = tl.dot(p_hi.to(tl.float32) + p_lo.to(tl.float32), v.to(tl.float32), input_precision="ieee")
+                else:
+                    pv = tl.dot(p_lo, v, tl.dot(p_hi, v))
             acc = acc * alpha[:, None] + pv
             m_i = m_new
         lse2 = (m_i + tl.math.log2(l_i)) * 0.6931471805599453

@@ -3,8 +3,9 @@
 Order: block proxies of Q, K and V (``sparse_route.pool_kernel``: one read of each), K's centre and V's
 scale from them (small torch ops on (heads, blocks, D) tensors), the dense path's quantization of Q, K
 (centred by that same vector, rotated) and V (``api._quantize_qk``, ``api._prepare_v``), the router,
-then the sparse attention kernel. Every launch goes through ``api._launch``, so the cross-compile check
-records these as it records the dense ones.
+then the sparse attention kernel. With ``extra_tokens``, ``sparse_extra`` rewrites the router's tail before
+the kernel and merges the extra tokens into its output after it. Every launch goes through ``api._launch``,
+so the cross-compile check records these as it records the dense ones.
 """
 from __future__ import annotations
 

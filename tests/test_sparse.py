@@ -318,6 +318,15 @@ def test_extra_tokens_match_the_reference(extra, T, kw, layout):
     assert float(density) == pytest.approx(float(ref_density))  # exact block pairs only, as the reference
 
 
+@pytest.mark.parametrize("T", [1, 65, 128])
+def test_extra_tokens_with_nothing_outside_the_exact_blocks_change_no_bit(T):
+    # up to 2 blocks every key block neighbours every query block: no token is outside, none is extra
+    q, k, v = smooth_qkv(T, H=2, H_KV=1, seed=T)
+    out, lse = sparse_attn(q, k, v, 1.0, extra_tokens=256, return_lse=True)
+    plain, plain_lse = sparse_attn(q, k, v, 1.0, return_lse=True)
+    assert torch.equal(out, plain) and torch.equal(lse, plain_lse)
+
+
 def test_extra_tokens_move_the_kernel_s_answer_toward_dense():
     q, k, v = smooth_qkv(700, H=1, H_KV=1, seed=15)
     exact = sref.dense_reference(q, k, v)
