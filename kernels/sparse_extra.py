@@ -28,7 +28,7 @@ from .sparse_extra_route import extra_merge_kernel, extra_tail_kernel
 from .sparse_reference import EXTRA_BIN, EXTRA_BINS, LOG2E
 
 QB = 16  # query blocks per extra-router program
-MERGE_TOKENS, MERGE_WARPS = 32, 4  # the merge's extra tokens per step and warps (no spills, sm80-sm120, CDNA, RDNA)
+MERGE_TOKENS, MERGE_WARPS = 32, 4  # the merge's extra tokens per step and warps (twice that past head_dim 128)
 
 __all__ = ["retail", "merge"]
 
@@ -60,7 +60,7 @@ def retail(qh, kh, vh, cen, mu, lists, count, tail_m, tail_l, tail_acc, log2s: f
         cen, kh, *kh.stride(), vh, *vh.stride(), mu, exact, tail_m, tail_l, tail_acc, idx, n_extra,
         H, H_KV, L, D, nb, int(extra_tokens), float(log2s),
     ), dict(QB=QB, D_PAD=d_pad, BIN=EXTRA_BIN, NBINS=EXTRA_BINS, SCORE_PREC=precisions[0],
-            TAIL_PREC=precisions[1]), num_warps=4)
+            TAIL_PREC=precisions[1]), num_warps=8 if d_pad > 128 and torch.version.hip is None else 4)
     return idx, n_extra
 
 
@@ -76,4 +76,4 @@ def merge(qh, kh, vh, mu, idx, n_extra, scale: float, oh, lse, precision: str = 
         H, kh.shape[1], L, D, nb, E, float(scale) * LOG2E,
     ), dict(D_PAD=mu.shape[1], PREC=precision, ET=MERGE_TOKENS, F32=qh.dtype == torch.float32,
             INTERPRETER=interpreter_enabled()),
-        num_warps=MERGE_WARPS)
+        num_warps=MERGE_WARPS if mu.shape[1] <= 128 else 2 * MERGE_WARPS)
