@@ -16,7 +16,7 @@ Around the unchanged attention kernel, in two steps:
 The extra router runs one centroid row per query block over K three times and over V once: about 1/32
 of dense attention's products, but in TF32 (fp32 on AMD) where dense runs INT8/FP8, and with K read
 once per 16 query blocks. The merge is 2·64·E·D products per query block. Memory beyond the kernel's:
-an (nb, nb) byte mask and the (nb, E) int32 indices per head.
+the (nb, E) int32 indices per head.
 """
 from __future__ import annotations
 
@@ -33,14 +33,6 @@ MERGE_TOKENS, MERGE_WARPS = 32, 4  # the merge's extra tokens per step and warps
 __all__ = ["retail", "merge"]
 
 
-def _exact_mask(lists, count, nb: int) -> torch.Tensor:
-    """(n, nb, nb) bool from the router's lists: entries past ``count`` are unwritten (any value)."""
-    ok = torch.arange(nb, device=lists.device) < count[..., None]
-    idx = torch.where(ok, lists.long(), nb)  # the unwritten go to a spare column, dropped below
-    mask = torch.zeros(lists.shape[:-1] + (nb + 1,), dtype=torch.bool, device=lists.device)
-    return mask.scatter_(-1, idx, True)[..., :nb].contiguous()
-
-
 def retail(qh, kh, vh, cen, mu, lists, count, tail_m, tail_l, tail_acc, log2s: float, extra_tokens: int,
            precisions=("ieee", "ieee")):
     """Choose each query block's extra tokens and rewrite its tail (in place) as the per-token centroid
@@ -53,11 +45,10 @@ def retail(qh, kh, vh, cen, mu, lists, count, tail_m, tail_l, tail_acc, log2s: f
     H_KV = kh.shape[1]
     nb, d_pad = cen.shape[1], cen.shape[2]
     dev = qh.device
-    exact = _exact_mask(lists, count, nb).view(torch.int8)
     idx = torch.zeros((B * H, nb, int(extra_tokens)), dtype=torch.int32, device=dev)
     n_extra = torch.empty((B * H, nb), dtype=torch.int32, device=dev)
     api._launch(extra_tail_kernel, (-(-nb // QB), B * H), (
-        cen, kh, *kh.stride(), vh, *vh.stride(), mu, exact, tail_m, tail_l, tail_acc, idx, n_extra,
+        cen, kh, *kh.stride(), vh, *vh.stride(), mu, lists, count, tail_m, tail_l, tail_acc, idx, n_extra,
         H, H_KV, L, D, nb, int(extra_tokens), float(log2s),
     ), dict(QB=QB, D_PAD=d_pad, BIN=EXTRA_BIN, NBINS=EXTRA_BINS, SCORE_PREC=precisions[0],
             TAIL_PREC=precisions[1]), num_warps=8 if d_pad > 128 and torch.version.hip is None else 4)
