@@ -293,6 +293,47 @@ def test_extra_router_picks_the_reference_tokens_and_keeps_the_rest_per_token(T,
     torch.testing.assert_close(tacc[..., :q.shape[-1]][has].double(), pv[has], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_extra_merge_is_the_softmax_over_both_parts(dtype):
+    # given rows (out, LSE) over some terms and a few extra tokens per block, the merge must give the
+    # softmax over the union: checked in fp64 on made-up rows, so every weight of the merge counts
+    g = torch.Generator().manual_seed(31)
+    B, H, H_KV, L, D, E = 1, 2, 1, 150, 40, 64
+    nb, d_pad = 3, 64
+    q, k, v = (torch.randn(B, h, L, D, generator=g).to(dtype) for h in (H, H_KV, H_KV))
+    mu = torch.randn(B * H_KV, D, generator=g)
+    out = torch.randn(B, H, L, D, generator=g).to(dtype)
+    lse = torch.randn(B, H, L, generator=g) * 2 + 3
+    lse[0, 0, 5] = float("nan")  # a poisoned row stays poisoned
+    n_extra = torch.tensor([[3, 0, 64], [17, 1, 40]], dtype=torch.int32)
+    idx = torch.zeros(B * H, nb, E, dtype=torch.int32)
+    for bh in range(B * H):
+        for i in range(nb):
+            idx[bh, i, :n_extra[bh, i]] = torch.randperm(L, generator=g)[:int(n_extra[bh, i])].sort().values.int()
+    want_out, want_lse = out.double().clone(), lse.double().clone()
+    scale = 0.3
+    for h in range(H):
+        for i in range(nb):
+            n = int(n_extra[h, i])
+            rows = slice(i * 64, min(L, i * 64 + 64))
+            if not n:
+                continue
+            t = idx[h, i, :n].long()
+            s = q[0, h, rows].double() @ (k[0, 0, t].double() - mu[0].double()).T * scale
+            lse2 = torch.logsumexp(s, -1)
+            o2 = torch.softmax(s, -1) @ v[0, 0, t].double()
+            lse1 = lse[0, h, rows].double()
+            top = torch.maximum(lse1, lse2)
+            w1, w2 = torch.exp(lse1 - top), torch.exp(lse2 - top)
+            want_out[0, h, rows] = (w1[:, None] * out[0, h, rows].double() + w2[:, None] * o2) / (w1 + w2)[:, None]
+            want_lse[0, h, rows] = top + torch.log(w1 + w2)
+    sparse_extra.merge(q, k, v, torch.nn.functional.pad(mu, (0, d_pad - D)), idx, n_extra, scale, out, lse)
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    torch.testing.assert_close(lse.double(), want_lse, atol=1e-5, rtol=1e-5, equal_nan=True)
+    torch.testing.assert_close(out.double(), want_out.to(dtype).double(), atol=tol, rtol=tol, equal_nan=True)
+    assert torch.isnan(out[0, 0, 5]).all()
+
+
 @pytest.mark.parametrize("extra,T,kw,layout", [
     (64, 330, dict(tau=1.0), "NHD"),
     (256, 700, dict(tau=1.5), "NHD"),
