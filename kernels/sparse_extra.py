@@ -59,7 +59,7 @@ def merge(qh, kh, vh, mu, idx, n_extra, scale: float, oh, lse, precision: str = 
     """Add the extra tokens' exact attention to the kernel's rows in place (``extra_merge_kernel``): ``oh``
     (B, H, L, D) view of the output, ``lse`` (B, H, L) fp32, the kernel's natural-log LSE in the centred
     frame ``q·(k - mu)·scale`` (left in that frame, merged). ``qh`` is the (sign-folded) Q the kernel ran;
-    ``precision``: the products' (fp32-accurate: these are the rows' largest logits)."""
+    ``precision``: fp32 inputs' products (16-bit inputs multiply exactly; these are the rows' largest logits)."""
     B, H, L, D = qh.shape
     nb, E = idx.shape[1], idx.shape[2]
     api._launch(extra_merge_kernel, (nb, B * H), (
