@@ -8,6 +8,7 @@
     python bench/gpu_check.py --only rope      # the RoPE kernel against ComfyUI's RoPE, bit for bit
     python bench/gpu_check.py --only lse       # Hopper's long-sequence kernel returning the LSE (bench/lse_check.py)
     python bench/gpu_check.py --only sparse    # sparse_attn against its fp64 reference (bench/sparse_check.py)
+    python bench/gpu_check.py --only sparse_extra  # its extra_tokens cases alone (also in --only sparse)
 
 ``families`` runs the portable kernel with each arch table entry's default and selectable configs
 (Ampere, Ada, Blackwell datacenter and consumer, RDNA3, RDNA4, CDNA3: tiles, warps, stages, P·V
@@ -535,8 +536,14 @@ def sparse_cases() -> list:
     return cases()
 
 
+def sparse_extra_cases() -> list:
+    from sparse_check import extra_cases
+
+    return extra_cases()
+
+
 PARTS = {"core": core_cases, "hostile": hostile_fast_path_cases, "families": family_cases, "replay": replay_cases,
-         "rope": rope_cases, "lse": lse_cases, "sparse": sparse_cases}
+         "rope": rope_cases, "lse": lse_cases, "sparse": sparse_cases, "sparse_extra": sparse_extra_cases}
 
 
 def main(argv=None):
@@ -549,7 +556,7 @@ def main(argv=None):
     t0 = time.time()
     results = []
     for name, part in PARTS.items():
-        if args.only in (None, name):
+        if args.only == name or (args.only is None and name != "sparse_extra"):  # that one is in "sparse" too
             results += part()
     label = f" ({args.only})" if args.only else ""
     print(f"gpu_check{label} ({time.time() - t0:.0f} s): {sum(results)} passed, {len(results) - sum(results)} failed")

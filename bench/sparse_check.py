@@ -121,23 +121,69 @@ def hostile_cases() -> list:
     return results
 
 
-def long_case(T: int = 300_000, H: int = 24) -> list:
+def long_case(T: int = 300_000, H: int = 24, extra: int = 0) -> list:
     """300K tokens through fused-QKV views (offsets past 2^31 elements); the last query blocks checked."""
     t0 = time.time()
     qkv = torch.cat(smooth_qkv(T, H=H, H_KV=H, seed=3), dim=-1)
     q, k, v = qkv[..., :128], qkv[..., 128:256], qkv[..., 256:]
     assert qkv.numel() > 2**31
-    out, density = sparse_attn(q, k, v, 1.3, return_density=True)
+    out, density = sparse_attn(q, k, v, 1.3, return_density=True, extra_tokens=extra)
+    torch.cuda.synchronize()
+    seconds = time.time() - t0
     nb = math.ceil(T / 64)
     blocks = range(nb - 3, nb)
     hs = slice(H - 2, H)  # the last heads: their rows sit at the largest offsets
-    ref = sref.sparse_reference(q[:, :, hs], k[:, :, hs], v[:, :, hs], 1.3, dtype=torch.float32, query_blocks=blocks)
+    ref = sref.sparse_reference(q[:, :, hs], k[:, :, hs], v[:, :, hs], 1.3, dtype=torch.float32, query_blocks=blocks,
+                                extra_tokens=extra)
     rows = slice((nb - 3) * 64, T)
     err = rel(out[:, rows, hs], ref[:, rows])
-    torch.cuda.synchronize()
-    return [_report(f"{T} tokens x {H} heads, fused view", err < 0.05 and torch.isfinite(out).all(),
-                    f"rel {err:.4f} on the last blocks, density {float(density):.4f}, {time.time() - t0:.0f} s")]
+    return [_report(f"{T} tokens x {H} heads, fused view" + (f", extra {extra}" if extra else ""),
+                    err < 0.05 and torch.isfinite(out).all(),
+                    f"rel {err:.4f} on the last blocks, density {float(density):.4f}, {seconds:.0f} s")]
+
+
+def extra_cases() -> list:
+    """``extra_tokens`` (kernels/sparse_extra.py) against the reference: each budget with GQA and LSE, with
+    sinks, top-k and a ragged length; the families' distinct LSE frames at 128; NaN query; 300K tokens at
+    256."""
+    from gpu_check import family_configs
+
+    results = []
+    q, k, v = smooth_qkv(1000)
+    for extra in (64, 128, 192, 256):
+        results.append(_against_reference(f"extra {extra} tau 1.3", q, k, v, extra_tokens=extra))
+    out, lse = sparse_attn(q, k, v, 1.3, extra_tokens=256, return_lse=True)
+    ref, ref_lse = sref.sparse_reference(q, k, v, 1.3, extra_tokens=256, return_lse=True)
+    err, moved = float((lse - ref_lse).abs().max()), rel(sref.sparse_reference(q, k, v, 1.3), ref)
+    results.append(_report("extra 256 lse, and the extra tokens matter", err < 0.05 and moved > 0.01,
+                           f"max |lse - fp64| {err:.4f}; reference moved {moved:.3f} by them"))
+    results.append(_against_reference("extra 128 sinks", q, k, v, tau=1.5, sink_blocks=[0, 2], sink_q=[3, 4],
+                                      extra_tokens=128))
+    results.append(_against_reference("extra 192 top-k 0.2", q, k, v, topk_ratio=0.2, extra_tokens=192))
+    q, k, v = smooth_qkv(777, seed=5)
+    results.append(_against_reference("extra 256 length 777", q, k, v, tau=1.0, extra_tokens=256))
+    qn = q.clone()
+    qn[0, 70, 1, 3] = float("nan")
+    bad = ~torch.isfinite(sparse_attn(qn, k, v, 1.0, extra_tokens=256)[0, :, 1]).all(-1)
+    results.append(_report("extra 256 NaN query token: its block NaN only", bad[64:128].all() and int(bad.sum()) == 64,
+                           f"{int(bad.sum())} rows non-finite"))
+    seen = set()
+    for labels, d, cfg in family_configs():
+        # the extra path's config-dependent part is the kernel's LSE frame: one case per P·V format, scale
+        # granularity, rotation and head size (the families' other choices are checked without extra tokens)
+        fp8 = cfg.fp8_format if cfg.pv_precision == "fp8" else None
+        key = (d, cfg.pv_choice(), fp8, cfg.qk_quant_gran, cfg.qk_rotation, cfg.rotation_tiles)
+        if key in seen:
+            continue
+        seen.add(key)
+        name = f"{labels[0]} d{d} {cfg.pv_choice()} {cfg.qk_quant_gran} extra 128"
+        try:
+            q, k, v = smooth_qkv(1000, D=d, seed=d)
+            results.append(_against_reference(name, q, k, v, cfg, tau=1.0, extra_tokens=128))
+        except Exception as e:  # noqa: BLE001 - a config that does not compile is a failure, not a crash
+            results.append(_report(name, False, f"{type(e).__name__}: {str(e)[:200]}"))
+    return results + long_case(extra=256)
 
 
 def sparse_cases() -> list:
-    return own_cases() + hostile_cases() + long_case() + family_cases()
+    return own_cases() + hostile_cases() + long_case() + family_cases() + extra_cases()

@@ -205,9 +205,10 @@ def rope_specs(head_dim: int = 128, dtype=None, seq_len: int = 1024) -> list:
 
 def sparse_specs(cfg: KernelConfig, head_dim: int = 128, backend: str = "cuda", dtype=None,
                  seq_len: int = 1000) -> list:
-    """The launches of ``sparse_attn`` calls with ``cfg`` (tau and top-k; a length that is no multiple of 64,
-    so the ragged last block is in), recorded on meta tensors as ``compile_specs`` records the dense ones.
-    The router's fp32 products take the precision the target's backend runs (``sparse_launch.dot_precisions``)."""
+    """The launches of ``sparse_attn`` calls with ``cfg`` (tau, top-k and extra tokens; a length that is no
+    multiple of 64, so the ragged last block is in), recorded on meta tensors as ``compile_specs`` records the
+    dense ones. The routers' fp32 products take the precision the target's backend runs
+    (``sparse_launch.dot_precisions``)."""
     import torch
 
     from ..kernels import sparse_launch
@@ -218,24 +219,31 @@ def sparse_specs(cfg: KernelConfig, head_dim: int = 128, backend: str = "cuda", 
     with record_launches() as recorded:
         sparse_attn(q, q, q, 1.3, config=cfg, return_lse=True)
         sparse_attn(q, q, q, topk_ratio=0.2, config=cfg)
+        sparse_attn(q, q, q, 1.3, config=cfg, extra_tokens=128)
     score, tail = sparse_launch.dot_precisions(torch.device("cuda")) if backend == "cuda" else ("ieee", "ieee")
     seen: set = set()
     for spec in recorded:
         name = spec["name"]
-        if name not in ("pool_kernel", "route_kernel", "sparse_attention_kernel"):
+        if name not in ("pool_kernel", "route_kernel", "sparse_attention_kernel", "extra_tail_kernel",
+                        "extra_merge_kernel"):
             continue  # the quantization launches: the dense specs build them
         key = (name, tuple(sorted((k, str(v)) for k, v in spec["constexprs"].items())))
         if key in seen:
             continue
         seen.add(key)
         c = spec["constexprs"]
-        if name == "route_kernel":
+        if name in ("route_kernel", "extra_tail_kernel"):
             c.update(SCORE_PREC=score, TAIL_PREC=tail)
-            spec["name"] = "route_kernel_topk" if c["HAS_THR"] else "route_kernel"
+            if name == "route_kernel":
+                spec["name"] = "route_kernel_topk" if c["HAS_THR"] else "route_kernel"
+        elif name == "extra_merge_kernel":
+            c.update(PREC="tf32x3" if score == "tf32" else "ieee")
         elif name == "pool_kernel":
             spec["name"] = f"pool_kernel_{'sum' if c['MODE'] else 'mean'}{'_absmax' if c['ABSMAX'] else ''}"
         elif not c["RETURN_LSE"]:
             spec["name"] = "sparse_attention_kernel_nolse"
+        elif not c["HAS_QBIAS"]:  # extra tokens: the LSE in the centred frame, for the merge
+            spec["name"] = "sparse_attention_kernel_centred"
         specs.append(spec)
     return specs
 

@@ -124,8 +124,7 @@ def sparse_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: float = 
     extra_tokens: 0, 64, 128, 192 or 256: per query block, up to that many single tokens outside its
     exact blocks, the ones its centroid scores highest, are attended exactly too, and the rest of the
     tail is scored per token by the centroid instead of pooled per block (comfy-kitchen's
-    ``token_aug``). Defined in ``sparse_reference``; the kernels do not run it yet: a value other than 0
-    raises NotImplementedError.
+    ``token_aug``). Defined in ``sparse_reference``; run by ``sparse_extra`` around the attention kernel.
     return_lse: also return the natural-log log-sum-exp (B, H, L) fp32 of each row's softmax
     denominator (pooled terms included), in the frame of the logits ``q·k·scale``.
     return_density: also return the fraction of (query block, key block) pairs attended exactly, over

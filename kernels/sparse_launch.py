@@ -3,8 +3,9 @@
 Order: block proxies of Q, K and V (``sparse_route.pool_kernel``: one read of each), K's centre and V's
 scale from them (small torch ops on (heads, blocks, D) tensors), the dense path's quantization of Q, K
 (centred by that same vector, rotated) and V (``api._quantize_qk``, ``api._prepare_v``), the router,
-then the sparse attention kernel. Every launch goes through ``api._launch``, so the cross-compile check
-records these as it records the dense ones.
+then the sparse attention kernel. With ``extra_tokens``, ``sparse_extra`` rewrites the router's tail before
+the kernel and merges the extra tokens into its output after it. Every launch goes through ``api._launch``,
+so the cross-compile check records these as it records the dense ones.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import math
 
 import torch
 
-from . import api, quant, rotation
+from . import api, quant, rotation, sparse_extra
 from . import attention as attn
 from .arch import KernelConfig, arch_for_device, interpreter_enabled
 from .footprint import head_dim_padded
@@ -123,8 +124,6 @@ def route(cen, kc, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q, topk_r
 
 def run(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, return_lse, return_density,
         out_layout, config):
-    if extra_tokens:
-        raise NotImplementedError("extra_tokens > 0 is not in the sparse kernels yet; pass extra_tokens=0")
     qh, kh, vh = (api._as_bhld(t, layout) for t in (q, k, v))
     B, H, L, D = qh.shape
     H_KV = kh.shape[1]
@@ -173,9 +172,14 @@ def run(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, r
                                                    topk_ratio, stages=2 if cfg.use_tma else 1,
                                                    tiles=(128, 32) if cfg.use_tma and d_pad <= 128 else None)
 
+    if extra_tokens:  # the tail becomes per-token centroid terms; the extra tokens are merged in below
+        extra_idx, n_extra = sparse_extra.retail(qh, kh, vh, cen, mu, lists, count, tail_m, tail_l, tail_acc,
+                                                 log2s, extra_tokens, TUNING["route_prec"] or dot_precisions(dev))
+
     out = torch.empty(api._out_shape(B, H, L, D, out_layout), dtype=q.dtype, device=dev)
     oh = api._as_bhld(out, out_layout)
-    lse = torch.empty((B, H, L) if return_lse else (1,), dtype=torch.float32, device=dev)
+    want_lse = return_lse or bool(extra_tokens)
+    lse = torch.empty((B, H, L) if want_lse else (1,), dtype=torch.float32, device=dev)
     k_desc = v_desc = None
     if cfg.use_tma and TUNING["attn_tma"]:
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -192,13 +196,18 @@ def run(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, r
         *v_strides, *oh.stride(), H, H_KV, L, D, nb,
     ), dict(
         BLOCK_M=BLOCK, D_PAD=d_pad, PV_MODE=pv_mode, P_LOG2=math.log2(p_scale), HAS_VSCALE=v_scale is not None,
-        HAS_QBIAS=qbias is not None, K_SCALAR=k_scalar, RETURN_LSE=return_lse,
+        HAS_QBIAS=qbias is not None and not extra_tokens, K_SCALAR=k_scalar, RETURN_LSE=want_lse,
         EVEN_D=(D == d_pad) or (v_op is not vh), INTERPRETER=interpreter_enabled(), K_TMA=k_desc is not None,
         V_TMA=v_desc is not None, V_T=pv_mode in (attn.PV_FP8, attn.PV_INT8),
         V_RES=pv_mode == attn.PV_FP8 and cfg.v_residual, PDL=False,
     ), num_warps=cfg.num_warps, num_stages=TUNING["attn_stages"] or cfg.num_stages,
         **({"maxnreg": regs} if (regs := TUNING["attn_maxnreg"] if TUNING["attn_maxnreg"] is not None
                                   else cfg.max_registers) else {}))
+    if extra_tokens:  # the merge runs in the centred frame; the returned LSE then moves to q·k·scale
+        sparse_extra.merge(qh, kh, vh, mu, extra_idx, n_extra, scale, oh, lse,
+                           "tf32x3" if dot_precisions(dev)[0] == "tf32" else "ieee")
+        if qbias is not None:
+            lse += qbias.view(B, H, L)
     res = (out,)
     if return_lse:
         res += (lse,)

@@ -12,7 +12,7 @@ import math
 import pytest
 import sagetriton.kernels as kernels
 import torch
-from sagetriton.kernels import sparse_launch
+from sagetriton.kernels import sparse_extra, sparse_launch
 from sagetriton.kernels import sparse_reference as sref
 from sagetriton.kernels.arch import CPU_ARCH, default_config
 
@@ -253,10 +253,180 @@ def test_huge_logits_are_right_or_nan_never_silently_wrong():
     assert rel(out[rows], ref[rows]) < 0.05 if rows.any() else True
 
 
-def test_extra_tokens_are_refused_until_the_kernels_have_them():
-    q, k, v = smooth_qkv(130)
-    with pytest.raises(NotImplementedError, match="extra_tokens"):
-        sparse_attn(q, k, v, extra_tokens=64)
+# ---- extra_tokens (kernels/sparse_extra.py) --------------------------------------------------------
+
+@pytest.mark.parametrize("T,extra,kw", [(700, 64, dict(tau=1.0)), (700, 256, dict(tau=1.5, sink_blocks=(0, 2))),
+                                         (461, 128, dict(topk_ratio=0.1, sink_q=(2, 3)))])
+def test_extra_router_picks_the_reference_tokens_and_keeps_the_rest_per_token(T, extra, kw):
+    q, k, v = smooth_qkv(T, H=2, H_KV=1, strength=1.0, seed=T + extra)
+    r, cen, kc, vsum, kvar, _ = _proxies(q, k, v)
+    log2s = sref.LOG2E / math.sqrt(q.shape[-1])
+    ref = sref.route_reference(q, k, kw.get("tau", 1.3), sink_blocks=kw.get("sink_blocks"), sink_q=kw.get("sink_q"),
+                               topk_ratio=kw.get("topk_ratio"))
+    lists, count, tm, tl_, tacc = sparse_launch.route(cen, kc, vsum, kvar, 1, 2, 1, T, kw.get("tau", 1.3), log2s,
+                                                      kw.get("sink_blocks"), kw.get("sink_q"), kw.get("topk_ratio"))
+    qh, kh, vh = (x.permute(0, 2, 1, 3) for x in (q, k, v))
+    mu = torch.nn.functional.pad(r["mu"], (0, cen.shape[2] - q.shape[-1])).float().reshape(1, -1)
+    idx, n_extra = sparse_extra.retail(qh, kh, vh, cen, mu, lists, count, tm, tl_, tacc, log2s, extra)
+    # the reference's choice, in fp64, from its own routing (the router's is checked equal above)
+    tok_blk = torch.arange(T) // 64
+    kc_tok = kh[0].double() - r["mu"][0][:, None]
+    c = (r["centroid"][0] @ kc_tok.transpose(-1, -2)) * log2s  # (H, nb, T): one KV head for both
+    outside = ~ref["exact"][0][:, :, tok_blk]
+    want = sref._extra_select(c, outside, extra)
+    got = torch.zeros_like(want)
+    for h in range(2):
+        for i in range(want.shape[1]):
+            sel = idx[h, i, :n_extra[h, i]].long()
+            assert (sel[1:] > sel[:-1]).all() and (idx[h, i, n_extra[h, i]:] == 0).all()
+            got[h, i, sel] = True
+    assert torch.equal(got, want), (got ^ want).nonzero()[:5]
+    assert want.any(dim=-1).float().mean() > 0.5  # most query blocks have extra tokens here
+    # the tail: every other outside token with its own term (weight 1, value v_t), base 2
+    s = c.masked_fill(~(outside & ~want), float("-inf"))
+    m = s.amax(-1)
+    has = torch.isfinite(m)
+    p = torch.nan_to_num(torch.exp2(s - m[..., None].clamp_min(-1e300)), nan=0.0)
+    torch.testing.assert_close(tm[has].double(), m[has], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(tl_[has].double(), p.sum(-1)[has], rtol=1e-5, atol=1e-6)
+    pv = p @ vh[0, 0].double()
+    torch.testing.assert_close(tacc[..., :q.shape[-1]][has].double(), pv[has], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_extra_merge_is_the_softmax_over_both_parts(dtype):
+    # given rows (out, LSE) over some terms and a few extra tokens per block, the merge must give the
+    # softmax over the union: checked in fp64 on made-up rows, so every weight of the merge counts
+    g = torch.Generator().manual_seed(31)
+    B, H, H_KV, L, D, E = 1, 2, 1, 150, 40, 64
+    nb, d_pad = 3, 64
+    q, k, v = (torch.randn(B, h, L, D, generator=g).to(dtype) for h in (H, H_KV, H_KV))
+    mu = torch.randn(B * H_KV, D, generator=g)
+    out = torch.randn(B, H, L, D, generator=g).to(dtype)
+    lse = torch.randn(B, H, L, generator=g) * 2 + 3
+    lse[0, 0, 5] = float("nan")  # a poisoned row stays poisoned
+    n_extra = torch.tensor([[3, 0, 64], [17, 1, 40]], dtype=torch.int32)
+    idx = torch.zeros(B * H, nb, E, dtype=torch.int32)
+    for bh in range(B * H):
+        for i in range(nb):
+            idx[bh, i, :n_extra[bh, i]] = torch.randperm(L, generator=g)[:int(n_extra[bh, i])].sort().values.int()
+    want_out, want_lse = out.double().clone(), lse.double().clone()
+    scale = 0.3
+    for h in range(H):
+        for i in range(nb):
+            n = int(n_extra[h, i])
+            rows = slice(i * 64, min(L, i * 64 + 64))
+            if not n:
+                continue
+            t = idx[h, i, :n].long()
+            s = q[0, h, rows].double() @ (k[0, 0, t].double() - mu[0].double()).T * scale
+            lse2 = torch.logsumexp(s, -1)
+            o2 = torch.softmax(s, -1) @ v[0, 0, t].double()
+            lse1 = lse[0, h, rows].double()
+            top = torch.maximum(lse1, lse2)
+            w1, w2 = torch.exp(lse1 - top), torch.exp(lse2 - top)
+            want_out[0, h, rows] = (w1[:, None] * out[0, h, rows].double() + w2[:, None] * o2) / (w1 + w2)[:, None]
+            want_lse[0, h, rows] = top + torch.log(w1 + w2)
+    sparse_extra.merge(q, k, v, torch.nn.functional.pad(mu, (0, d_pad - D)), idx, n_extra, scale, out, lse)
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    torch.testing.assert_close(lse.double(), want_lse, atol=1e-5, rtol=1e-5, equal_nan=True)
+    torch.testing.assert_close(out.double(), want_out.to(dtype).double(), atol=tol, rtol=tol, equal_nan=True)
+    assert torch.isnan(out[0, 0, 5]).all()
+
+
+@pytest.mark.parametrize("extra,T,kw,layout", [
+    (64, 330, dict(tau=1.0), "NHD"),
+    (256, 700, dict(tau=1.5), "NHD"),
+    (128, 330, dict(topk_ratio=0.2, sink_blocks=[1, 2], sink_q=[3, 4]), "NHD"),
+    (192, 200, dict(tau=1.0, H=4, H_KV=2, out_layout="NHD"), "HND"),
+    (256, 261, dict(tau=1.0, scale=-0.2), "NHD"),
+])
+def test_extra_tokens_match_the_reference(extra, T, kw, layout):
+    kw = dict(kw)
+    H, H_KV, out_layout = kw.pop("H", 2), kw.pop("H_KV", 1), kw.pop("out_layout", layout)
+    q, k, v = smooth_qkv(T, H=H, H_KV=H_KV, seed=T + extra, layout=layout)
+    out, lse, density = sparse_attn(q, k, v, extra_tokens=extra, tensor_layout=layout, out_layout=out_layout,
+                                    return_lse=True, return_density=True, **kw)
+    ref, ref_lse, ref_density = sref.sparse_reference(q, k, v, extra_tokens=extra, tensor_layout=layout,
+                                                      return_lse=True, return_density=True, **kw)
+    without = sref.sparse_reference(q, k, v, tensor_layout=layout, **kw)
+    if out_layout != layout:
+        out = out.permute(0, 2, 1, 3)
+    allowed = budget(q, k, v, layout) + (0.01 if "scale" in kw else 0.0)
+    assert rel(out, ref) <= allowed, (rel(out, ref), allowed)
+    assert rel(without, ref) > 3 * allowed  # the extra tokens matter here: following them is what is tested
+    torch.testing.assert_close(lse, ref_lse, atol=0.05, rtol=0)
+    assert float(density) == pytest.approx(float(ref_density))  # exact block pairs only, as the reference
+
+
+@pytest.mark.parametrize("T", [1, 65, 128])
+def test_extra_tokens_with_nothing_outside_the_exact_blocks_change_no_bit(T):
+    # up to 2 blocks every key block neighbours every query block: no token is outside, none is extra
+    q, k, v = smooth_qkv(T, H=2, H_KV=1, seed=T)
+    out, lse = sparse_attn(q, k, v, 1.0, extra_tokens=256, return_lse=True)
+    plain, plain_lse = sparse_attn(q, k, v, 1.0, return_lse=True)
+    assert torch.equal(out, plain) and torch.equal(lse, plain_lse)
+
+
+def test_extra_tokens_move_the_kernel_s_answer_toward_dense():
+    q, k, v = smooth_qkv(700, H=1, H_KV=1, seed=15)
+    exact = sref.dense_reference(q, k, v)
+    base, d0 = sparse_attn(q, k, v, 1.5, return_density=True)
+    aug, d1 = sparse_attn(q, k, v, 1.5, extra_tokens=256, return_density=True)
+    assert float(d0) == float(d1)
+    assert rel(aug, base) > 3 * budget(q, k, v)
+    assert rel(aug, exact) < 0.8 * rel(base, exact)
+
+
+@pytest.mark.parametrize("D,dtype", [(40, torch.float32), (128, torch.bfloat16)])
+def test_extra_tokens_with_padded_head_dims_and_fp32(D, dtype):
+    q, k, v = smooth_qkv(200, H=1, H_KV=1, D=D, seed=D, dtype=dtype)
+    out = sparse_attn(q, k, v, 1.0, extra_tokens=64)
+    assert out.dtype == dtype
+    assert rel(out, sref.sparse_reference(q, k, v, 1.0, extra_tokens=64)) <= budget(q, k, v)
+
+
+@pytest.mark.parametrize("gran,pv,rotation", [("per_warp", "fp8", "tiles"), ("per_block", "int8", True),
+                                              ("per_thread", "fp16", False)])
+def test_extra_tokens_on_every_lse_frame_of_the_gpus(gran, pv, rotation):
+    # the merge reads the kernel's LSE in the centred frame: each rotation method and P·V format keeps it
+    cfg = CPU_CFG.replace(qk_quant_gran=gran, qk_rotation=bool(rotation),
+                          rotation_tiles=rotation == "tiles").with_pv_choice(pv)
+    if cfg.pv_precision == "fp8":
+        cfg = cfg.replace(fp8_format="e4m3fn")
+    q, k, v = smooth_qkv(330, H=2, H_KV=1, seed=21, dtype=torch.bfloat16)
+    out, lse = sparse_attn(q, k, v, 1.0, config=cfg, extra_tokens=128, return_lse=True)
+    ref, ref_lse = sref.sparse_reference(q, k, v, 1.0, extra_tokens=128, return_lse=True)
+    assert rel(out, ref) <= budget(q, k, v, config=cfg)
+    torch.testing.assert_close(lse, ref_lse, atol=0.05, rtol=0)
+
+
+def test_extra_tokens_read_strided_views_in_place():
+    q0, k0, v0 = smooth_qkv(200, H=2, H_KV=2, D=64, seed=6)
+    qkv = torch.cat([q0, k0, v0], dim=-1)
+    q, k, v = qkv[..., :64], qkv[..., 64:128], qkv[..., 128:]
+    assert rel(sparse_attn(q, k, v, 1.0, extra_tokens=64), sparse_attn(q0, k0, v0, 1.0, extra_tokens=64)) == 0.0
+
+
+def test_extra_tokens_keep_the_non_finite_rules():
+    q, k, v = smooth_qkv(330, H=1, H_KV=1, seed=12)
+    q[0, 70, 0, 3] = float("nan")
+    out = sparse_attn(q, k, v, 1.0, extra_tokens=256)
+    ref = sref.sparse_reference(q, k, v, 1.0, extra_tokens=256)
+    bad = ~torch.isfinite(out[0, :, 0]).all(-1)
+    assert torch.equal(bad, ~torch.isfinite(ref[0, :, 0]).all(-1))
+    assert bad[64:128].all() and not bad[:64].any() and not bad[128:].any()
+    q, k, v = smooth_qkv(330, H=1, H_KV=1, seed=13)
+    v[0, 5, 0, 0] = float("nan")
+    out = sparse_attn(q, k, v, 1.0, extra_tokens=64)
+    assert torch.isnan(out[..., 0]).all() and torch.isfinite(out[..., 1:]).all()
+    k[0, 5, 0, 0] = float("nan")
+    assert torch.isnan(sparse_attn(q, k, v, 1.0, extra_tokens=64)).all()
+    q, k, v = (x.float() * s for x, s in zip(smooth_qkv(200, H=1, H_KV=1, seed=14), (3000, 3000, 1), strict=True))
+    out = sparse_attn(q, k, v, 1.0, extra_tokens=128)
+    ref = sref.sparse_reference(q, k, v, 1.0, extra_tokens=128)
+    rows = torch.isfinite(out).all(-1)
+    assert rel(out[rows], ref[rows]) < 0.05 if rows.any() else True
 
 
 def test_reference_extra_tokens_admit_whole_bins_within_the_budget():
@@ -274,11 +444,12 @@ def test_reference_extra_tokens_admit_whole_bins_within_the_budget():
     assert sref._extra_select(torch.zeros(1, 6), live, 5).sum() == 0  # a flat profile admits none
 
 
-def test_torch_compile_traces_without_graph_breaks():
-    q, k, v = smooth_qkv(130, seed=16)
+@pytest.mark.parametrize("extra", [0, 64])
+def test_torch_compile_traces_without_graph_breaks(extra):
+    q, k, v = smooth_qkv(330 if extra else 130, seed=16)
 
     def f(q, k, v):
-        out, density = sparse_attn(q * 1, k, v, 1.0, return_density=True)
+        out, density = sparse_attn(q * 1, k, v, 1.0, return_density=True, extra_tokens=extra)
         return out.float().sum(-1), density
 
     explanation = torch._dynamo.explain(f)(q, k, v)

@@ -163,25 +163,11 @@ class SparseRouter:
         keys, rows, _ = sinks
         kw = dict(tensor_layout=layout, scale=call.extra.get("scale"), sink_blocks=list(keys), sink_q=list(rows),
                   return_density=True, out_layout=out_layout, config=plan.config)
-        try:
-            out, density = sparse_attn(q, k, v, **kw, **self.kernel_options)
-        except NotImplementedError as e:
-            if not self.kernel_options["extra_tokens"]:
-                raise
-            self._without_extra_tokens(e)  # the kernel has no extra tokens (yet): sparse without them beats dense
-            out, density = sparse_attn(q, k, v, **kw, **self.kernel_options)
+        out, density = sparse_attn(q, k, v, **kw, **self.kernel_options)  # extra_tokens included
         state.last_plan = plan
         state.count(SPARSE, None)
         state.runs.sparse(density)
         return comfy_output(out, out_layout, call)
-
-    def _without_extra_tokens(self, error: Exception) -> None:
-        with self._lock:
-            self.kernel_options = {**self.kernel_options, "extra_tokens": 0}
-            note = f"sparse_extra_tokens ignored: {error}"
-            if note not in self.notes:
-                self.notes.append(note)
-        logger.warning("[SageTriton] %s.", note)
 
     def failed_here(self, state: PatchState, call: AttentionCall, error: Exception) -> None:
         key = self._failure_key(state, call)

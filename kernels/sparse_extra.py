@@ -1,0 +1,70 @@
+"""``sparse_attn``'s ``extra_tokens``: single tokens outside a query block's exact blocks (the method:
+``sparse_reference``'s module docstring and ``_extra_select``).
+
+Around the unchanged attention kernel, in two steps:
+
+* ``retail`` (after the router, before the attention kernel): ``sparse_extra_route.extra_tail_kernel``
+  scores every token outside a query block's exact blocks by the block's centroid, picks the extra
+  tokens by the histogram, and replaces the router's pooled tail with the other tokens' own terms (max,
+  sum, P·V in the same base-2 frame), which the attention kernel then starts from.
+* ``merge`` (after the kernel, which ran with its LSE in the centred frame ``q·(k - mu)·scale``):
+  ``extra_merge_kernel`` attends each row's block's extra tokens exactly (at most 256 gathered keys,
+  fp32-accurate products) and merges them with the kernel's row and LSE by log-sum-exp, in place. The
+  two parts are disjoint, so the merge is the softmax over their union; rows of a block without extra
+  tokens are left as the kernel wrote them.
+
+The extra router runs one centroid row per query block over K three times and over V once: about 1/32
+of dense attention's products, but in TF32 (fp32 on AMD) where dense runs INT8/FP8, and with K read
+once per 16 query blocks. The merge is 2·64·E·D products per query block. Memory beyond the kernel's:
+the (nb, E) int32 indices per head.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import api
+from .arch import interpreter_enabled
+from .sparse_extra_route import extra_merge_kernel, extra_tail_kernel
+from .sparse_reference import EXTRA_BIN, EXTRA_BINS, LOG2E
+
+QB = 16  # query blocks per extra-router program
+MERGE_TOKENS, MERGE_WARPS = 32, 4  # the merge's extra tokens per step and warps (twice that past head_dim 128)
+
+__all__ = ["retail", "merge"]
+
+
+def retail(qh, kh, vh, cen, mu, lists, count, tail_m, tail_l, tail_acc, log2s: float, extra_tokens: int,
+           precisions=("ieee", "ieee")):
+    """Choose each query block's extra tokens and rewrite its tail (in place) as the per-token centroid
+    terms of the other tokens outside its exact blocks (``sparse_extra_route.extra_tail_kernel``).
+    ``qh, kh, vh``: (B, H|H_KV, L, D) views; ``cen`` (B*H, nb, d_pad), ``mu`` (B*H_KV, d_pad) and the
+    router's outputs as ``sparse_launch.route``; ``precisions``: its (scores, P·V) products'. Returns the
+    extra tokens' indices (B*H, nb, extra_tokens) int32 (the first ``n_extra`` of each row are live,
+    the rest 0) and ``n_extra`` (B*H, nb) int32."""
+    B, H, L, D = qh.shape
+    H_KV = kh.shape[1]
+    nb, d_pad = cen.shape[1], cen.shape[2]
+    dev = qh.device
+    idx = torch.zeros((B * H, nb, int(extra_tokens)), dtype=torch.int32, device=dev)
+    n_extra = torch.empty((B * H, nb), dtype=torch.int32, device=dev)
+    api._launch(extra_tail_kernel, (-(-nb // QB), B * H), (
+        cen, kh, *kh.stride(), vh, *vh.stride(), mu, lists, count, tail_m, tail_l, tail_acc, idx, n_extra,
+        H, H_KV, L, D, nb, int(extra_tokens), float(log2s),
+    ), dict(QB=QB, D_PAD=d_pad, BIN=EXTRA_BIN, NBINS=EXTRA_BINS, SCORE_PREC=precisions[0],
+            TAIL_PREC=precisions[1]), num_warps=8 if d_pad > 128 and torch.version.hip is None else 4)
+    return idx, n_extra
+
+
+def merge(qh, kh, vh, mu, idx, n_extra, scale: float, oh, lse, precision: str = "ieee"):
+    """Add the extra tokens' exact attention to the kernel's rows in place (``extra_merge_kernel``): ``oh``
+    (B, H, L, D) view of the output, ``lse`` (B, H, L) fp32, the kernel's natural-log LSE in the centred
+    frame ``q·(k - mu)·scale`` (left in that frame, merged). ``qh`` is the (sign-folded) Q the kernel ran;
+    ``precision``: fp32 inputs' products (16-bit inputs multiply exactly; these are the rows' largest logits)."""
+    B, H, L, D = qh.shape
+    nb, E = idx.shape[1], idx.shape[2]
+    api._launch(extra_merge_kernel, (nb, B * H), (
+        qh, *qh.stride(), kh, *kh.stride(), vh, *vh.stride(), mu, idx, n_extra, oh, *oh.stride(), lse,
+        H, kh.shape[1], L, D, nb, E, float(scale) * LOG2E,
+    ), dict(D_PAD=mu.shape[1], PREC=precision, ET=MERGE_TOKENS, F32=qh.dtype == torch.float32,
+            INTERPRETER=interpreter_enabled()),
+        num_warps=MERGE_WARPS if mu.shape[1] <= 128 else 2 * MERGE_WARPS)

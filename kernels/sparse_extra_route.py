@@ -1,0 +1,198 @@
+"""The extra-token router of ``sparse_attn`` (``extra_tokens > 0``; the method: ``sparse_reference``).
+
+``extra_tail_kernel`` works a tile of query blocks of one head against every token outside their exact
+blocks, scored by the block's centroid (``c_i·(k_t - mu)·scale·log2 e``), in three passes over K:
+the best score per query block, then the cumulative histogram of whole ``BIN``-wide bins below it
+(``NBINS`` of them) and so how many bins fit the budget, then the choice itself: the admitted tokens'
+indices (ascending, compacted) and the others' online-softmax state (max, sum, P·V in fp32: weight 1,
+value v_t), which replaces the router's pooled tail. Each pass recomputes the same scores the same way,
+so the three agree on every token; each walks the router's ascending lists beside the key blocks, so
+the exact blocks need no mask.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _centroid_scores(cen, mu, k_base, stride_kl, stride_kd, list_rows, ptr, cnt, j, L, D, log2s, i_ok,
+                     D_PAD: tl.constexpr, SCORE_PREC: tl.constexpr):
+    """Scores (QB, 64) of key block ``j``'s tokens, which of them are candidates (outside the exact blocks,
+    in range), and each row's position in its ascending list of exact blocks, moved past ``j``."""
+    offs_t = j * 64 + tl.arange(0, 64)
+    offs_d = tl.arange(0, D_PAD)
+    t_ok = offs_t < L
+    k = tl.load(k_base + offs_t[:, None].to(tl.int64) * stride_kl + offs_d[None, :] * stride_kd,
+                mask=t_ok[:, None] & (offs_d < D)[None, :], other=0.0).to(tl.float32)
+    c = tl.dot(cen, tl.trans(k - mu[None, :]), input_precision=SCORE_PREC) * log2s
+    listed = tl.load(list_rows + ptr, mask=i_ok & (ptr < cnt), other=-1).to(tl.int32) == j
+    outside = i_ok & ~listed
+    return c, outside[:, None] & t_ok[None, :], offs_t, ptr + listed.to(tl.int32)
+
+
+@triton.jit
+def extra_tail_kernel(
+    Cen,  # fp32 (B*H, NB, D_PAD): query centroids
+    K, stride_kb, stride_kh, stride_kl, stride_kd,  # (B, H_KV, L, D) any strides, any float dtype
+    V, stride_vb, stride_vh, stride_vl, stride_vd,
+    Mu,  # fp32 (B*H_KV, D_PAD): K's centre
+    List,  # int16/int32 (B*H, NB, NB): the router's exact key blocks per query block, ascending
+    Count,  # int32 (B*H, NB): how many
+    TailM, TailL,  # fp32 (B*H, NB): written, the per-token tail's max and sum (base 2)
+    TailAcc,  # fp32 (B*H, NB, D_PAD): written, its P·V
+    Idx,  # int32 (B*H, NB, E): written, the extra tokens (first NExtra of each row), ascending
+    NExtra,  # int32 (B*H, NB)
+    H, H_KV, L, D, NB, E, log2s,
+    QB: tl.constexpr, D_PAD: tl.constexpr, BIN: tl.constexpr, NBINS: tl.constexpr,
+    SCORE_PREC: tl.constexpr, TAIL_PREC: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    kvh = (bh % H) // (H // H_KV)
+    offs_i = pid * QB + tl.arange(0, QB)
+    i_ok = offs_i < NB
+    offs_d = tl.arange(0, D_PAD)
+    cen = tl.load(Cen + (bh.to(tl.int64) * NB + offs_i[:, None]) * D_PAD + offs_d[None, :], mask=i_ok[:, None],
+                  other=0.0)
+    mu = tl.load(Mu + (b * H_KV + kvh).to(tl.int64) * D_PAD + offs_d)
+    k_base = K + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kh
+    v_base = V + b.to(tl.int64) * stride_vb + kvh.to(tl.int64) * stride_vh
+    list_rows = List + (bh.to(tl.int64) * NB + offs_i) * NB
+    cnt = tl.load(Count + bh.to(tl.int64) * NB + offs_i, mask=i_ok, other=0)
+
+    # 1. the best candidate score per query block
+    best = tl.full((QB,), float("-inf"), tl.float32)
+    ptr = tl.zeros((QB,), tl.int32)
+    for j in range(0, NB):
+        c, live, _, ptr = _centroid_scores(cen, mu, k_base, stride_kl, stride_kd, list_rows, ptr, cnt, j, L, D,
+                                           log2s, i_ok, D_PAD, SCORE_PREC)
+        best = tl.maximum(best, tl.max(tl.where(live, c, float("-inf")), axis=1))
+
+    # 2. a histogram of the bins below it per query block (one flat histogram: row * 2·NBINS + bin, the
+    # tokens in no bin counted in each row's last slot), then the whole bins that fit the budget
+    counts = tl.zeros((QB, 2 * NBINS), tl.int32)
+    ptr = tl.zeros((QB,), tl.int32)
+    for j in range(0, NB):
+        c, live, _, ptr = _centroid_scores(cen, mu, k_base, stride_kl, stride_kd, list_rows, ptr, cnt, j, L, D,
+                                           log2s, i_ok, D_PAD, SCORE_PREC)
+        bins = tl.floor((best[:, None] - c) / BIN)
+        bins = tl.where(live & (bins < NBINS), bins, 2 * NBINS - 1).to(tl.int32)  # NaN scores: in no bin
+        key = tl.arange(0, QB)[:, None] * (2 * NBINS) + bins
+        counts += tl.reshape(tl.histogram(tl.reshape(key, (QB * 64,)), QB * 2 * NBINS), (QB, 2 * NBINS))
+    upto = tl.cumsum(counts, axis=1)  # tokens in bins 0..b
+    in_range = tl.arange(0, 2 * NBINS) < NBINS
+    n_bins = tl.sum(((upto <= E) & in_range[None, :]).to(tl.int32), axis=1).to(tl.float32)
+
+    # 3. the admitted tokens' indices; the others' per-token terms as one online-softmax state
+    m = tl.full((QB,), float("-inf"), tl.float32)
+    lsum = tl.zeros((QB,), tl.float32)
+    acc = tl.zeros((QB, D_PAD), tl.float32)
+    n_chosen = tl.zeros((QB,), tl.int32)
+    idx_rows = Idx + (bh.to(tl.int64) * NB + offs_i) * E
+    ptr = tl.zeros((QB,), tl.int32)
+    for j in range(0, NB):
+        c, live, offs_t, ptr = _centroid_scores(cen, mu, k_base, stride_kl, stride_kd, list_rows, ptr, cnt, j, L,
+                                                D, log2s, i_ok, D_PAD, SCORE_PREC)
+        extra = live & (tl.floor((best[:, None] - c) / BIN) < n_bins[:, None])
+        sp = tl.where(live & ~extra, c, float("-inf"))
+        m_new = tl.maximum(m, tl.max(sp, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m - m_use)
+        p = tl.math.exp2(sp - m_use[:, None])  # a NaN score stays NaN: its block comes out NaN
+        lsum = lsum * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_base + offs_t[:, None].to(tl.int64) * stride_vl + offs_d[None, :] * stride_vd,
+                    mask=(offs_t < L)[:, None] & (offs_d < D)[None, :], other=0.0).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=TAIL_PREC)
+        m = m_new
+        e32 = extra.to(tl.int32)
+        pos = n_chosen[:, None] + tl.cumsum(e32, axis=1) - 1
+        tl.store(idx_rows[:, None] + pos, offs_t[None, :], mask=extra & i_ok[:, None])
+        n_chosen += tl.sum(e32, axis=1)
+    row = bh.to(tl.int64) * NB + offs_i
+    tl.store(TailM + row, m, mask=i_ok)
+    tl.store(TailL + row, lsum, mask=i_ok)
+    tl.store(TailAcc + row[:, None] * D_PAD + offs_d[None, :], acc, mask=i_ok[:, None])
+    tl.store(NExtra + row, n_chosen, mask=i_ok)
+
+
+@triton.jit
+def extra_merge_kernel(
+    Q, stride_qb, stride_qh, stride_ql, stride_qd,  # (B, H, L, D) the (sign-folded) Q the kernel ran
+    K, stride_kb, stride_kh, stride_kl, stride_kd,
+    V, stride_vb, stride_vh, stride_vl, stride_vd,
+    Mu,  # fp32 (B*H_KV, D_PAD)
+    Idx, NExtra,  # the extra tokens per query block (extra_tail_kernel's)
+    Out, stride_ob, stride_oh, stride_ol, stride_od,  # the attention kernel's output, merged in place
+    Lse,  # fp32 (B*H, L): its natural-log LSE in the centred frame, merged in place
+    H, H_KV, L, D, NB, E, scale_log2,
+    D_PAD: tl.constexpr, PREC: tl.constexpr, ET: tl.constexpr, F32: tl.constexpr, INTERPRETER: tl.constexpr,
+):
+    """Each row of one query block attends its block's extra tokens exactly (logits q·(k_t - mu)·scale,
+    online softmax in base 2; 16-bit P·V as the dense kernel's fp16 path, fp32 inputs at ``PREC``); the
+    result is merged with the kernel's row by log-sum-exp."""
+    i = tl.program_id(0)
+    bh = tl.program_id(1)
+    n = tl.load(NExtra + bh.to(tl.int64) * NB + i)
+    if n > 0:
+        b = bh // H
+        h = bh % H
+        kvh = h // (H // H_KV)
+        offs_m = i * 64 + tl.arange(0, 64)
+        m_ok = offs_m < L
+        offs_d = tl.arange(0, D_PAD)
+        d_ok = offs_d < D
+        q = tl.load(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + offs_m[:, None].to(tl.int64)
+                    * stride_ql + offs_d[None, :] * stride_qd, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+        mu = tl.load(Mu + (b * H_KV + kvh).to(tl.int64) * D_PAD + offs_d)
+        # q·(k - mu) as q·k - q·mu: 16-bit inputs multiply exactly on the tensor cores (fp32 sums)
+        q_mu = tl.sum(q.to(tl.float32) * mu[None, :], axis=1)
+        k_base = K + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kh
+        v_base = V + b.to(tl.int64) * stride_vb + kvh.to(tl.int64) * stride_vh
+        m_i = tl.full((64,), float("-inf"), tl.float32)
+        l_i = tl.zeros((64,), tl.float32)
+        acc = tl.zeros((64, D_PAD), tl.float32)
+        for e0 in range(0, n, ET):  # ET extra tokens a step
+            offs_e = e0 + tl.arange(0, ET)
+            e_ok = offs_e < n
+            t = tl.load(Idx + (bh.to(tl.int64) * NB + i) * E + offs_e, mask=e_ok, other=0).to(tl.int64)
+            kv_mask = e_ok[:, None] & d_ok[None, :]
+            k = tl.load(k_base + t[:, None] * stride_kl + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
+            v = tl.load(v_base + t[:, None] * stride_vl + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
+            if F32:
+                s = tl.dot(q, tl.trans(k), input_precision=PREC)
+            elif INTERPRETER:  # the CPU interpreter's bf16 dot is wrong; in fp32 the same products are exact
+                s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            s = tl.where(e_ok[None, :], (s - q_mu[:, None]) * scale_log2, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.math.exp2(m_i - m_new)
+            p = tl.math.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            if F32:
+                pv = tl.dot(p, v, input_precision=PREC)
+            else:  # P in two 16-bit parts (bf16 alone rounds these, the rows' heaviest weights, to 2^-8)
+                p_hi = p.to(v.dtype)
+                p_lo = (p - p_hi.to(tl.float32)).to(v.dtype)
+                if INTERPRETER:
+                    pv = tl.dot(p_hi.to(tl.float32) + p_lo.to(tl.float32), v.to(tl.float32), input_precision="ieee")
+                else:
+                    pv = tl.dot(p_lo, v, tl.dot(p_hi, v))
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+        lse2 = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
+        lse_ptr = Lse + bh.to(tl.int64) * L + offs_m
+        lse1 = tl.load(lse_ptr, mask=m_ok, other=0.0)
+        top = tl.maximum(lse1, lse2, propagate_nan=tl.PropagateNan.ALL)  # NaN rows stay NaN
+        top = tl.where(top == float("-inf"), 0.0, top)
+        w1 = tl.exp(lse1 - top)
+        w2 = tl.exp(lse2 - top)
+        o_ptrs = (Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+                  + offs_m[:, None].to(tl.int64) * stride_ol + offs_d[None, :] * stride_od)
+        o1 = tl.load(o_ptrs, mask=m_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        den = w1 + w2
+        out = (o1 * w1[:, None] + acc * (w2 / l_i)[:, None]) / den[:, None]
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
+        tl.store(lse_ptr, top + tl.log(den), mask=m_ok)
