@@ -20,8 +20,8 @@ Where to find (and change) what decides a run:
 - the short-sequence rule (calls too short for the kernel go to the fallback): ``routing/dispatch.py``'s
   ``fallback_reason`` on the plan ``config/planner.py`` makes (the key length measured by install.py's
   crossover, ``installer/selftest.py``, else the table's ``min_seq_len``; the work per call from it).
-- the run-summary text: ``reporting/run_summary.py`` (the panel formats the same fields again in
-  ``web/sage_format.mjs``).
+- the run-summary text: ``reporting/run_summary.py`` (the log line) and ``reporting/panel_text.py`` (the
+  panel's lines and toasts, sent to the browser; ``web/`` draws them as sent).
 - the RoPE kernel: ``kernels/rope.py``; where it replaces ComfyUI's RoPE: ``routing/rope_hooks.py``.
 - one attention call's path: the functions ComfyUI calls (the Patch node's override, core's registry entry,
   their container entries) are made in ``routing/override.py``; each goes to ``PatchState.dispatch``

@@ -44,6 +44,16 @@ class KernelPlanner:
         self.report = report or NoReport()
         self.notes: list[str] = []  # downgrades, shown once and in every run summary
         self._plans: dict[tuple, KernelPlan] = {}
+        self._generation: Optional[int] = None  # of the report the plans were made from (``fresh_plan``)
+
+    def fresh_plan(self, arch: ArchInfo, head_dim: int) -> KernelPlan:
+        """``plan``, made again if install.py's report changed since (the dispatcher does this check inline,
+        with its call cache's)."""
+        generation = self.report.generation()
+        if generation != self._generation:
+            self._generation = generation
+            self.forget()
+        return self.plan(arch, head_dim)
 
     def plan(self, arch: ArchInfo, head_dim: int) -> KernelPlan:
         key = (arch, head_dim)
@@ -100,3 +110,17 @@ class KernelPlanner:
         if note not in self.notes:
             self.notes.append(note)
             logger.warning("[SageTriton] %s.", note)
+
+
+_unconfigured: Optional[KernelPlanner] = None
+
+
+def unconfigured_plan(arch: ArchInfo, head_dim: int = 128) -> KernelPlan:
+    """What a Patch node without Sage Settings runs (``/sage/status``): one planner for every request, so a
+    downgrade is logged once, not per GET."""
+    global _unconfigured
+    if _unconfigured is None:
+        from .install_report import InstallReport
+
+        _unconfigured = KernelPlanner(report=InstallReport())
+    return _unconfigured.fresh_plan(arch, head_dim)

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 from ...kernels.log import logger
 
-_planner = None  # one for every request: a downgrade (every variant off) is logged once, not per GET
-_planner_generation = None
-
 
 def comfy_device():
     """The device ComfyUI computes on (``--cpu`` makes it the CPU even when a GPU exists)."""
@@ -46,8 +43,8 @@ def status_payload(device=None) -> dict:
     from ...kernels.arch import default_config, detect_arch, interpreter_enabled, supported_choices
     from ..backends.alt_backends import backend_choices
     from ..config import install_report as rep
-    from ..config.install_report import InstallReport, setup_status
-    from ..config.planner import KernelPlanner
+    from ..config.install_report import setup_status
+    from ..config.planner import unconfigured_plan
     from . import stats
     from .panel_text import mark_choices, status_panel
 
@@ -56,14 +53,7 @@ def status_payload(device=None) -> dict:
     arch = detect_arch(device)
     r = rep.current_report(arch)
     kernel_active = arch.vendor != "cpu" or interpreter_enabled()
-    # What an unconfigured Patch node runs at head_dim 128: the same planner the dispatcher uses.
-    global _planner, _planner_generation
-    if _planner is None:
-        _planner = KernelPlanner(report=InstallReport())
-    if _planner_generation != rep.report_generation():
-        _planner_generation = rep.report_generation()
-        _planner.forget()
-    plan = _planner.plan(arch, 128)
+    plan = unconfigured_plan(arch, 128)  # the same planning the dispatcher does, most models' head size
     where = rep.current_report_path(arch)
     payload = {
         "device": str(device) if device is not None else ("cuda" if arch.vendor != "cpu" else "cpu"),
