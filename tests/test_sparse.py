@@ -14,7 +14,7 @@ import sagetriton.kernels as kernels
 import torch
 from sagetriton.kernels import sparse_extra, sparse_launch
 from sagetriton.kernels import sparse_reference as sref
-from sagetriton.kernels.arch import CPU_ARCH, default_config
+from sagetriton.kernels.arch import CPU_ARCH, KernelConfig, default_config
 
 sparse_attn = kernels.sparse_attn
 CPU_CFG = default_config(CPU_ARCH, 64)
@@ -197,16 +197,20 @@ def test_head_dims_padded_and_fp32_inputs(D):
     assert rel(out, sref.sparse_reference(q, k, v, 1.0)) <= budget(q, k, v)
 
 
+def gpu_config(gran: str, pv: str, rotation) -> KernelConfig:
+    """A GPU family's quantized path on the interpreter; ``rotation`` "tiles" is Hopper's (K's centre subtracted
+    after the product, ``KernelConfig.rotation_tiles``)."""
+    cfg = CPU_CFG.replace(qk_quant_gran=gran, qk_rotation=bool(rotation),
+                          rotation_tiles=rotation == "tiles").with_pv_choice(pv)
+    return cfg.replace(fp8_format="e4m3fn") if cfg.pv_precision == "fp8" else cfg
+
+
 @pytest.mark.parametrize("gran,pv,rotation", [("per_warp", "fp8", True), ("per_warp", "fp8", "tiles"),
                                               ("per_block", "int8", True),
                                               ("per_thread", "int8", False), ("per_thread", "fp16", False),
                                               ("per_warp", "fp8+residual", False)])
 def test_every_quantized_path_of_the_gpus(gran, pv, rotation):
-    # "tiles": Hopper's rotation (``KernelConfig.rotation_tiles``: K's centre subtracted after the product)
-    cfg = CPU_CFG.replace(qk_quant_gran=gran, qk_rotation=bool(rotation),
-                          rotation_tiles=rotation == "tiles").with_pv_choice(pv)
-    if cfg.pv_precision == "fp8":
-        cfg = cfg.replace(fp8_format="e4m3fn")
+    cfg = gpu_config(gran, pv, rotation)
     q, k, v = smooth_qkv(200, H=2, H_KV=1, seed=11, dtype=torch.bfloat16)
     out, lse = sparse_attn(q, k, v, 1.0, config=cfg, return_lse=True)
     ref, ref_lse = sref.sparse_reference(q, k, v, 1.0, return_lse=True)
@@ -390,10 +394,7 @@ def test_extra_tokens_with_padded_head_dims_and_fp32(D, dtype):
                                               ("per_thread", "fp16", False)])
 def test_extra_tokens_on_every_lse_frame_of_the_gpus(gran, pv, rotation):
     # the merge reads the kernel's LSE in the centred frame: each rotation method and P·V format keeps it
-    cfg = CPU_CFG.replace(qk_quant_gran=gran, qk_rotation=bool(rotation),
-                          rotation_tiles=rotation == "tiles").with_pv_choice(pv)
-    if cfg.pv_precision == "fp8":
-        cfg = cfg.replace(fp8_format="e4m3fn")
+    cfg = gpu_config(gran, pv, rotation)
     q, k, v = smooth_qkv(330, H=2, H_KV=1, seed=21, dtype=torch.bfloat16)
     out, lse = sparse_attn(q, k, v, 1.0, config=cfg, extra_tokens=128, return_lse=True)
     ref, ref_lse = sref.sparse_reference(q, k, v, 1.0, extra_tokens=128, return_lse=True)
