@@ -49,6 +49,11 @@ def dot_precisions(device) -> tuple[str, str]:
     return "ieee", "ieee"
 
 
+def route_precisions(device) -> tuple[str, str]:
+    """The routers' (scores, tail P·V) precisions: ``TUNING``'s where a benchmark set one, else ``dot_precisions``."""
+    return TUNING["route_prec"] or dot_precisions(device)
+
+
 def _pool(x, heads, L, d_pad, nb, mode, absmax=False):
     """(B*heads, nb, d_pad) fp32 block means or sums of a (B, heads, L, D) view; with ``absmax`` also
     the per-program partial max |x| per channel (B*heads, n_progs, d_pad)."""
@@ -105,7 +110,7 @@ def route(cen, kc, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q, topk_r
     tail_m = torch.empty((B * H, nb), dtype=torch.float32, device=dev)
     tail_l = torch.empty_like(tail_m)
     tail_acc = torch.empty((B * H, nb, d_pad), dtype=torch.float32, device=dev)
-    score_prec, tail_prec = TUNING["route_prec"] or dot_precisions(dev)
+    score_prec, tail_prec = route_precisions(dev)
     # Query blocks x key blocks per step: TF32 on 64 x 32 fits without spills (sm80-sm120); full fp32
     # products are FMA loops (AMD), which spill at that size.
     qb, kb = (64, 32) if score_prec == "tf32" else (32, 16)
@@ -174,7 +179,7 @@ def run(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, r
 
     if extra_tokens:  # the tail becomes per-token centroid terms; the extra tokens are merged in below
         extra_idx, n_extra = sparse_extra.retail(qh, kh, vh, cen, mu, lists, count, tail_m, tail_l, tail_acc,
-                                                 log2s, extra_tokens, TUNING["route_prec"] or dot_precisions(dev))
+                                                 log2s, extra_tokens, route_precisions(dev))
 
     out = torch.empty(api._out_shape(B, H, L, D, out_layout), dtype=q.dtype, device=dev)
     oh = api._as_bhld(out, out_layout)

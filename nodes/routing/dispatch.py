@@ -273,6 +273,11 @@ class PatchState:
         if route is None:
             route = self.fallback_route_for(call.q if call is not None else (args[0] if args else None))
         self.count(route, reason, detail)
+        return self._fallback_out(func, args, kwargs, call, route, holders)
+
+    def _fallback_out(self, func: Callable, args: tuple, kwargs: dict, call: Optional[AttentionCall], route: int,
+                      holders) -> torch.Tensor:
+        """The fallback's output: through the holders' own fallback for a container call, else ``run_fallback``."""
         if holders is not None:
             return holders.fallback(self, args, kwargs, call, route)
         return self.run_fallback(func, args, kwargs, call, route)
@@ -291,10 +296,7 @@ class PatchState:
             raise  # the fallback would need the memory too; let ComfyUI report it
         except Exception as e:  # compile or launch failure: never fail the run
             route = self.fallback_route(self.arch_for(call.q.device))
-            if holders is not None:
-                out = holders.fallback(self, args, kwargs, call, route)
-            else:
-                out = self.run_fallback(func, args, kwargs, call, route)
+            out = self._fallback_out(func, args, kwargs, call, route, holders)
             refused = caller_error(call, mask)
             if refused is not None:  # arguments the checks let by: still the caller's, not a kernel fault
                 self.count(route, REFUSED_ARGUMENTS, refused)
