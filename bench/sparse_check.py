@@ -64,19 +64,26 @@ def _against_reference(name, q, k, v, cfg=None, **kw) -> bool:
                    f"rel {err:.4f} (allowed {allowed:.4f}), density {float(density):.4f} vs {float(ref_density):.4f}")
 
 
+def _each_family(configs, check, suffix: str = "") -> list:
+    """``check(name, q, k, v, cfg)``'s results for each (labels, head_dim, config), on 1,000 tokens; a config
+    that does not compile is a failure, not a crash."""
+    results = []
+    for labels, d, cfg in configs:
+        name = f"{labels[0]} d{d} {cfg.pv_choice()} {cfg.qk_quant_gran}{suffix}"
+        try:
+            q, k, v = smooth_qkv(1000, D=d, seed=d)
+            results += check(name, q, k, v, cfg)
+        except Exception as e:  # noqa: BLE001
+            results.append(_report(name, False, f"{type(e).__name__}: {str(e)[:200]}"))
+    return results
+
+
 def family_cases() -> list:
     from gpu_check import family_configs
 
-    results = []
-    for labels, d, cfg in family_configs():
-        name = f"{labels[0]} d{d} {cfg.pv_choice()} {cfg.qk_quant_gran}"
-        try:
-            q, k, v = smooth_qkv(1000, D=d, seed=d)
-            results.append(_against_reference(f"{name} tau 1.0", q, k, v, cfg, tau=1.0))
-            results.append(_against_reference(f"{name} top-k 0.2", q, k, v, cfg, topk_ratio=0.2))
-        except Exception as e:  # noqa: BLE001 - a config that does not compile is a failure, not a crash
-            results.append(_report(name, False, f"{type(e).__name__}: {str(e)[:200]}"))
-    return results
+    return _each_family(family_configs(), lambda name, q, k, v, cfg: [
+        _against_reference(f"{name} tau 1.0", q, k, v, cfg, tau=1.0),
+        _against_reference(f"{name} top-k 0.2", q, k, v, cfg, topk_ratio=0.2)])
 
 
 def own_cases() -> list:
@@ -167,21 +174,15 @@ def extra_cases() -> list:
     bad = ~torch.isfinite(sparse_attn(qn, k, v, 1.0, extra_tokens=256)[0, :, 1]).all(-1)
     results.append(_report("extra 256 NaN query token: its block NaN only", bad[64:128].all() and int(bad.sum()) == 64,
                            f"{int(bad.sum())} rows non-finite"))
-    seen = set()
+    frames = {}
     for labels, d, cfg in family_configs():
         # the extra path's config-dependent part is the kernel's LSE frame: one case per P·V format, scale
         # granularity, rotation and head size (the families' other choices are checked without extra tokens)
         fp8 = cfg.fp8_format if cfg.pv_precision == "fp8" else None
-        key = (d, cfg.pv_choice(), fp8, cfg.qk_quant_gran, cfg.qk_rotation, cfg.rotation_tiles)
-        if key in seen:
-            continue
-        seen.add(key)
-        name = f"{labels[0]} d{d} {cfg.pv_choice()} {cfg.qk_quant_gran} extra 128"
-        try:
-            q, k, v = smooth_qkv(1000, D=d, seed=d)
-            results.append(_against_reference(name, q, k, v, cfg, tau=1.0, extra_tokens=128))
-        except Exception as e:  # noqa: BLE001 - a config that does not compile is a failure, not a crash
-            results.append(_report(name, False, f"{type(e).__name__}: {str(e)[:200]}"))
+        frames.setdefault((d, cfg.pv_choice(), fp8, cfg.qk_quant_gran, cfg.qk_rotation, cfg.rotation_tiles),
+                          (labels, d, cfg))
+    results += _each_family(frames.values(), lambda name, q, k, v, cfg: [
+        _against_reference(name, q, k, v, cfg, tau=1.0, extra_tokens=128)], suffix=" extra 128")
     return results + long_case(extra=256)
 
 
