@@ -13,7 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .quant import P_OFFSET, gdc_wait, int8_pv_to_f32, mma_operand_order, round_p_offset_int8, small_int_to_f32, to_fp8
+from .quant import P_OFFSET, gdc_wait, mma_operand_order, round_p_offset_int8, to_fp8
 
 # P·V modes.
 PV_16BIT = 0  # P and V in 16-bit, accumulated in fp32 by the MMA
@@ -108,7 +108,7 @@ def _attn_tile(
             k = tl.load(k_ptrs, mask=offs_n[:, None] < LK, other=0)
         else:
             k = tl.load(k_ptrs)
-    s = tl.dot(q, tl.trans(k))  # int32, |s| <= 128·128·256 = 2^22: small_int_to_f32 converts it exactly
+    s = tl.dot(q, tl.trans(k))  # int32
 
     if K_SCALAR:
         row_scale = qs * tl.load(ks_base + start_n // BLOCK_N)
@@ -119,10 +119,10 @@ def _attn_tile(
         t_max = tl.max(s, 1).to(tl.float32) * row_scale
     else:
         if K_SCALAR:
-            x = small_int_to_f32(s) * row_scale[:, None]
+            x = s.to(tl.float32) * row_scale[:, None]
         else:
             ks = tl.load(ks_base + offs_n, mask=offs_n < LK, other=0.0)
-            x = small_int_to_f32(s) * qs[:, None] * ks[None, :]
+            x = s.to(tl.float32) * qs[:, None] * ks[None, :]
         x = _masked_logits(x, offs_m, offs_n, mask_base, stride_mm, stride_mn, LQ, LK, BOUNDARY, IS_CAUSAL,
                            MASK_KIND)
         t_max = tl.max(x, 1)
@@ -150,7 +150,7 @@ def _attn_tile(
             base = m_use - P_LOG2
             alpha = tl.math.exp2(m_i - m_use)
         if hot:
-            p = tl.math.exp2(small_int_to_f32(s) * row_scale[:, None] - base[:, None])
+            p = tl.math.exp2(s.to(tl.float32) * row_scale[:, None] - base[:, None])
         else:
             p = tl.math.exp2(x - base[:, None])
     else:
@@ -198,7 +198,7 @@ def _attn_tile(
         acc += pv
     else:
         pv = tl.dot(mma_operand_order(p8, BLOCK_N), v)  # int32, exact: (P - 128)·V
-        acc += int8_pv_to_f32(pv + tl.load(tb_base + (start_n // BLOCK_N) * D_PAD + offs_d)[None, :], BLOCK_N)
+        acc += (pv + tl.load(tb_base + (start_n // BLOCK_N) * D_PAD + offs_d)[None, :]).to(tl.float32)
     if PV_MODE == PV_INT8_C:
         if K_SCALAR and MASK_KIND == MASK_NONE_C:
             sh_i = shift

@@ -33,7 +33,7 @@ kernel runs.
 from __future__ import annotations
 
 from .attention import HOT_LOGIT_LIMIT, finish_rows, int8_p_shift  # Triton functions: Gluon inlines them
-from .quant import P_OFFSET, int8_pv_to_f32, mma_operand_order, round_p_offset_int8, small_int_to_f32
+from .quant import P_OFFSET, mma_operand_order, round_p_offset_int8
 from .tail_split import merge_rows
 
 try:
@@ -122,7 +122,7 @@ if AVAILABLE:
         row_scale = qs * gl.load(ks_base + i)
         if MASKED:  # the last tile: keys past LK belong to the next head (or are zero-filled)
             offs_n = key0 + i * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s.type.layout))
-            x = gl.where((offs_n < LK)[None, :], small_int_to_f32(s) * row_scale[:, None], float("-inf"))
+            x = gl.where((offs_n < LK)[None, :], s.to(gl.float32) * row_scale[:, None], float("-inf"))
             t_max = gl.max(x, axis=1)
         else:  # scales are positive: the row max is taken on the integers
             t_max = gl.max(s, axis=1).to(gl.float32) * row_scale
@@ -139,7 +139,7 @@ if AVAILABLE:
         if MASKED:
             arg = x - (shift - P_LOG2)[:, None]
         else:
-            arg = small_int_to_f32(s) * row_scale[:, None] - (shift - P_LOG2)[:, None]
+            arg = s.to(gl.float32) * row_scale[:, None] - (shift - P_LOG2)[:, None]
         if PV_INT8:
             p8 = round_p_offset_int8(gl.exp2(arg))  # P - 128
         else:
@@ -160,7 +160,7 @@ if AVAILABLE:
         mbarrier.arrive(kv_empty.index(st), count=1)
         if PV_INT8:  # (P - 128)·V plus 128·V's column sums over this tile (``quant.convert_v_kernel``)
             tile_bias = gl.load(tb_base + i * D_PAD + gl.arange(0, D_PAD, layout=gl.SliceLayout(0, acc.type.layout)))
-            pv_f = int8_pv_to_f32(pv + tile_bias[None, :], BN)
+            pv_f = (pv + tile_bias[None, :]).to(gl.float32)
             rs_f = (rs + P_OFFSET * BN).to(gl.float32)
         else:
             pv_f = pv

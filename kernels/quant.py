@@ -44,30 +44,6 @@ def round_p_offset_int8(p):
     return (p + (_ROUNDING_BIAS - P_OFFSET)).to(tl.int32, bitcast=True).to(tl.int8)
 
 
-# The same bias the other way: an int32 below 2²² in magnitude, added to the bits of 1.5·2²³, is that
-# float plus the integer, exactly. INT8 P·V's tile sums (0..255 × ±127 over at most 128 keys: below
-# 4,145,281) are converted so, with an integer and a float add, not I2F: NVIDIA GPUs run I2F at 16
-# per clock and SM, an eighth of the float adds, and the 64 × 128 tile's conversion outlasted its MMAs.
-_ROUNDING_BIAS_BITS = tl.constexpr(0x4B400000)
-INT_TO_F32_EXACT_LIMIT = tl.constexpr(1 << 22)
-
-
-@triton.jit
-def small_int_to_f32(x):
-    """int32 of magnitude below 2²² (INT_TO_F32_EXACT_LIMIT) to fp32, exactly, without I2F."""
-    return (x + _ROUNDING_BIAS_BITS).to(tl.float32, bitcast=True) - _ROUNDING_BIAS
-
-
-@triton.jit
-def int8_pv_to_f32(pv, KEYS: tl.constexpr):
-    """An INT8 P·V tile sum over KEYS keys to fp32: ``small_int_to_f32`` where it is exact (up to 128
-    keys), I2F for wider tiles."""
-    if 255 * 127 * KEYS < INT_TO_F32_EXACT_LIMIT:
-        return small_int_to_f32(pv)
-    else:
-        return pv.to(tl.float32)
-
-
 @triton.jit
 def to_fp8(x, dtype: tl.constexpr, FIX_ROUNDING: tl.constexpr):
     """Cast fp32 to an fp8 type.
