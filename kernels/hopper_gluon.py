@@ -47,6 +47,7 @@ try:
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    from .hopper_logits import tile_logits
     from .triton_compat import TRITON_VERSION, partition_barrier, tma_load  # what differs between Tritons
 
     # Triton 3.9 spills hundreds of registers when a second async MMA is issued while P·V's runs:
@@ -99,11 +100,11 @@ if AVAILABLE:
     def _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s, pv, rs, acc, m_i, sh_i, l_acc, qs,
               ks_base, tb_base, i, key0, LK, k_desc, v_desc, n_local, k_row0, v_row, P_LOG2: gl.constexpr,
               STAGES: gl.constexpr, MASKED: gl.constexpr, p_layout: gl.constexpr, V_RES: gl.constexpr,
-              FILL: gl.constexpr):
+              FILL: gl.constexpr, K_COLS: gl.constexpr):
         """The ``i``-th K/V tile of this CTA's key range (``key0``: its first key; ``ks_base``: its
-        first tile's K scale; ``tb_base``: its first tile's INT8 V column sums) for one warpgroup. ``s``,
-        ``pv`` and ``rs`` are the previous tile's (dead) results, handed back as the MMAs' ignored
-        accumulators so no zero tile stays live in registers.
+        first tile's K scale, or its first key's with K_COLS; ``tb_base``: its first tile's INT8 V column
+        sums) for one warpgroup. ``s``, ``pv`` and ``rs`` are the previous tile's (dead) results, handed
+        back as the MMAs' ignored accumulators so no zero tile stays live in registers.
         The row sums of P come from the tensor cores (P times a column block of ones, ``rs``), not
         from 64 adds and two shuffles per thread: ``l_acc`` holds them, every column the same.
 
@@ -119,13 +120,7 @@ if AVAILABLE:
         mbarrier.wait(kv_ready.index(st), (i // STAGES) & 1)
         s = warpgroup_mma_wait(0, deps=(warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s, use_acc=False,
                                                       is_async=True),))
-        row_scale = qs * gl.load(ks_base + i)
-        if MASKED:  # the last tile: keys past LK belong to the next head (or are zero-filled)
-            offs_n = key0 + i * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s.type.layout))
-            x = gl.where((offs_n < LK)[None, :], s.to(gl.float32) * row_scale[:, None], float("-inf"))
-            t_max = gl.max(x, axis=1)
-        else:  # scales are positive: the row max is taken on the integers
-            t_max = gl.max(s, axis=1).to(gl.float32) * row_scale
+        x, t_max, m = tile_logits(s, qs, ks_base, i, key0, LK, MASKED, K_COLS, PV_INT8)
         m_new = gl.maximum(m_i, t_max)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
         if PV_INT8:
@@ -139,7 +134,7 @@ if AVAILABLE:
         if MASKED:
             arg = x - (shift - P_LOG2)[:, None]
         else:
-            arg = s.to(gl.float32) * row_scale[:, None] - (shift - P_LOG2)[:, None]
+            arg = x.to(gl.float32) * m[:, None] - (shift - P_LOG2)[:, None]
         if PV_INT8:
             p8 = round_p_offset_int8(gl.exp2(arg))  # P - 128
         else:
@@ -172,7 +167,7 @@ if AVAILABLE:
     @gluon.jit
     def _warpgroup(args, descs, C: gl.constexpr, P_LOG2: gl.constexpr, STAGES: gl.constexpr,
                    HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr,
-                   LSE: gl.constexpr):
+                   LSE: gl.constexpr, K_COLS: gl.constexpr):
         """Rows C·64.. of this CTA's 192 query rows, over its key range (every key, or one share with
         SPLIT). Warpgroup 0 also loads Q and keeps the K/V ring STAGES - 1 tiles ahead of itself."""
         (q_smem, k_smem, v_smem, vres_smem, ones_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, TileBias,
@@ -232,7 +227,10 @@ if AVAILABLE:
         offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
         # Q scales already hold sm_scale·log2(e): logits come out in base-2 units.
         qs = gl.load(QS + bh.to(gl.int64) * LQ + offs_m, mask=offs_m < LQ, other=0.0)
-        ks_base = KS + bhk.to(gl.int64) * n_tiles + t0
+        if K_COLS:  # a scale per key (B·H_KV, LK)
+            ks_base = KS + bhk.to(gl.int64) * LK + t0 * BN
+        else:  # a scale per tile (B·H_KV, n_tiles)
+            ks_base = KS + bhk.to(gl.int64) * n_tiles + t0
         tb_base = TileBias + (bhk.to(gl.int64) * n_tiles + t0) * D_PAD
         q = q_smem.index(C)
         # 8-bit MMAs sum into int32 (INT8 P·V) or fp32 (FP8).
@@ -250,12 +248,12 @@ if AVAILABLE:
             s, pv, rs, acc, m_i, sh_i, l_acc = _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s,
                                                      pv, rs, acc, m_i, sh_i, l_acc, qs, ks_base, tb_base, i,
                                                      t0 * BN, LK, k_desc, v_desc, n_local, k_row0, v_row, P_LOG2,
-                                                     STAGES, False, p_layout, V_RES, C == 0)
+                                                     STAGES, False, p_layout, V_RES, C == 0, K_COLS)
         if n_full < n_local:
             s, pv, rs, acc, m_i, sh_i, l_acc = _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s,
                                                      pv, rs, acc, m_i, sh_i, l_acc, qs, ks_base, tb_base, n_full,
                                                      t0 * BN, LK, k_desc, v_desc, n_local, k_row0, v_row, P_LOG2,
-                                                     STAGES, True, p_layout, V_RES, C == 0)
+                                                     STAGES, True, p_layout, V_RES, C == 0, K_COLS)
 
         l_i = gl.convert_layout(gl.max(l_acc, axis=1), row_o)  # every column holds the row sum
         if v_smem.dtype == gl.int8:  # INT8 P's shift margin holds below HOT_LOGIT_LIMIT: NaN beyond, for the guard
@@ -362,24 +360,27 @@ if AVAILABLE:
     # they would reach the partitions as runtime values.
     @gluon.jit
     def _warpgroup0(args, descs, P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr,
-                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr, LSE: gl.constexpr):
-        _warpgroup(args, descs, 0, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE)
+                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr, LSE: gl.constexpr,
+                    K_COLS: gl.constexpr):
+        _warpgroup(args, descs, 0, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE, K_COLS)
 
     @gluon.jit
     def _warpgroup1(args, descs, P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr,
-                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr, LSE: gl.constexpr):
-        _warpgroup(args, descs, 1, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE)
+                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr, LSE: gl.constexpr,
+                    K_COLS: gl.constexpr):
+        _warpgroup(args, descs, 1, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE, K_COLS)
 
     @gluon.jit
     def _warpgroup2(args, descs, P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr,
-                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr, LSE: gl.constexpr):
-        _warpgroup(args, descs, 2, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE)
+                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr, LSE: gl.constexpr,
+                    K_COLS: gl.constexpr):
+        _warpgroup(args, descs, 2, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE, K_COLS)
 
     @gluon.jit
     def _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, TileBias, Out, stride_ob, stride_oh, stride_om,
                    H, H_KV, LQ, LK, D, n_whole, splits, Flags, ML, Lse, QBias, P_LOG2: gl.constexpr,
                    STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr, REGISTERS: gl.constexpr,
-                   V_RES: gl.constexpr, SPLIT: gl.constexpr, LSE: gl.constexpr):
+                   V_RES: gl.constexpr, SPLIT: gl.constexpr, LSE: gl.constexpr, K_COLS: gl.constexpr):
         NCONS: gl.constexpr = 3  # = CONSUMERS: one warp_specialize partition per warpgroup below
         ONES_N: gl.constexpr = 8  # columns of the row-sum MMA: the smallest N of a warpgroup MMA
         ROWS: gl.constexpr = q_desc.block_type.shape[0]
@@ -435,9 +436,9 @@ if AVAILABLE:
             gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                       is_pure=False, pack=1)
         gl.warp_specialize([
-            (_warpgroup0, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE)),
-            (_warpgroup1, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE)),
-            (_warpgroup2, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE)),
+            (_warpgroup0, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE, K_COLS)),
+            (_warpgroup1, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE, K_COLS)),
+            (_warpgroup2, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE, K_COLS)),
         ], [4, 4], [REGISTERS, REGISTERS])
 
     @gluon.jit
@@ -447,12 +448,12 @@ if AVAILABLE:
         stride_ob, stride_oh, stride_om,
         H, H_KV, LQ, LK, D,
         P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr,
-        REGISTERS: gl.constexpr, V_RES: gl.constexpr,
+        REGISTERS: gl.constexpr, V_RES: gl.constexpr, K_COLS: gl.constexpr,
     ):
         """CTA i: query rows 192·(i mod ceil(LQ/192)) of head i div ceil(LQ/192), every key."""
         _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, TileBias, Out, stride_ob, stride_oh, stride_om,
                    H, H_KV, LQ, LK, D, 0, 1, QS, QS, QS, QS, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, REGISTERS, V_RES,
-                   False, LSE_NONE)
+                   False, LSE_NONE, K_COLS)
 
     @gluon.jit
     def shared_kv_split_kernel(
@@ -461,7 +462,7 @@ if AVAILABLE:
         H, H_KV, LQ, LK, D,
         n_whole, splits, Flags, ML,
         P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr,
-        REGISTERS: gl.constexpr, V_RES: gl.constexpr,
+        REGISTERS: gl.constexpr, V_RES: gl.constexpr, K_COLS: gl.constexpr,
     ):
         """The CTAs from ``n_whole`` on, each cut into ``splits`` key shares (``tail_split``): program i is
         share i mod splits of CTA n_whole + i div splits, i the ticket it takes as it starts; the shares of
@@ -469,7 +470,7 @@ if AVAILABLE:
         per warpgroup of each tail CTA; ``ML``: fp32 row max and sum)."""
         _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, TileBias, Out, stride_ob, stride_oh, stride_om,
                    H, H_KV, LQ, LK, D, n_whole, splits, Flags, ML, QS, QS, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN,
-                   REGISTERS, V_RES, True, LSE_NONE)
+                   REGISTERS, V_RES, True, LSE_NONE, K_COLS)
 
     def descriptors(q8, k8, v_t):
         """TMA descriptors over the quantized tensors as 2-D views: q8, k8 int8 (B*H, L, D_PAD), v_t

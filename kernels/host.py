@@ -165,7 +165,8 @@ def _forward(inputs: list, layout, is_causal, sm_scale, attn_mask, return_lse, c
         B, H, H_KV, LQ, LK, D = plan.dims
         if hopper_host.run_shared_kv(qz.q8, qz.qs, qz.k8, qz.ks, qz.v_op, qz.v_scale, qz.v_mean, qz.v_tile_bias,
                                      plan.oh, (H, H_KV, LQ, LK, D), math.log2(qz.p_scale), cfg.v_residual,
-                                     plan.shared_kv, plan.pdl, lse=plan.lse if return_lse else None, qbias=qz.qbias):
+                                     plan.shared_kv, plan.pdl, lse=plan.lse if return_lse else None, qbias=qz.qbias,
+                                     k_cols=not plan.k_scalar):
             return plan
     _launch_attention(plan, qz, cfg, is_causal, attn_mask, return_lse)
     return plan
