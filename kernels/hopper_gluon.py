@@ -10,8 +10,9 @@ slower than three free-running ones, bench/NOTES.md), with the same registers as
 portable kernel (168, so 3 × 128 threads fill the register file).
 
 The math is the portable kernel's, in the same order: INT8 Q·Kᵀ with one K scale per tile, integer
-row max, one FMA per logit into exp2, P rounded to fp8 and relabelled into MMA operand order
-(``quant.mma_operand_order``; V is stored that way), a fresh fp32 P·V accumulator per tile added into
+row max, one FMA per logit into exp2 (per-token K scales: one multiply more, ``hopper_logits``), P
+rounded to fp8 and relabelled into MMA operand order (``quant.mma_operand_order``; V is stored that
+way), a fresh fp32 P·V accumulator per tile added into
 the running output. One difference: the softmax's row sums come from the tensor cores (an MMA of the
 fp8 P with a block of ones), which takes 64 adds and two shuffles per thread and tile off the
 softmax (bench/NOTES.md). They sum the fp8-rounded P that the numerator uses, so outputs
@@ -23,9 +24,10 @@ runs its CTAs in key shares instead, which merge their rows into the output in t
 
 Scope: FP8 P·V (with fp8+residual, a second MMA with V's rounding error into the same tile sum) or
 INT8 P·V (P shifted by each tile's own row max and rounded to 0..255, exact int32 sums scaled back),
-head_dim padded to 128 and a multiple of 8 (16-byte output stores), per-tile K scales, no mask, not
-causal. With the LSE (ring attention's every step), ``hopper_lse``'s twins of both kernels also store
-each row's natural-log log-sum-exp (the last key share of a split CTA, once merged). It wins from
+head_dim padded to 128 and a multiple of 8 (16-byte output stores), K scales per tile or per token
+(``K_COLS``: per_thread, the drop-in's default), no mask, not causal. With the LSE (ring attention's
+every step), ``hopper_lse``'s twins of both kernels also store each row's natural-log log-sum-exp
+(the last key share of a split CTA, once merged). It wins from
 4,608 query tokens (bench/results/sm90_gluon_min_len_ab2.json); ``api`` sends it nothing
 else. Gluon ships inside the triton package (3.5+); without it ``AVAILABLE`` is False and the portable
 kernel runs.
