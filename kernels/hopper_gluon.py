@@ -122,7 +122,7 @@ if AVAILABLE:
         mbarrier.wait(kv_ready.index(st), (i // STAGES) & 1)
         s = warpgroup_mma_wait(0, deps=(warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s, use_acc=False,
                                                       is_async=True),))
-        x, t_max, m = tile_logits(s, qs, ks_base, i, key0, LK, MASKED, K_COLS, PV_INT8)
+        x, t_max, m = tile_logits(s, qs, ks_base, i, key0, LK, MASKED, K_COLS)
         m_new = gl.maximum(m_i, t_max)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
         if PV_INT8:
@@ -133,7 +133,7 @@ if AVAILABLE:
         else:
             shift = m_use
             alpha = gl.exp2(m_i - m_use)
-        if MASKED:
+        if MASKED and not K_COLS:
             arg = x - (shift - P_LOG2)[:, None]
         else:
             arg = x.to(gl.float32) * m[:, None] - (shift - P_LOG2)[:, None]
@@ -228,7 +228,8 @@ if AVAILABLE:
 
         offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
         # Q scales already hold sm_scale·log2(e): logits come out in base-2 units.
-        qs = gl.load(QS + bh.to(gl.int64) * LQ + offs_m, mask=offs_m < LQ, other=0.0)
+        # Rows past LQ (never stored) take 1 with K_COLS: the masked tile's -inf logits times 0 would be NaN.
+        qs = gl.load(QS + bh.to(gl.int64) * LQ + offs_m, mask=offs_m < LQ, other=1.0 if K_COLS else 0.0)
         if K_COLS:  # a scale per key (B·H_KV, LK)
             ks_base = KS + bhk.to(gl.int64) * LK + t0 * BN
         else:  # a scale per tile (B·H_KV, n_tiles)

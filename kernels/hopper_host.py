@@ -18,12 +18,13 @@ from .triton_compat import sm90_ptxas_scope
 def uses_long_sequence_kernel(cfg: KernelConfig, q_len: int, head_dim: int, masked: bool, is_causal: bool,
                               return_lse: bool) -> bool:
     """Whether ``cfg`` sends a call to Hopper's Gluon kernel (where this Triton can build it): long
-    enough, unmasked, not causal, 8-bit P·V through tensor descriptors, one K scale per tile or per key
-    (per_thread: ``hopper_logits``), its fixed tiles; with or without the LSE (``return_lse`` is kept for
-    callers)."""
+    enough, unmasked, not causal, 8-bit P·V through tensor descriptors, one K scale per tile (or per key
+    with FP8 P·V: per_thread, ``hopper_logits``), its fixed tiles; with or without the LSE (``return_lse``
+    is kept for callers)."""
     d_pad = head_dim_padded(head_dim)
     return bool(cfg.shared_kv_min_len and q_len >= cfg.shared_kv_min_len and not masked and not is_causal
-                and cfg.group_sizes()[1] in (1, cfg.block_n) and cfg.pv_precision in ("fp8", "int8")
+                and (cfg.group_sizes()[1] == cfg.block_n or (cfg.group_sizes()[1] == 1 and cfg.pv_precision == "fp8"))
+                and cfg.pv_precision in ("fp8", "int8")
                 and cfg.use_tma and d_pad == hopper_gluon.HEAD_DIM and head_dim % 8 == 0
                 and cfg.block_n == hopper_gluon.BLOCK_N and cfg.block_m == hopper_gluon.ROWS)
 
