@@ -1,0 +1,79 @@
+"""Per-token K scales in Hopper's long-sequence kernel (``kernels/hopper_logits.py``, ``K_COLS``), checked without
+a GPU: per_thread calls (the drop-in's default, ``sageattn_qk_int8_pv_fp8_cuda_sm90`` as yunchang calls it) are
+sent to the Gluon kernel with a scale per key, and its per-token variant (plain and LSE twin, whole and split
+kernels) cross-compiles for sm90 with the plain kernels' registers and its own matrix instructions. The numbers
+are bench/gpu_check.py's (``--only kcols``) on an H200; the speed, bench/bench_dropin.py's."""
+import pytest
+from compile_child import compile_in_child
+from sagetriton.kernels.arch import ArchInfo, resolve_config
+from sagetriton.kernels.hopper_host import uses_long_sequence_kernel
+
+HOPPER = ArchInfo("nvidia", "sm90", "hopper", fp8="e4m3fn")
+
+
+def test_per_thread_fp8_calls_on_hopper_take_the_long_sequence_kernel():
+    cfg = resolve_config(HOPPER, 128, "per_thread", pv_precision="fp8")[0]
+    assert cfg.group_sizes() == (1, 1) and cfg.shared_kv_min_len == 4608
+    n = cfg.shared_kv_min_len
+    for lse in (False, True):
+        assert uses_long_sequence_kernel(cfg, n, 128, False, False, lse)
+        assert uses_long_sequence_kernel(cfg, n + 77, 96, False, False, lse)  # head_dim 96, padded to 128
+    # What the kernel does not do stays on the portable kernel: masks, causal, short, 64-wide heads.
+    assert not uses_long_sequence_kernel(cfg, n - 1, 128, False, False, False)
+    assert not uses_long_sequence_kernel(cfg, n, 128, True, False, False)
+    assert not uses_long_sequence_kernel(cfg, n, 128, False, True, False)
+    assert not uses_long_sequence_kernel(cfg.replace(shared_kv_min_len=n), n, 64, False, False, False)
+    residual = resolve_config(HOPPER, 128, "per_thread", pv_precision="fp8+residual")[0]
+    assert uses_long_sequence_kernel(residual, n, 128, False, False, False)
+    # INT8 P·V with a scale per key: portable (its per-token Gluon build spilled 171 times, hopper_logits).
+    int8 = resolve_config(HOPPER, 128, "per_thread", pv_precision="int8")[0]
+    assert not uses_long_sequence_kernel(int8, n, 128, False, False, False)
+    assert uses_long_sequence_kernel(resolve_config(HOPPER, 128, "per_warp", pv_precision="int8")[0], n, 128,
+                                     False, False, False)
+
+
+_ROUTE_SCRIPT = """
+import json
+from sagetriton_import import import_pack
+import_pack()
+import torch
+from sagetriton.installer import crosscompile as cc
+from sagetriton.kernels import api, hopper_gluon, tail_split
+from sagetriton.kernels import sageattention_compat as sa
+hopper = cc.parse_target("sm90").arch_info()
+api.arch_for_device = lambda device: hopper  # what an H200 reports for the inputs' device
+api._resolved_config.cache_clear()
+n = 4608 + 77
+heads = tail_split.heads_with_split_tail(*hopper_gluon.grid(n, n), api.sm_count(torch.device("meta")))
+q = torch.empty((1, n, heads, 128), dtype=torch.bfloat16, device="meta")
+out = {"gluon": hopper_gluon.AVAILABLE, "heads": heads, "n": n}
+if hopper_gluon.AVAILABLE:
+    for name, kw in (("sageattn_qk_int8_pv_fp8_cuda_sm90", {"pv_accum_dtype": "fp32+fp32"}),
+                     ("sageattn_qk_int8_pv_fp8_cuda", {"pv_accum_dtype": "fp32+fp32"}), ("sageattn", {})):
+        for lse in (False, True):
+            with cc.record_launches() as specs:
+                getattr(sa, name)(q, q, q, tensor_layout="NHD", return_lse=lse, **kw)
+            out[name + ("/lse" if lse else "")] = [
+                [s["name"], s["constexprs"].get("K_COLS"), list(s["args"][4].shape)]  # KS follows the descriptors
+                for s in specs if s["name"].startswith("shared_kv")]
+print(json.dumps(out))
+"""
+
+
+def test_dropin_per_thread_names_launch_the_per_token_gluon_kernels():
+    """The drop-in's per_thread names, called as yunchang calls them on an H200 (NHD, with and without the LSE),
+    launch the Gluon kernel's whole and split CTAs with a K scale per key (B·H_KV, LK); ``sageattn`` (per_warp)
+    keeps one per 128-key tile. Recorded on meta tensors in a child without the interpreter (nothing is run)."""
+    r = compile_in_child(_ROUTE_SCRIPT, timeout=300)
+    if not r["gluon"]:
+        pytest.skip("this Triton has no Gluon")
+    heads, n = r["heads"], r["n"]
+    per_key, per_tile = [heads, n], [heads, -(-n // 128)]
+    for name in ("sageattn_qk_int8_pv_fp8_cuda_sm90", "sageattn_qk_int8_pv_fp8_cuda"):
+        assert r[name] == [["shared_kv_attention_kernel", True, per_key], ["shared_kv_split_kernel", True, per_key]]
+        assert r[name + "/lse"] == [["shared_kv_attention_lse_kernel", True, per_key],
+                                    ["shared_kv_split_lse_kernel", True, per_key]]
+    assert r["sageattn"] == [["shared_kv_attention_kernel", False, per_tile],
+                             ["shared_kv_split_kernel", False, per_tile]]
+    assert r["sageattn/lse"] == [["shared_kv_attention_lse_kernel", False, per_tile],
+                                 ["shared_kv_split_lse_kernel", False, per_tile]]
