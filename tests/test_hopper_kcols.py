@@ -77,3 +77,63 @@ def test_dropin_per_thread_names_launch_the_per_token_gluon_kernels():
                              ["shared_kv_split_kernel", False, per_tile]]
     assert r["sageattn/lse"] == [["shared_kv_attention_lse_kernel", False, per_tile],
                                  ["shared_kv_split_lse_kernel", False, per_tile]]
+
+
+_BUILD_SCRIPT = """
+import json, re, sys
+from sagetriton_import import import_pack
+import_pack()
+import torch
+from sagetriton.installer import crosscompile as cc
+from sagetriton.kernels import api, hopper_gluon, tail_split
+from sagetriton.kernels.arch import resolve_config
+target = cc.parse_target("sm90")
+out = {"gluon": hopper_gluon.AVAILABLE}
+if hopper_gluon.AVAILABLE:
+    for variant in sys.argv[1:]:
+        cfg = resolve_config(target.arch_info(), 128, "per_thread", pv_precision=variant)[0]
+        n = cfg.shared_kv_min_len + 77  # a partial last key tile: the masked tile with a scale per key
+        heads = tail_split.heads_with_split_tail(*hopper_gluon.grid(n, n), api.sm_count(torch.device("meta")))
+        q = torch.empty((1, heads, n, 128), dtype=torch.bfloat16, device="meta")
+        out[variant] = {}
+        for lse in (False, True):
+            with cc.record_launches() as specs:
+                api.attention_forward(q, q, q, "HND", False, None, None, lse, cfg, True, False)
+            for spec in specs:
+                if spec["name"].startswith("shared_kv"):
+                    use = cc._compile_one(dict(spec, name=spec["name"].replace("_lse", "")), target)
+                    asm = use.pop("asm")
+                    out[variant][spec["name"]] = dict(use, k_cols=spec["constexprs"]["K_COLS"],
+                                                      mma=sorted(set(cc.matrix_instructions(asm, "cuda"))))
+print(json.dumps(out))
+"""
+# Spill instructions (local loads + stores) the per-token kernels may have, Triton 3.8 (SASS read): 43-92, nearly
+# all once per CTA around the masked last tile and the epilogue; in the key loop 1-4 stores and 3-6 loads of
+# loop-invariant scalars per tile, against 520-617 instructions (the per-tile kernels: none, 16 in the split LSE).
+KCOLS_SPILLS = 96
+KCOLS_SPILL_STORES = 48
+
+
+@pytest.fixture(scope="module")
+def kcols_builds():  # (slow: cross-compiled in a child)
+    r = compile_in_child(_BUILD_SCRIPT, ["fp8", "fp8+residual"])
+    if not r["gluon"]:
+        pytest.skip("this Triton has no Gluon")
+    return r
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["fp8", "fp8+residual"])
+def test_per_token_gluon_kernels_build_for_sm90_in_registers(kcols_builds, variant):
+    import re
+
+    r = kcols_builds[variant]
+    assert set(r) == {"shared_kv_attention_kernel", "shared_kv_split_kernel", "shared_kv_attention_lse_kernel",
+                      "shared_kv_split_lse_kernel"}, sorted(r)
+    for name, use in r.items():
+        assert use["k_cols"] is True, name
+        # INT8 Q·Kᵀ and fp8 P·V on the warpgroup tensor cores, 168 registers (three warpgroups per SM).
+        assert any(re.search(r"^wgmma\.mma_async.*\.s8\.s8", i) for i in use["mma"]), (name, use["mma"])
+        assert any(re.search(r"^wgmma\.mma_async.*\.e4m3\.e4m3", i) for i in use["mma"]), (name, use["mma"])
+        assert 0 < use["registers"] <= 168 and 0 < use["shared"] <= 227 * 1024, (name, use)
+        assert use.get("spills", 0) <= KCOLS_SPILLS and use.get("spill_stores", 0) <= KCOLS_SPILL_STORES, (name, use)
