@@ -4,8 +4,8 @@ With one K scale per 128-key tile (per_block, per_warp) the row max is taken on 
 each logit is scaled inside the exp2's FMA: no multiply of its own. With one K scale per key (per_thread:
 per-token Q and K scales, ``K_COLS``) the tile's 128 scales are a column vector, loaded once per tile and
 warpgroup; the sums are multiplied by them (one FMUL per logit), the row max is taken on those floats (an
-FMNMX per logit where the integer max took about 0.4 instructions), and Q's row scale (positive, so it
-keeps the max where it is) goes into the max afterwards and into each logit's exp2 FMA as before.
+FMNMX per logit where the three-input integer max took 0.7), and Q's row scale (positive, so it keeps the
+max where it is) goes into the max afterwards and into each logit's exp2 FMA as before (bench/NOTES.md).
 """
 from __future__ import annotations
 
