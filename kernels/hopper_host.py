@@ -31,7 +31,8 @@ def uses_long_sequence_kernel(cfg: KernelConfig, q_len: int, head_dim: int, mask
 
 
 # Why the Gluon kernel could not run here (then never tried again), and the same for its LSE twins alone (calls
-# without the LSE keep it): ``failures.memory.gluon`` and ``.gluon_lse``.
+# without the LSE keep it) and its variant with a K scale per key alone (per-tile calls keep it):
+# ``failures.memory.gluon``, ``.gluon_lse`` and ``.gluon_kcols``.
 _memory = failures.memory
 
 
@@ -41,8 +42,9 @@ def shared_kv_error() -> Optional[str]:
 
 
 def errors() -> tuple:
-    """(the Gluon kernel's error, its LSE twins' error) in this process, None where they work."""
-    return _memory.gluon, _memory.gluon_lse
+    """(the Gluon kernel's error, its LSE twins' error, its per-key K scales variant's error) in this process,
+    None where they work."""
+    return _memory.gluon, _memory.gluon_lse, _memory.gluon_kcols
 
 
 def shared_kv_plan(n_heads: int, LQ: int, LK: int, device):
@@ -99,6 +101,11 @@ def run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, v_tile_bias, oh, dims, p
     except Exception as e:  # noqa: BLE001 - a compiler error must not break the user's run
         if launch.hook is not None:  # the cross-compile check must see the error
             raise
+        if k_cols:  # per_thread calls take the portable kernel; per-tile ones keep this one
+            _memory.gluon_kcols = root_cause(e)
+            logger.warning("Hopper Gluon kernel with per-token K scales unavailable with this Triton (%s); the "
+                           "portable kernel runs per_thread calls instead", _memory.gluon_kcols)
+            return False
         if lse is not None:
             _memory.gluon_lse = root_cause(e)
             logger.warning("Hopper Gluon kernel with the LSE unavailable with this Triton (%s); the portable kernel "

@@ -137,3 +137,38 @@ def test_per_token_gluon_kernels_build_for_sm90_in_registers(kcols_builds, varia
         assert any(re.search(r"^wgmma\.mma_async.*\.e4m3\.e4m3", i) for i in use["mma"]), (name, use["mma"])
         assert 0 < use["registers"] <= 168 and 0 < use["shared"] <= 227 * 1024, (name, use)
         assert use.get("spills", 0) <= KCOLS_SPILLS and use.get("spill_stores", 0) <= KCOLS_SPILL_STORES, (name, use)
+
+
+def test_a_failing_per_token_build_leaves_the_per_tile_kernel_on(monkeypatch):
+    """If this Triton cannot build the per-key variant, per_thread calls take the portable kernel (their plan
+    leaves the Gluon kernel out), and per-tile calls keep the Gluon kernel: never one failure turning it off for
+    every call."""
+    import torch
+    from sagetriton.kernels import failures, hopper_gluon, hopper_host, host
+
+    if not hopper_gluon.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    monkeypatch.setattr(hopper_gluon, "descriptors", lambda *a: (None, None, None))
+    for slot in ("gluon", "gluon_lse", "gluon_kcols"):
+        monkeypatch.setattr(failures.memory, slot, None)
+
+    def failing(kernel, grid, args, consts, **kw):
+        raise RuntimeError(f"cannot build {kernel.__name__} K_COLS={consts['K_COLS']}")
+
+    monkeypatch.setattr(hopper_host, "_launch", failing)
+    t = torch.zeros(1)
+    plan = (1, 1, 0, None, None)
+    args = (t, t, t, t, t, None, None, None, torch.zeros(1, 1, 8, 8), (1, 1, 8, 8, 8), 8.0, False, plan)
+    for lse, kernel in ((None, "shared_kv_attention_kernel"), (torch.zeros(1, 1, 8), "shared_kv_attention_lse_kernel")):
+        assert hopper_host.run_shared_kv(*args, lse=lse, k_cols=True) is False
+        assert failures.memory.gluon_kcols.endswith(f"cannot build {kernel} K_COLS=True")
+        assert failures.memory.gluon is None and failures.memory.gluon_lse is None
+
+    # Where the plan is made: per_thread calls no longer choose the Gluon kernel, per_warp calls still do.
+    chosen = []
+    monkeypatch.setattr(hopper_host, "shared_kv_plan", lambda *a: chosen.append(a) or ("a plan",))
+    q = torch.zeros(1, 2, 4608, 128)
+    for gran in ("per_thread", "per_warp"):
+        cfg = resolve_config(HOPPER, 128, gran, pv_precision="fp8")[0]
+        planned = host._plan_call(q, q, q, "HND", False, None, None, False, cfg, None, defer_out=True)
+        assert (planned.shared_kv is not None) == (gran == "per_warp"), gran
