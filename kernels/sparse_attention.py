@@ -4,8 +4,9 @@ online softmax, FP8/INT8/16-bit P·V) over each query block's exact key blocks o
 One program per 64-row query block and head. Its online softmax starts from the pooled tail the
 router left for the block (``sparse_route.route_kernel``: the rejected blocks' max, sum and P·V, the
 same for all 64 rows), moved into the kernel's units (P scaled by 2^P_LOG2, V by its per-channel
-scale), then runs the exact blocks in ascending order from the router's list. Only the last key
-block can be shorter than 64 tokens; it runs through the bounds-checked tile, the rest unchecked.
+scale), then runs the exact blocks in ascending order from the router's list, two per step
+(``sparse_tile.attn_pair``), an odd count's last one alone. Only the last key block can be shorter
+than 64 tokens; it runs through the bounds-checked tile, the rest unchecked.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import triton.language as tl
 
 from .attention import HOT_LOGIT_LIMIT, HOT_LOGIT_LIMIT_FP8, PV_FP8_C, PV_INT8_C, _attn_tile, finish_rows
 from .quant import gdc_wait
+from .sparse_tile import attn_pair
 
 
 @triton.jit
@@ -73,8 +75,14 @@ def sparse_attention_kernel(
     ragged = (L % BLOCK_N) != 0
     if ragged:  # the short last key block, if listed, is the list's last entry
         n_full = cnt - (tl.load(list_base + cnt - 1).to(tl.int32) == NB - 1).to(tl.int32)
-    for t in range(0, n_full):
-        start_n = tl.load(list_base + t).to(tl.int32) * BLOCK_N
+    # Two listed blocks per step (one row max and one rescale per 128 keys), an odd count's last one alone.
+    for t in range(0, n_full - 1, 2):
+        acc, l_i, m_i, sh_i = attn_pair(
+            acc, l_i, m_i, sh_i, q, qs, tl.load(list_base + t).to(tl.int32) * BLOCK_N,
+            tl.load(list_base + t + 1).to(tl.int32) * BLOCK_N, k_base, ks_base, v_base, tb_base, KDesc, VDesc, bhk,
+            stride_vn, stride_vd, D, D_PAD, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER, K_TMA, V_TMA, V_T, V_RES)
+    if n_full % 2 != 0:
+        start_n = tl.load(list_base + n_full - 1).to(tl.int32) * BLOCK_N
         acc, l_i, m_i, sh_i = _attn_tile(
             acc, l_i, m_i, sh_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, tb_base, Q8, KDesc, VDesc, bhk,
             stride_vn, stride_vd, 0, 0, L, L, D,
