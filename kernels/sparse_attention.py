@@ -4,8 +4,8 @@ online softmax, FP8/INT8/16-bit P·V) over each query block's exact key blocks o
 One program per 64-row query block and head. Its online softmax starts from the pooled tail the
 router left for the block (``sparse_route.route_kernel``: the rejected blocks' max, sum and P·V, the
 same for all 64 rows), moved into the kernel's units (P scaled by 2^P_LOG2, V by its per-channel
-scale), then runs the exact blocks in ascending order from the router's list, two per step
-(``sparse_tile.attn_pair``), an odd count's last one alone. Only the last key block can be shorter
+scale), then runs the exact blocks in ascending order from the router's list, with PAIRS two per
+step (``sparse_tile.attn_pair``) and an odd count's last one alone. Only the last key block can be shorter
 than 64 tokens; it runs through the bounds-checked tile, the rest unchecked.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ def sparse_attention_kernel(
     BLOCK_M: tl.constexpr, D_PAD: tl.constexpr, PV_MODE: tl.constexpr, P_LOG2: tl.constexpr,
     HAS_VSCALE: tl.constexpr, HAS_QBIAS: tl.constexpr, K_SCALAR: tl.constexpr, RETURN_LSE: tl.constexpr,
     EVEN_D: tl.constexpr, INTERPRETER: tl.constexpr, K_TMA: tl.constexpr, V_TMA: tl.constexpr,
-    V_T: tl.constexpr, V_RES: tl.constexpr, PDL: tl.constexpr,
+    V_T: tl.constexpr, V_RES: tl.constexpr, PDL: tl.constexpr, PAIRS: tl.constexpr,
 ):
     if PDL:
         gdc_wait()
@@ -75,14 +75,18 @@ def sparse_attention_kernel(
     ragged = (L % BLOCK_N) != 0
     if ragged:  # the short last key block, if listed, is the list's last entry
         n_full = cnt - (tl.load(list_base + cnt - 1).to(tl.int32) == NB - 1).to(tl.int32)
-    # Two listed blocks per step (one row max and one rescale per 128 keys), an odd count's last one alone.
-    for t in range(0, n_full - 1, 2):
-        acc, l_i, m_i, sh_i = attn_pair(
-            acc, l_i, m_i, sh_i, q, qs, tl.load(list_base + t).to(tl.int32) * BLOCK_N,
-            tl.load(list_base + t + 1).to(tl.int32) * BLOCK_N, k_base, ks_base, v_base, tb_base, KDesc, VDesc, bhk,
-            stride_vn, stride_vd, D, D_PAD, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER, K_TMA, V_TMA, V_T, V_RES)
-    if n_full % 2 != 0:
-        start_n = tl.load(list_base + n_full - 1).to(tl.int32) * BLOCK_N
+    # Listed blocks two per step where PAIRS (one row max and one rescale per 128 keys), the rest one by one.
+    pair_end = 0
+    if PAIRS:
+        pair_end = (n_full // 2) * 2
+        for t in range(0, pair_end, 2):
+            acc, l_i, m_i, sh_i = attn_pair(
+                acc, l_i, m_i, sh_i, q, qs, tl.load(list_base + t).to(tl.int32) * BLOCK_N,
+                tl.load(list_base + t + 1).to(tl.int32) * BLOCK_N, k_base, ks_base, v_base, tb_base, KDesc, VDesc,
+                bhk, stride_vn, stride_vd, D, D_PAD, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER, K_TMA, V_TMA,
+                V_T, V_RES)
+    for t in range(pair_end, n_full):
+        start_n = tl.load(list_base + t).to(tl.int32) * BLOCK_N
         acc, l_i, m_i, sh_i = _attn_tile(
             acc, l_i, m_i, sh_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, tb_base, Q8, KDesc, VDesc, bhk,
             stride_vn, stride_vd, 0, 0, L, L, D,

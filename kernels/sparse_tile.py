@@ -12,8 +12,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .attention import INT8_SHIFT_FLOOR, PV_16BIT_C, PV_16BIT_TILE_C, PV_FP8_C, PV_INT8_C, _load_v, exact_p_base, \
-    int8_p_shift
+from .attention import (
+    INT8_SHIFT_FLOOR,
+    PV_16BIT_C,
+    PV_16BIT_TILE_C,
+    PV_FP8_C,
+    PV_INT8_C,
+    _load_v,
+    exact_p_base,
+    int8_p_shift,
+)
 from .quant import P_OFFSET, mma_operand_order, round_p_offset_int8, to_fp8
 
 
