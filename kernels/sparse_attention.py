@@ -75,23 +75,28 @@ def sparse_attention_kernel(
     ragged = (L % BLOCK_N) != 0
     if ragged:  # the short last key block, if listed, is the list's last entry
         n_full = cnt - (tl.load(list_base + cnt - 1).to(tl.int32) == NB - 1).to(tl.int32)
-    # Listed blocks two per step where PAIRS (one row max and one rescale per 128 keys), the rest one by one.
-    pair_end = 0
+    # Listed blocks two per step where PAIRS (one row max and one rescale per 128 keys), an odd count's last
+    # one alone (an if, not a loop from the pairs' end: that loop spilled 2-10 registers on sm90).
     if PAIRS:
-        pair_end = (n_full // 2) * 2
-        for t in range(0, pair_end, 2):
+        for t in range(0, n_full - 1, 2):
             acc, l_i, m_i, sh_i = attn_pair(
                 acc, l_i, m_i, sh_i, q, qs, tl.load(list_base + t).to(tl.int32) * BLOCK_N,
                 tl.load(list_base + t + 1).to(tl.int32) * BLOCK_N, k_base, ks_base, v_base, tb_base, KDesc, VDesc,
                 bhk, stride_vn, stride_vd, D, D_PAD, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER, K_TMA, V_TMA,
                 V_T, V_RES)
-    for t in range(pair_end, n_full):
-        start_n = tl.load(list_base + t).to(tl.int32) * BLOCK_N
-        acc, l_i, m_i, sh_i = _attn_tile(
-            acc, l_i, m_i, sh_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, tb_base, Q8, KDesc, VDesc, bhk,
-            stride_vn, stride_vd, 0, 0, L, L, D,
-            BLOCK_N, D_PAD, False, False, 0, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
-            K_TMA, V_TMA, V_T, V_RES)
+        if n_full % 2 != 0:
+            acc, l_i, m_i, sh_i = _attn_tile(
+                acc, l_i, m_i, sh_i, q, qs, offs_m, tl.load(list_base + n_full - 1).to(tl.int32) * BLOCK_N, k_base,
+                ks_base, v_base, tb_base, Q8, KDesc, VDesc, bhk, stride_vn, stride_vd, 0, 0, L, L, D,
+                BLOCK_N, D_PAD, False, False, 0, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
+                K_TMA, V_TMA, V_T, V_RES)
+    else:
+        for t in range(0, n_full):
+            acc, l_i, m_i, sh_i = _attn_tile(
+                acc, l_i, m_i, sh_i, q, qs, offs_m, tl.load(list_base + t).to(tl.int32) * BLOCK_N, k_base,
+                ks_base, v_base, tb_base, Q8, KDesc, VDesc, bhk, stride_vn, stride_vd, 0, 0, L, L, D,
+                BLOCK_N, D_PAD, False, False, 0, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
+                K_TMA, V_TMA, V_T, V_RES)
     if n_full < cnt:
         acc, l_i, m_i, sh_i = _attn_tile(
             acc, l_i, m_i, sh_i, q, qs, offs_m, (NB - 1) * BLOCK_N, k_base, ks_base, v_base, tb_base, Q8, KDesc,

@@ -42,9 +42,9 @@ def sparse_config(cfg: KernelConfig) -> KernelConfig:
 
 def exact_pairs(cfg: KernelConfig, k_scalar: bool) -> bool:
     """Whether the attention kernel runs its listed blocks two per step (``sparse_tile.attn_pair``):
-    ``TUNING``'s choice, else where the 128-key step was cross-compiled in registers: Hopper (its MMAs
-    read K and V from shared memory), one K scale per block, 8-bit P·V. Per-token K scales spill there
-    (105-222 spill instructions), and the register-operand MMAs of sm89 and RDNA4 spill too."""
+    ``TUNING``'s choice, else Hopper with one K scale per block and 8-bit P·V, where the 128-key step
+    cross-compiles in its 168 registers (its MMAs read K and V from shared memory; per-token K scales
+    spill there). Elsewhere not measured; cross-compiled in bench/NOTES.md ("Sparse attention, pairs")."""
     if TUNING["attn_pairs"] is not None:
         return bool(TUNING["attn_pairs"])
     return cfg.use_tma and k_scalar and cfg.pv_precision in ("fp8", "int8")
