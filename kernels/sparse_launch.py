@@ -44,7 +44,7 @@ def exact_pairs(cfg: KernelConfig, k_scalar: bool) -> bool:
     """Whether the attention kernel runs its listed blocks two per step (``sparse_tile.attn_pair``):
     ``TUNING``'s choice, else Hopper with one K scale per block and 8-bit P·V, where the 128-key step
     cross-compiles in its 168 registers (its MMAs read K and V from shared memory; per-token K scales
-    spill there). Elsewhere not measured; cross-compiled in bench/NOTES.md ("Sparse attention, pairs")."""
+    spill there). Elsewhere not measured: bench/NOTES.md, "Sparse attention", "Pairs, second form"."""
     if TUNING["attn_pairs"] is not None:
         return bool(TUNING["attn_pairs"])
     return cfg.use_tma and k_scalar and cfg.pv_precision in ("fp8", "int8")
