@@ -4,9 +4,8 @@ online softmax, FP8/INT8/16-bit P·V) over each query block's exact key blocks o
 One program per 64-row query block and head. Its online softmax starts from the pooled tail the
 router left for the block (``sparse_route.route_kernel``: the rejected blocks' max, sum and P·V, the
 same for all 64 rows), moved into the kernel's units (P scaled by 2^P_LOG2, V by its per-channel
-scale), then runs the exact blocks in ascending order from the router's list, with PAIRS two per
-step (``sparse_tile.attn_pair``) and an odd count's last one alone. Only the last key block can be shorter
-than 64 tokens; it runs through the bounds-checked tile, the rest unchecked.
+scale), then runs the exact blocks in ascending order from the router's list. Only the last key
+block can be shorter than 64 tokens; it runs through the bounds-checked tile, the rest unchecked.
 """
 from __future__ import annotations
 
