@@ -46,7 +46,8 @@ def main(argv=None):
     for L in map(int, args.lengths.split(",")):
         q, k, v = (torch.randn(1, L, args.heads, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         for lse in (False, True):
-            t = per_kernel(lambda lse=lse: ours.sageattn(q, k, v, tensor_layout="NHD", return_lse=lse), args.calls)
+            t = per_kernel(lambda lse=lse, q=q, k=k, v=v: ours.sageattn(q, k, v, tensor_layout="NHD", return_lse=lse),
+                           args.calls)
             total = sum(t.values())
             print(f"L={L} H={args.heads} return_lse={lse}: GPU {total * 1000:.1f} us per call")
             for name, ms in t.items():

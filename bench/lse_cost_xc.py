@@ -18,7 +18,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)
-from common import import_pack  # noqa: E402
+from common import environment, import_pack  # noqa: E402
 
 import_pack()
 import torch  # noqa: E402
@@ -135,7 +135,8 @@ def main() -> None:
             for lp in row["loops"]:
                 print("    loop " + " ".join(f"{k} {v}" for k, v in lp.items() if k != "label"), flush=True)
     if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
+        Path(args.out).write_text(json.dumps({"environment": environment(), "target": "sm90", "length": args.length,
+                                              "kernels": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
