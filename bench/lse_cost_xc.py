@@ -8,6 +8,7 @@ instructions, shared-memory and global accesses, barriers and shuffles. Runs on 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import re
@@ -101,6 +102,25 @@ def loops(sass: str) -> list:
     return sorted(found, key=lambda r: -r["instructions"])
 
 
+# Register moves ptxas encodes either way: one opcode for the order comparison.
+_MOVES = re.compile(r"^(MOV|IMAD\.MOV\.U32|IMAD\.U32)$")
+
+
+def loop_ops(sass: str, label: str) -> list:
+    """Opcodes (register moves as one) of the loop that starts at ``label``, in program order."""
+    ins = instructions(sass)
+    start = next(i for i, (lab, _) in enumerate(ins) if lab == label)
+    end = max(i for i, (_, op) in enumerate(ins)
+              if op and i > start and re.match(r"^BRA\s+`?\(?" + re.escape(label) + r"\b", op))
+    return ["MOV" if _MOVES.match(op.split()[0]) else op.split()[0] for _, op in ins[start:end + 1] if op]
+
+
+def out_of_order(ops: list, plain: list) -> int:
+    """Opcodes of ``ops`` outside its longest common subsequence with ``plain`` (0: the same loop, in order)."""
+    blocks = difflib.SequenceMatcher(None, ops, plain, autojunk=False).get_matching_blocks()
+    return len(ops) - sum(b.size for b in blocks)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--length", type=int, default=8192)
@@ -127,14 +147,26 @@ def main() -> None:
                 name = re.sub(r"[^\w=]+", "_", label)
                 (Path(args.sass) / f"{name}.sass").write_text(sass)
             ops = [o for _, o in instructions(sass) if o]
+            # The key (or tile) loops: the innermost loops that hold an MMA, one per warpgroup partition.
+            mma_loops = sorted((lp for lp in loops(sass) if lp["mma"]), key=lambda lp: lp["instructions"])
             row = {"kernel": label, "lse_call": lse, **res, "instructions": len(ops), **classes(ops),
-                   "loops": loops(sass)}
+                   "loops": mma_loops[:3 if label.startswith("shared_kv") else 1]}
+            row["loop_ops"] = [loop_ops(sass, lp["label"]) for lp in row["loops"]]
+            plain = next((r for r in rows if r["kernel"] == label.replace("_lse_kernel", "_kernel")), None)
+            if plain is not None and plain is not row:  # an LSE twin: its loops' order against the plain kernel's
+                row["loop_order_vs_plain"] = [out_of_order(x, y) for x, y in
+                                              zip(row["loop_ops"], plain["loop_ops"], strict=False)]
             rows.append(row)
             print(f"{label:48} regs {res.get('registers', '?'):>3} spills {res.get('spills', '?'):>3} "
                   f"instr {row['instructions']:5} " + " ".join(f"{k} {row[k]}" for k in CLASSES), flush=True)
             for lp in row["loops"]:
                 print("    loop " + " ".join(f"{k} {v}" for k, v in lp.items() if k != "label"), flush=True)
+            if "loop_order_vs_plain" in row:
+                print(f"    opcodes out of the plain kernel's order, per loop: {row['loop_order_vs_plain']}",
+                      flush=True)
     if args.out:
+        for row in rows:
+            del row["loop_ops"]
         Path(args.out).write_text(json.dumps({"environment": environment(), "target": "sm90", "length": args.length,
                                               "kernels": rows}, indent=1) + "\n")
 

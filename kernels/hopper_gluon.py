@@ -261,13 +261,12 @@ if AVAILABLE:
         if v_smem.dtype == gl.int8:  # INT8 P's shift margin holds below HOT_LOGIT_LIMIT: NaN beyond, for the guard
             l_i = gl.where(gl.convert_layout((gl.abs(m_i) >= HOT_LOGIT_LIMIT) & (m_i > float("-inf")), row_o),
                            float("nan"), l_i)
-        if not SPLIT and LSE != LSE_NONE:
-            # Taken before the output's epilogue, one value a row, and stored after it: taken after it, its extra
-            # live values and layout changes moved ptxas's schedule of the main loop; stored before it, Q's bias
-            # load waited alone (bench/NOTES.md, issue 52).
-            unit = sh_i if v_smem.dtype == gl.int8 else m_i  # the row sums' units: 2^(max - P_LOG2), INT8's shift
-            lse, lse_ptrs, lse_ok = _lse_of_rows(Lse, QBias, gl.convert_layout(unit, row_o), l_i, bh, row0, LQ,
-                                                 P_LOG2, LSE == LSE_STORE_QBIAS, True)
+        if not SPLIT and LSE == LSE_STORE_QBIAS:
+            # Q's bias loaded before the output's epilogue, added after it: loaded at the end, its latency held
+            # every warpgroup's exit (bench/NOTES.md, issue 52).
+            qbias = _qbias_rows(QBias, bh, row0, LQ, ROWS)
+        else:
+            qbias = None
         out = finish_rows(acc, l_i, VScale, VMean, bhk, gl.arange(0, D_PAD, layout=col_o), D, HAS_VSCALE,
                           HAS_VMEAN).to(Out.dtype.element_ty)
         if SPLIT or not V_RES:
@@ -287,45 +286,38 @@ if AVAILABLE:
                          (pid // splits) * NCONS + C, pid % splits, splits, (Lse, QBias, bh, row0, LQ), P_LOG2, LSE)
         else:
             gl.store(o_ptrs, out, mask=o_mask)
-            if LSE != LSE_NONE:
-                gl.store(lse_ptrs, lse, mask=lse_ok)
+            if LSE != LSE_NONE:  # the row sums are in units of 2^(max - P_LOG2), INT8's of its last shift
+                unit = sh_i if v_smem.dtype == gl.int8 else m_i
+                _store_lse(Lse, QBias, gl.convert_layout(unit, row_o), l_i, bh, row0, LQ, P_LOG2,
+                           LSE == LSE_STORE_QBIAS, qbias)
 
     @gluon.jit
-    def _lse_rows(m, l_sum, P_LOG2: gl.constexpr):
-        live = l_sum != 0
-        return gl.where(live, (m - P_LOG2 + gl.log2(gl.where(live, l_sum, 1.0))) * 0.6931471805599453, float("-inf"))
+    def _qbias_rows(QBias, bh, row0, LQ, ROWS: gl.constexpr):
+        """Q's K-mean bias for one warpgroup's rows, a row per thread (``_store_lse``'s layout)."""
+        one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        offs = row0 + gl.arange(0, ROWS, layout=one)
+        return gl.load(QBias + bh.to(gl.int64) * LQ + offs, mask=offs < LQ, other=0.0)
 
     @gluon.jit
-    def _lse_rows(m, l_sum, P_LOG2: gl.constexpr):
-        live = l_sum != 0
-        return gl.where(live, (m - P_LOG2 + gl.log2(gl.where(live, l_sum, 1.0))) * 0.6931471805599453, float("-inf"))
-
-    @gluon.jit
-    def _lse_of_rows(Lse, QBias, m, l_sum, bh, row0, LQ, P_LOG2: gl.constexpr, HAS_QBIAS: gl.constexpr,
-                     IN_ROWS: gl.constexpr):
+    def _store_lse(Lse, QBias, m, l_sum, bh, row0, LQ, P_LOG2: gl.constexpr, HAS_QBIAS: gl.constexpr, qbias=None):
         """One warpgroup's rows of the natural-log LSE (B·H, LQ), from the row max (or INT8 shift) ``m`` and
         the row sums in units of 2^(m - P_LOG2), as the portable kernel writes it: -inf for a row with no
-        live key, NaN where the sums are; plus Q's K-mean bias (``QBias``) when K was smoothed. Returns the
-        LSE, its pointers and mask, a row per thread. IN_ROWS: taken in ``l_sum``'s layout (the MMA's, 2 rows a
-        thread), then one layout change; else (a split share's rows, 8 a thread) ``m`` and ``l_sum`` change first."""
+        live key, NaN where the sums are; plus Q's K-mean bias (``QBias``) when K was smoothed (``qbias``: those
+        rows of it, loaded already by ``_qbias_rows``)."""
         ROWS: gl.constexpr = m.type.shape[0]
         one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # a row per thread: few registers at the end
-        if IN_ROWS:
-            lse = gl.convert_layout(_lse_rows(gl.convert_layout(m, l_sum.type.layout), l_sum, P_LOG2), one)
-        else:
-            lse = _lse_rows(gl.convert_layout(m, one), gl.convert_layout(l_sum, one), P_LOG2)
+        m = gl.convert_layout(m, one)
+        l_sum = gl.convert_layout(l_sum, one)
         offs = row0 + gl.arange(0, ROWS, layout=one)
+        live = l_sum != 0
+        lse = gl.where(live, (m - P_LOG2 + gl.log2(gl.where(live, l_sum, 1.0))) * 0.6931471805599453, float("-inf"))
         ok = offs < LQ
         base = bh.to(gl.int64) * LQ
         if HAS_QBIAS:
-            lse += gl.load(QBias + base + offs, mask=ok, other=0.0)
-        return lse, Lse + base + offs, ok
-
-    @gluon.jit
-    def _store_lse(Lse, QBias, m, l_sum, bh, row0, LQ, P_LOG2: gl.constexpr, HAS_QBIAS: gl.constexpr):
-        """``_lse_of_rows`` of a split share's merged rows, stored."""
-        lse, ptrs, ok = _lse_of_rows(Lse, QBias, m, l_sum, bh, row0, LQ, P_LOG2, HAS_QBIAS, False)
-        gl.store(ptrs, lse, mask=ok)
+            if qbias is None:
+                qbias = gl.load(QBias + base + offs, mask=ok, other=0.0)
+            lse += qbias
+        gl.store(Lse + base + offs, lse, mask=ok)
 
     @gluon.jit
     def _out_rows(tile, Out, stride_ob, stride_oh, stride_om, b, h, row0, LQ, D):
