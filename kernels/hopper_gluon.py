@@ -262,6 +262,12 @@ if AVAILABLE:
         if v_smem.dtype == gl.int8:  # INT8 P's shift margin holds below HOT_LOGIT_LIMIT: NaN beyond, for the guard
             l_i = gl.where(gl.convert_layout((gl.abs(m_i) >= HOT_LOGIT_LIMIT) & (m_i > float("-inf")), row_o),
                            float("nan"), l_i)
+        if not SPLIT and LSE == LSE_STORE_QBIAS:
+            # Q's bias loaded before the output's epilogue, added after it: loaded at the end, its latency held
+            # every warpgroup's exit (bench/NOTES.md, issue 52).
+            qbias = _qbias_rows(QBias, bh, row0, LQ, ROWS)
+        else:
+            qbias = None
         out = finish_rows(acc, l_i, VScale, VMean, bhk, gl.arange(0, D_PAD, layout=col_o), D, HAS_VSCALE,
                           HAS_VMEAN).to(Out.dtype.element_ty)
         if SPLIT or not V_RES:
@@ -284,13 +290,21 @@ if AVAILABLE:
             if LSE != LSE_NONE:  # the row sums are in units of 2^(max - P_LOG2), INT8's of its last shift
                 unit = sh_i if v_smem.dtype == gl.int8 else m_i
                 _store_lse(Lse, QBias, gl.convert_layout(unit, row_o), l_i, bh, row0, LQ, P_LOG2,
-                           LSE == LSE_STORE_QBIAS)
+                           LSE == LSE_STORE_QBIAS, qbias)
 
     @gluon.jit
-    def _store_lse(Lse, QBias, m, l_sum, bh, row0, LQ, P_LOG2: gl.constexpr, HAS_QBIAS: gl.constexpr):
+    def _qbias_rows(QBias, bh, row0, LQ, ROWS: gl.constexpr):
+        """Q's K-mean bias for one warpgroup's rows, a row per thread (``_store_lse``'s layout)."""
+        one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        offs = row0 + gl.arange(0, ROWS, layout=one)
+        return gl.load(QBias + bh.to(gl.int64) * LQ + offs, mask=offs < LQ, other=0.0)
+
+    @gluon.jit
+    def _store_lse(Lse, QBias, m, l_sum, bh, row0, LQ, P_LOG2: gl.constexpr, HAS_QBIAS: gl.constexpr, qbias=None):
         """One warpgroup's rows of the natural-log LSE (B·H, LQ), from the row max (or INT8 shift) ``m`` and
         the row sums in units of 2^(m - P_LOG2), as the portable kernel writes it: -inf for a row with no
-        live key, NaN where the sums are; plus Q's K-mean bias (``QBias``) when K was smoothed."""
+        live key, NaN where the sums are; plus Q's K-mean bias (``QBias``) when K was smoothed (``qbias``: those
+        rows of it, loaded already by ``_qbias_rows``)."""
         ROWS: gl.constexpr = m.type.shape[0]
         one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # a row per thread: few registers at the end
         m = gl.convert_layout(m, one)
@@ -301,7 +315,9 @@ if AVAILABLE:
         ok = offs < LQ
         base = bh.to(gl.int64) * LQ
         if HAS_QBIAS:
-            lse += gl.load(QBias + base + offs, mask=ok, other=0.0)
+            if qbias is None:
+                qbias = gl.load(QBias + base + offs, mask=ok, other=0.0)
+            lse += qbias
         gl.store(Lse + base + offs, lse, mask=ok)
 
     @gluon.jit
