@@ -34,7 +34,12 @@ kernel runs.
 """
 from __future__ import annotations
 
-from .attention import HOT_LOGIT_LIMIT, finish_rows, int8_p_shift  # Triton functions: Gluon inlines them
+from .attention import (  # Triton functions: Gluon inlines them
+    HOT_LOGIT_LIMIT,
+    HOT_LOGIT_LIMIT_FP8,
+    finish_rows,
+    int8_p_shift,
+)
 from .quant import P_OFFSET, mma_operand_order, round_p_offset_int8
 from .tail_split import merge_rows
 
@@ -50,6 +55,7 @@ try:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .hopper_logits import tile_logits
+    from .hopper_rows import out_rows, qbias_rows, store_lse  # one warpgroup's rows out
     from .triton_compat import TRITON_VERSION, partition_barrier, tma_load  # what differs between Tritons
 
     # Triton 3.9 spills hundreds of registers when a second async MMA is issued while P·V's runs:
@@ -262,10 +268,13 @@ if AVAILABLE:
         if v_smem.dtype == gl.int8:  # INT8 P's shift margin holds below HOT_LOGIT_LIMIT: NaN beyond, for the guard
             l_i = gl.where(gl.convert_layout((gl.abs(m_i) >= HOT_LOGIT_LIMIT) & (m_i > float("-inf")), row_o),
                            float("nan"), l_i)
+        elif K_COLS:  # logits rounded once before the exp2's FMA (``hopper_logits``): 2^-6 of P at 2^18, NaN beyond
+            l_i = gl.where(gl.convert_layout((gl.abs(m_i) >= HOT_LOGIT_LIMIT_FP8) & (m_i > float("-inf")), row_o),
+                           float("nan"), l_i)
         if not SPLIT and LSE == LSE_STORE_QBIAS:
             # Q's bias loaded before the output's epilogue, added after it: loaded at the end, its latency held
             # every warpgroup's exit (bench/NOTES.md, issue 52).
-            qbias = _qbias_rows(QBias, bh, row0, LQ, ROWS)
+            qbias = qbias_rows(QBias, bh, row0, LQ, ROWS)
         else:
             qbias = None
         out = finish_rows(acc, l_i, VScale, VMean, bhk, gl.arange(0, D_PAD, layout=col_o), D, HAS_VSCALE,
@@ -278,7 +287,7 @@ if AVAILABLE:
             # goes through shared memory, which fp8+residual's 4-slot ring leaves no room for: its split
             # kernel runs a 3-slot ring (``SPLIT_RESIDUAL_STAGES``).
             out = gl.convert_layout(out, gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0]))
-        o_ptrs, o_mask = _out_rows(out, Out, stride_ob, stride_oh, stride_om, b, h, row0, LQ, D)
+        o_ptrs, o_mask = out_rows(out, Out, stride_ob, stride_oh, stride_om, b, h, row0, LQ, D)
         if SPLIT:  # share p of this CTA: merged into what shares 0..p-1 left in Out, in turn (tail_split)
             rows: gl.constexpr = gl.SliceLayout(1, out.type.layout)
             if v_smem.dtype == gl.int8:  # the row sums are in units of the last shift, not of the max
@@ -289,55 +298,8 @@ if AVAILABLE:
             gl.store(o_ptrs, out, mask=o_mask)
             if LSE != LSE_NONE:  # the row sums are in units of 2^(max - P_LOG2), INT8's of its last shift
                 unit = sh_i if v_smem.dtype == gl.int8 else m_i
-                _store_lse(Lse, QBias, gl.convert_layout(unit, row_o), l_i, bh, row0, LQ, P_LOG2,
+                store_lse(Lse, QBias, gl.convert_layout(unit, row_o), l_i, bh, row0, LQ, P_LOG2,
                            LSE == LSE_STORE_QBIAS, qbias)
-
-    @gluon.jit
-    def _qbias_rows(QBias, bh, row0, LQ, ROWS: gl.constexpr):
-        """Q's K-mean bias for one warpgroup's rows, a row per thread (``_store_lse``'s layout)."""
-        one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-        offs = row0 + gl.arange(0, ROWS, layout=one)
-        return gl.load(QBias + bh.to(gl.int64) * LQ + offs, mask=offs < LQ, other=0.0)
-
-    @gluon.jit
-    def _store_lse(Lse, QBias, m, l_sum, bh, row0, LQ, P_LOG2: gl.constexpr, HAS_QBIAS: gl.constexpr, qbias=None):
-        """One warpgroup's rows of the natural-log LSE (B·H, LQ), from the row max (or INT8 shift) ``m`` and
-        the row sums in units of 2^(m - P_LOG2), as the portable kernel writes it: -inf for a row with no
-        live key, NaN where the sums are; plus Q's K-mean bias (``QBias``) when K was smoothed (``qbias``: those
-        rows of it, loaded already by ``_qbias_rows``)."""
-        ROWS: gl.constexpr = m.type.shape[0]
-        one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # a row per thread: few registers at the end
-        m = gl.convert_layout(m, one)
-        l_sum = gl.convert_layout(l_sum, one)
-        offs = row0 + gl.arange(0, ROWS, layout=one)
-        live = l_sum != 0
-        lse = gl.where(live, (m - P_LOG2 + gl.log2(gl.where(live, l_sum, 1.0))) * 0.6931471805599453, float("-inf"))
-        ok = offs < LQ
-        base = bh.to(gl.int64) * LQ
-        if HAS_QBIAS:
-            if qbias is None:
-                qbias = gl.load(QBias + base + offs, mask=ok, other=0.0)
-            lse += qbias
-        gl.store(Lse + base + offs, lse, mask=ok)
-
-    @gluon.jit
-    def _out_rows(tile, Out, stride_ob, stride_oh, stride_om, b, h, row0, LQ, D):
-        """Pointers to one warpgroup's output rows of head (b, h) from row ``row0``, in the shape and
-        layout of ``tile`` (a layout is no argument Triton 3.6 can pass), and the mask of the real
-        rows and channels."""
-        ROWS: gl.constexpr = tile.type.shape[0]
-        D_PAD: gl.constexpr = tile.type.shape[1]
-        rows_o: gl.constexpr = gl.SliceLayout(1, tile.type.layout)
-        cols_o: gl.constexpr = gl.SliceLayout(0, tile.type.layout)
-        offs_mo = row0 + gl.arange(0, ROWS, layout=rows_o)
-        offs_do = gl.arange(0, D_PAD, layout=cols_o)
-        # Out is api's own buffer: channels contiguous (no channel stride is passed) and, with D % 8 == 0
-        # (api's condition), every row 16-byte aligned. Said explicitly because Triton 3.6 does not
-        # carry the launch's alignment facts into the partitions (scalar 2-byte stores there).
-        row_off = gl.multiple_of(b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
-                                 + offs_mo.to(gl.int64) * stride_om, 8)
-        o_ptrs = gl.multiple_of(Out, 16) + row_off[:, None] + offs_do[None, :]
-        return o_ptrs, (offs_mo < LQ)[:, None] & (offs_do < D)[None, :]
 
     @gluon.jit
     def _merge_share(out, m_i, l_i, o_ptrs, o_mask, Flags, ML, slot, p, splits, lse_args, P_LOG2: gl.constexpr,
@@ -347,7 +309,7 @@ if AVAILABLE:
         ``ML`` (two buffers, by the parity of the writer), then ``Flags[slot] = p + 1``, released at
         GPU scope once every thread of the warpgroup has stored and fenced. Rows travel in the output's
         dtype: a 16-bit rounding per share, far below the fp8 P·V error. With ``LSE`` the last share, which
-        holds the whole rows' max and sum, stores their LSE (``_store_lse`` of ``lse_args``)."""
+        holds the whole rows' max and sum, stores their LSE (``store_lse`` of ``lse_args``)."""
         ROWS: gl.constexpr = out.type.shape[0]
         r = gl.arange(0, ROWS, layout=m_i.type.layout).to(gl.int64)
         flag = Flags + slot
@@ -367,7 +329,7 @@ if AVAILABLE:
         if LSE != LSE_NONE:
             if p + 1 == splits:
                 Lse, QBias, bh, row0, LQ = lse_args
-                _store_lse(Lse, QBias, m_i, l_i, bh, row0, LQ, P_LOG2, LSE == LSE_STORE_QBIAS)
+                store_lse(Lse, QBias, m_i, l_i, bh, row0, LQ, P_LOG2, LSE == LSE_STORE_QBIAS)
         if p + 1 < splits:
             gl.store(ml_out, m_i)
             gl.store(ml_out + 1, l_i)
