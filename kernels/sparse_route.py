@@ -1,12 +1,13 @@
 """The routing kernels of ``sparse_attn``: block proxies, then per query block which key blocks are exact.
 
-``pool_kernel`` reads each 64-token block of Q, K or V once (any strides) and writes its mean (Q's
-centroids, K's block means) or sum (V), plus V's per-channel max |v| over the program's blocks (the
-FP8/INT8 V scale). ``route_kernel`` then works a tile of query blocks against every key block: proxy
-scores on the tensor cores, the per-row threshold from the diagonal variance (no sort), the list
-of exact key blocks (ascending, compacted with a prefix sum), and the pooled tail of the rejected
-blocks reduced to one online-softmax state per query block (max, sum, P·V in fp32), which the
-attention kernel starts from. The method: ``sparse_reference``.
+``pool_kernel`` reads each 64-token block of V once (any strides) and writes its sum, plus V's
+per-channel max |v| over the program's blocks (the FP8/INT8 V scale) and the sum of a sample of K's
+rows (the centre K is quantized around). Q's centroids and K's block means come from their
+quantization launches (``sparse_quant``), which read every row anyway. ``route_kernel`` then works a
+tile of query blocks against every key block: proxy scores on the tensor cores, the per-row threshold
+from the diagonal variance (no sort), the list of exact key blocks (ascending, compacted with a prefix
+sum), and the pooled tail of the rejected blocks reduced to one online-softmax state per query block
+(max, sum, P·V in fp32), which the attention kernel starts from. The method: ``sparse_reference``.
 """
 from __future__ import annotations
 
@@ -15,18 +16,18 @@ import triton.language as tl
 
 from .quant import _reduce_nan
 
-POOL_MEAN, POOL_SUM = 0, 1
-POOL_MEAN_C = tl.constexpr(POOL_MEAN)  # as pool_kernel compares MODE
 BLOCK = 64  # tokens per routing block (sparse_reference.BLOCK)
 
 
 @triton.jit
 def pool_kernel(
     X, stride_xb, stride_xh, stride_xl, stride_xd,
-    Out,  # fp32 (B*H, NB, D_PAD): per block mean or sum
-    AbsMax,  # fp32 (B*H, n_progs, D_PAD): max |x| per channel over this program's blocks (ABSMAX)
+    Out,  # fp32 (B*H, NB, D_PAD): per block sum of V
+    AbsMax,  # fp32 (B*H, n_progs, D_PAD): max |v| per channel over this program's blocks (ABSMAX)
+    K, stride_kb, stride_kh, stride_kl, stride_kd,
+    KSum,  # fp32 (B*H, n_progs, D_PAD): the sum of this program's K_SAMPLE sampled keys (K_SAMPLE > 0)
     H, L, D, NB, blocks_per_prog,
-    D_PAD: tl.constexpr, MODE: tl.constexpr, ABSMAX: tl.constexpr, INTERPRETER: tl.constexpr,
+    D_PAD: tl.constexpr, ABSMAX: tl.constexpr, K_SAMPLE: tl.constexpr, INTERPRETER: tl.constexpr,
 ):
     prog = tl.program_id(0)
     bh = tl.program_id(1)
@@ -35,6 +36,13 @@ def pool_kernel(
     rows = tl.arange(0, 64)
     offs_d = tl.arange(0, D_PAD)
     d_ok = offs_d < D
+    if K_SAMPLE > 0:  # evenly spaced keys of the program's span (``sparse_launch.k_sample_count``)
+        step = blocks_per_prog * 64 // K_SAMPLE
+        offs_k = prog * blocks_per_prog * 64 + tl.arange(0, K_SAMPLE) * step
+        k = tl.load(K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+                    + offs_k[:, None].to(tl.int64) * stride_kl + offs_d[None, :] * stride_kd,
+                    mask=(offs_k < L)[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        tl.store(KSum + (bh.to(tl.int64) * tl.num_programs(0) + prog) * D_PAD + offs_d, tl.sum(k, axis=0))
     base = X + b.to(tl.int64) * stride_xb + h.to(tl.int64) * stride_xh
     amax = tl.zeros((64, D_PAD), tl.float32)
     for i in range(0, blocks_per_prog):
@@ -43,12 +51,9 @@ def pool_kernel(
         ok = offs_l < L
         x = tl.load(base + offs_l[:, None].to(tl.int64) * stride_xl + offs_d[None, :] * stride_xd,
                     mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-        s = tl.sum(x, axis=0)
-        if MODE == POOL_MEAN_C:
-            n_live = tl.minimum(L - blk * 64, 64).to(tl.float32)
-            s = s / n_live
         # The mask as a tensor: Triton 3.9's interpreter refuses a scalar one.
-        tl.store(Out + (bh.to(tl.int64) * NB + blk) * D_PAD + offs_d, s, mask=(offs_d * 0 + blk) < NB)
+        tl.store(Out + (bh.to(tl.int64) * NB + blk) * D_PAD + offs_d, tl.sum(x, axis=0),
+                 mask=(offs_d * 0 + blk) < NB)
         if ABSMAX:
             amax = tl.maximum(amax, tl.abs(x), propagate_nan=tl.PropagateNan.ALL)
     if ABSMAX:
@@ -59,9 +64,10 @@ def pool_kernel(
 @triton.jit
 def route_kernel(
     Cen,  # fp32 (B*H, NB, D_PAD): query centroids
-    KC,  # fp32 (B*H_KV, NB, D_PAD): centred key block means
+    KBar,  # fp32 (B*H_KV, NB, D_PAD): key block means
+    Mu,  # fp32 (B*H_KV, D_PAD): their mean (the proxies' centre: each is used as kbar - mu)
     VSum,  # fp32 (B*H_KV, NB, D_PAD): value block sums
-    KVar,  # fp32 (B*H_KV, D_PAD): per-channel variance of KC over the blocks
+    KVar,  # fp32 (B*H_KV, D_PAD): per-channel variance of the key block means
     Thr,  # fp32 (B*H, NB): given thresholds (HAS_THR: top-k), else unused
     List,  # int16/int32 (B*H, NB, NB): exact key blocks per query block, ascending, first Count entries
     Count,  # int32 (B*H, NB)
@@ -91,13 +97,14 @@ def route_kernel(
     lsum = tl.zeros((QB,), tl.float32)
     acc = tl.zeros((QB, D_PAD), tl.float32)
     cnt = tl.zeros((QB,), tl.int32)
-    kc_base = KC + kvh.to(tl.int64) * NB * D_PAD
+    mu = tl.load(Mu + kvh.to(tl.int64) * D_PAD + offs_d)
+    kc_base = KBar + kvh.to(tl.int64) * NB * D_PAD
     vs_base = VSum + kvh.to(tl.int64) * NB * D_PAD
     list_rows = List + (bh.to(tl.int64) * NB + offs_i) * NB
     for j0 in range(0, NB, KB):
         offs_j = j0 + tl.arange(0, KB)
         j_ok = offs_j < NB
-        kc = tl.load(kc_base + offs_j[:, None] * D_PAD + offs_d[None, :], mask=j_ok[:, None], other=0.0)
+        kc = tl.load(kc_base + offs_j[:, None] * D_PAD + offs_d[None, :], mask=j_ok[:, None], other=0.0) - mu[None, :]
         s = tl.dot(cen, tl.trans(kc), input_precision=SCORE_PREC) * log2s
         if HAS_THR:
             exact = s >= thr[:, None]
