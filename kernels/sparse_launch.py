@@ -4,9 +4,10 @@ Order: one read of V (``sparse_route.pool_kernel``: its block sums and max |v|, 
 sample of K's rows), V's scale (small torch ops), the quantization of K (centred by that sample's mean,
 rotated) and then of Q, each writing its block means as well (``sparse_quant``: Q and K are read once
 each before the attention kernel), the block means' mean and variance (one torch op), V's conversion
-(``api._prepare_v``), the router, then the sparse attention kernel. With ``extra_tokens``, ``sparse_extra`` rewrites the router's tail before
-the kernel and merges the extra tokens into its output after it. Every launch goes through ``api._launch``,
-so the cross-compile check records these as it records the dense ones.
+(``api._prepare_v``), the router, then the sparse attention kernel. With ``extra_tokens``,
+``sparse_extra`` rewrites the router's tail before the kernel and merges the extra tokens into its output
+after it. Every launch goes through ``api._launch``, so the cross-compile check records these as it
+records the dense ones.
 """
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from .arch import KernelConfig, arch_for_device, interpreter_enabled
 from .footprint import head_dim_padded
 from .rotation import ROTATION_BLOCK
 from .sparse_attention import sparse_attention_kernel
-from .sparse_reference import BLOCK, topk_count
 from .sparse_quant import quantize_with_means
+from .sparse_reference import BLOCK, topk_count
 from .sparse_route import pool_kernel, route_kernel
 
 POOL_BLOCKS = 4  # 64-token blocks per pool program
