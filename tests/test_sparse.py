@@ -12,7 +12,7 @@ import math
 import pytest
 import sagetriton.kernels as kernels
 import torch
-from sagetriton.kernels import sparse_extra, sparse_launch
+from sagetriton.kernels import api, sparse_extra, sparse_launch
 from sagetriton.kernels import sparse_reference as sref
 from sagetriton.kernels.arch import CPU_ARCH, KernelConfig, default_config
 
@@ -218,6 +218,62 @@ def test_every_quantized_path_of_the_gpus(gran, pv, rotation):
     ref, ref_lse = sref.sparse_reference(q, k, v, 1.0, return_lse=True)
     assert rel(out, ref) <= budget(q, k, v, config=cfg)
     torch.testing.assert_close(lse, ref_lse, atol=0.05, rtol=0)
+
+
+def test_q_and_k_are_read_once_before_the_attention_kernel():
+    """Issue 54 (the routing share): Q's centroids and K's block means come from their quantization launches,
+    so each is read in full once before the attention kernel; K's centre is a sample of K's rows."""
+    q, k, v = smooth_qkv(1100, H=2, H_KV=1, seed=4)
+    seen = []
+
+    def record(kernel, grid, args, constexprs, options):
+        seen.append((kernel.fn.__name__, grid, args, constexprs))
+        kernel[grid](*args, **constexprs, **options)
+
+    previous = api.set_launch_hook(record)
+    try:
+        out = sparse_attn(q, k, v, 1.0)
+    finally:
+        api.set_launch_hook(previous)
+    assert rel(out, sref.sparse_reference(q, k, v, 1.0)) <= budget(q, k, v)
+    names = [name for name, *_ in seen]
+    before = seen[:names.index("sparse_attention_kernel")]
+
+    def launches_reading(t, whole=True):  # the pool reads its first tensor in full, the later one in a sample
+        return [name for name, _, args, _ in before for i, a in enumerate(args)
+                if isinstance(a, torch.Tensor) and a.data_ptr() == t.data_ptr()
+                and (name != "pool_kernel" or i == 0) == whole]
+
+    assert len(launches_reading(q)) == 1, names
+    assert len(launches_reading(k)) == 1, names
+    (pool,) = [(grid, c) for name, grid, _, c in before if name == "pool_kernel"]
+    assert launches_reading(k, whole=False) == ["pool_kernel"]
+    assert pool[1]["K_SAMPLE"] * pool[0][0] * pool[0][1] <= 1100 / 8  # keys summed for the centre
+
+
+@pytest.mark.parametrize("rotation", [False, True, "tiles"])
+def test_the_k_centre_changes_nothing_but_int8_rounding(monkeypatch, rotation):
+    """K is quantized around a sample's mean, not the method's centre (the mean of the block means, which the
+    proxies use): the kernel moves the router's pooled tail into its frame per row (q·(mu - centre)), so the
+    answer and the LSE are the method's whatever the centre, the old one (the method's own) or one far off."""
+    cfg = gpu_config("per_thread", "fp16", rotation)
+    q, k, v = smooth_qkv(330, H=2, H_KV=1, seed=8, dtype=torch.bfloat16)
+    ref, ref_lse = sref.sparse_reference(q, k, v, 1.0, return_lse=True)
+    r = sref.route_reference(q, k, 1.0)
+    mu = r["mu"].float().reshape(-1, 64)  # the old centre: the mean of the block means
+    spread = k.float().std(dim=1).reshape(-1, 64)
+    pool_v = sparse_launch._pool_v
+    outs = {}
+    for name, centre in (("sample", None), ("old", mu), ("far", mu + 1.5 * spread)):
+        if centre is not None:
+            monkeypatch.setattr(sparse_launch, "_pool_v", lambda *a, c=centre, **kw: pool_v(*a, **kw)[:2] + (c.clone(),))
+        outs[name] = sparse_attn(q, k, v, 1.0, config=cfg, return_lse=True, return_density=True)
+        out, lse, density = outs[name]
+        assert rel(out, ref) <= budget(q, k, v, config=cfg), (name, rel(out, ref))
+        torch.testing.assert_close(lse, ref_lse, atol=0.05, rtol=0)
+    for name in ("sample", "far"):
+        assert rel(outs[name][0], outs["old"][0]) <= budget(q, k, v, config=cfg) - 2e-3, name
+        assert float(outs[name][2]) == float(outs["old"][2])  # the routing does not see the centre
 
 
 def test_every_block_exact_is_dense_attention():
