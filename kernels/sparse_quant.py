@@ -25,6 +25,12 @@ from .sparse_reference import BLOCK
 
 __all__ = ["sparse_quantize_int8_kernel", "quantize_with_means"]
 
+# Registers per thread of a 4-warp "tiled" launch (NVIDIA; 8-warp ones keep ``rotation.TILED_MAXNREG``). Its
+# ~57 KB of shared memory already holds an H200 SM to 3 such programs, which 168 registers allow too; at
+# ``rotation.TILED_MAXNREG`` (128) the block means and row dots spilled (2-60 local loads and stores, sm90
+# cross-compiled), at 168 none.
+TILED_4WARP_MAXNREG = 168
+
 
 @triton.jit
 def sparse_quantize_int8_kernel(
@@ -121,6 +127,8 @@ def quantize_with_means(x, group: int, rows: int, d_pad: int, scale_mult: float,
     if tiles:  # the tiled product leaves 1/sqrt(block) to the scales
         scale_mult = scale_mult / math.sqrt(rotate)
     signs = _rotation_signs(d_pad, rotate, dev, x.dtype if tiles else torch.float16) if rotate else scale
+    warps = rotation.quant_warps(method, rows, d_pad) if rotate else 4
+    regs = TILED_4WARP_MAXNREG if warps == 4 else rotation.TILED_MAXNREG
     _launch(sparse_quantize_int8_kernel, (_cdiv(_cdiv(L, rows), max(tiles, 1)), B * H), (
         x, *x.stride(), centre if centre is not None else scale, mu if mu is not None else scale, out, scale, means,
         offset if offset is not None else scale, bias if bias is not None else scale, signs, H, kv_div, L, D, nb,
@@ -128,6 +136,5 @@ def quantize_with_means(x, group: int, rows: int, d_pad: int, scale_mult: float,
     ), dict(BLOCK_ROWS=rows, GROUP=group, D_PAD=d_pad, SCALE_PER_BLOCK=per_block, SUBTRACT=subtract,
             ROW_DOTS=row_dots, ROTATE=rotate, ROTATE_TILES=tiles, STAGES=rotation.PIPE_STAGES if tiles else 1,
             INTERPRETER=interpreter_enabled()),
-        num_warps=rotation.quant_warps(method, rows, d_pad) if rotate else 4,
-        **({"maxnreg": rotation.TILED_MAXNREG} if tiles and x.is_cuda and torch.version.hip is None else {}))
+        num_warps=warps, **({"maxnreg": regs} if tiles and x.is_cuda and torch.version.hip is None else {}))
     return out, scale, means, offset, bias

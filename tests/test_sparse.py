@@ -266,7 +266,8 @@ def test_the_k_centre_changes_nothing_but_int8_rounding(monkeypatch, rotation):
     outs = {}
     for name, centre in (("sample", None), ("old", mu), ("far", mu + 1.5 * spread)):
         if centre is not None:
-            monkeypatch.setattr(sparse_launch, "_pool_v", lambda *a, c=centre, **kw: pool_v(*a, **kw)[:2] + (c.clone(),))
+            monkeypatch.setattr(sparse_launch, "_pool_v",
+                                lambda *a, c=centre, **kw: pool_v(*a, **kw)[:2] + (c.clone(),))
         outs[name] = sparse_attn(q, k, v, 1.0, config=cfg, return_lse=True, return_density=True)
         out, lse, density = outs[name]
         assert rel(out, ref) <= budget(q, k, v, config=cfg), (name, rel(out, ref))
