@@ -46,7 +46,7 @@ def smooth_qkv(T, H=2, H_KV=1, D=64, B=1, strength=1.0, seed=0, dtype=torch.floa
 
 def budget(q, k, v, layout="NHD", config=None):
     """The quantization error allowed: the dense kernel's error against fp64 on the same inputs, plus a
-    little for the different K centre (the sparse path centres on the mean of the block means)."""
+    little for the different K centre (the sparse path centres on the mean of a sample of K's rows)."""
     exact = sref.dense_reference(q, k, v, tensor_layout=layout)
     dense = kernels.sageattn(q, k, v, layout, config=config)
     return 1.5 * rel(dense, exact) + 2e-3
@@ -249,6 +249,19 @@ def test_q_and_k_are_read_once_before_the_attention_kernel():
     (pool,) = [(grid, c) for name, grid, _, c in before if name == "pool_kernel"]
     assert launches_reading(k, whole=False) == ["pool_kernel"]
     assert pool[1]["K_SAMPLE"] * pool[0][0] * pool[0][1] <= 1100 / 8  # keys summed for the centre
+
+
+@pytest.mark.parametrize("T", [1, 63, 300, 1100])
+def test_the_pool_sums_v_per_block_and_centres_k_on_a_sample_of_its_rows(T):
+    """``pool_kernel``: V's block sums and max |v| per program, and K's centre: the mean of every 16th key."""
+    q, k, v = smooth_qkv(T, H=2, H_KV=2, D=40, seed=T)
+    kh, vh = (x.permute(0, 2, 1, 3) for x in (k, v))
+    nb = -(-T // 64)
+    vsum, vmax, centre = sparse_launch._pool_v(vh, kh, T, 64, nb, absmax=True)
+    pad = lambda x: torch.nn.functional.pad(x.float(), (0, 24)).reshape(2, -1, 64)  # noqa: E731
+    torch.testing.assert_close(vsum, pad(sref._block_pool(vh.double(), nb, "sum")), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(vmax.amax(1), pad(vh.abs().amax(2)).reshape(2, 64), rtol=0, atol=0)
+    torch.testing.assert_close(centre, pad(kh[:, :, ::16].double().mean(2)).reshape(2, 64), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("rotation", [False, True, "tiles"])
