@@ -224,8 +224,8 @@ def sparse_specs(cfg: KernelConfig, head_dim: int = 128, backend: str = "cuda", 
     seen: set = set()
     for spec in recorded:
         name = spec["name"]
-        if name not in ("pool_kernel", "sparse_quantize_int8_kernel", "route_kernel", "sparse_attention_kernel",
-                        "extra_tail_kernel", "extra_merge_kernel"):
+        if name not in ("pool_kernel", "pool_finish_kernel", "sparse_quantize_int8_kernel", "route_kernel",
+                        "sparse_attention_kernel", "extra_tail_kernel", "extra_merge_kernel"):
             continue  # V's conversion: the dense specs build it
         key = (name, tuple(sorted((k, str(v)) for k, v in spec["constexprs"].items())))
         if key in seen:
@@ -242,10 +242,10 @@ def sparse_specs(cfg: KernelConfig, head_dim: int = 128, backend: str = "cuda", 
             spec["name"] = f"pool_kernel{'_absmax' if c['ABSMAX'] else ''}"
         elif name == "sparse_quantize_int8_kernel":  # K's (centred) and Q's (row dots: LSE or not) launches
             spec["name"] = f"{name}_{'k' if c['SUBTRACT'] else 'q'}{c['ROW_DOTS'] or ''}"
-        elif not c["RETURN_LSE"]:
+        elif name == "sparse_attention_kernel" and not c["RETURN_LSE"]:
             spec["name"] = "sparse_attention_kernel_nolse"
-        elif not c["HAS_QBIAS"]:  # extra tokens: the LSE in the centred frame, for the merge
-            spec["name"] = "sparse_attention_kernel_centred"
+        elif name == "sparse_attention_kernel" and not c["HAS_QBIAS"]:  # extra tokens: the LSE in the centred
+            spec["name"] = "sparse_attention_kernel_centred"  # frame, for the merge
         specs.append(spec)
     return specs
 

@@ -1,7 +1,7 @@
 """The launches behind ``sparse_attn`` (validated arguments only: ``sparse_api.check_sparse_args``).
 
-Order: one read of V (``sparse_route.pool_kernel``: its block sums and max |v|, and K's centre from a
-sample of K's rows), V's scale (small torch ops), the quantization of K (centred by that sample's mean,
+Order: one read of V (``sparse_route.pool_kernel``: its block sums and max |v|, and a sample of K's rows),
+K's centre and V's scale from those (``pool_finish_kernel``), the quantization of K (centred by that sample's mean,
 rotated) and then of Q, each writing its block means as well (``sparse_quant``: Q and K are read once
 each before the attention kernel), the block means' mean and variance (one torch op), V's conversion
 (``api._prepare_v``), the router, then the sparse attention kernel. With ``extra_tokens``,
@@ -23,7 +23,7 @@ from .rotation import ROTATION_BLOCK
 from .sparse_attention import sparse_attention_kernel
 from .sparse_quant import quantize_with_means
 from .sparse_reference import BLOCK, topk_count
-from .sparse_route import pool_kernel, route_kernel
+from .sparse_route import pool_finish_kernel, pool_kernel, route_kernel
 
 POOL_BLOCKS = 4  # 64-token blocks per pool program
 # Keys per pool program summed for K's centre (1/16 of K): any centre gives the same logits up to a per-row
@@ -68,8 +68,8 @@ def k_sample_count(L: int) -> int:
 
 def _pool_v(vh, kh, L, d_pad, nb, absmax):
     """One read of V (B, H_KV, L, D): (B*H_KV, nb, d_pad) fp32 block sums, with ``absmax`` the per-program
-    partial max |v| per channel (B*H_KV, n_progs, d_pad), and K's centre (B*H_KV, d_pad): the mean of a
-    sample of its rows (``k_sample_count``), which K is quantized around."""
+    partial max |v| per channel (B*H_KV, n_progs, d_pad), and the per-program partial sums of a sample of K's
+    rows (``k_sample_count``; B*H_KV, n_progs, d_pad), whose mean K is quantized around."""
     B, H_KV, _, D = vh.shape
     out = torch.empty((B * H_KV, nb, d_pad), dtype=torch.float32, device=vh.device)
     progs = -(-nb // POOL_BLOCKS)
@@ -79,16 +79,23 @@ def _pool_v(vh, kh, L, d_pad, nb, absmax):
                                                  POOL_BLOCKS),
                 dict(D_PAD=d_pad, ABSMAX=absmax, K_SAMPLE=K_SAMPLE, INTERPRETER=interpreter_enabled()), num_warps=4,
                 num_stages=TUNING["pool_stages"])
-    return out, amax, ksum.sum(dim=1) / k_sample_count(L)
+    return out, amax, ksum
 
 
-def _v_scale(amax_parts, cfg: KernelConfig, D: int):
-    """V's per-channel scale as ``quant._finalize_kv_stats`` makes it, from the pool's max |v| partials."""
+def _finish_pool(amax, ksum, L, cfg: KernelConfig, D, signs=None):
+    """K's centre (B*H_KV, d_pad), with ``signs`` (the tiled rotation's) also times them (else the centre
+    itself), and the (3, B*H_KV, D) buffer ``api._prepare_v`` reads V's scale from (slot 1), from the pool's
+    partials (``sparse_route.pool_finish_kernel``)."""
+    n, progs, d_pad = ksum.shape
+    centre = torch.empty((n, d_pad), dtype=torch.float32, device=ksum.device)
+    k_centre = torch.empty_like(centre) if signs is not None else centre
+    final = torch.empty((3, n, D), dtype=torch.float32, device=ksum.device)
     v_range, pow2 = api._v_range(cfg)
-    amax = amax_parts.amax(dim=1)[:, :D]  # NaN-propagating, as the dense statistics
-    if pow2:
-        return torch.exp2(torch.ceil(torch.log2(torch.clamp(amax / v_range, min=1.0))))
-    return torch.where(amax > 0, amax / v_range, torch.where(amax == amax, 1.0, amax))
+    api._launch(pool_finish_kernel, (n,), (ksum, amax, centre, k_centre, final[1], signs if signs is not None
+                                           else centre, progs, float(k_sample_count(L)), D),
+                dict(D_PAD=d_pad, CHUNK=16, ABSMAX=amax.dim() > 1, V_RANGE=v_range, V_POW2=pow2,
+                     ROTATE_TILES=signs is not None, INTERPRETER=interpreter_enabled()), num_warps=4)
+    return centre, k_centre, final
 
 
 def _topk_threshold(cen, kc, kv_of, nb, ratio, log2s, sinks):
@@ -159,16 +166,12 @@ def run(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, r
     log2s = scale * quant.LOG2E
 
     # One read of V: its block sums and scale, and K's centre from a sample of K's rows.
-    v_stats = api._v_stats_needed(cfg, False)
-    vsum, vmax, centre = _pool_v(vh, kh, L, d_pad, nb, absmax=v_stats != quant.V_NONE)
     rotate = min(d_pad, ROTATION_BLOCK) if cfg.qk_rotation else 0
     method = rotation.method_for(cfg.rotation_tiles, qh.dtype, kh.dtype, D, d_pad) if rotate else "dot"
-    final = torch.zeros((3, B * H_KV, D), dtype=torch.float32, device=dev)  # V's scale in slot 1 (``_prepare_v``)
-    if v_stats != quant.V_NONE:
-        final[1] = _v_scale(vmax, cfg, D)
-    k_centre = centre
-    if method == "tiled":  # subtracted after the product: the centre times the rotation's signs
-        k_centre = centre @ api._rotation_signs(d_pad, rotate, dev, kh.dtype).float()
+    vsum, vmax, ksum = _pool_v(vh, kh, L, d_pad, nb, absmax=api._v_stats_needed(cfg, False) != quant.V_NONE)
+    # "tiled" subtracts K's centre after the product: the centre times the rotation's signs
+    centre, k_centre, final = _finish_pool(vmax, ksum, L, cfg, D, api._rotation_signs(d_pad, rotate, dev, kh.dtype)
+                                           if method == "tiled" else None)
     q_group, k_group = cfg.group_sizes()
     k_scalar = k_group == cfg.block_n
     # K's and Q's quantization, each also writing its block means (the router's proxies: K's centred by their

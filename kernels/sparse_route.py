@@ -62,6 +62,46 @@ def pool_kernel(
 
 
 @triton.jit
+def pool_finish_kernel(
+    KSum, AbsMax,  # fp32 (B*H_KV, n_progs, D_PAD): pool_kernel's partials
+    Centre,  # fp32 (B*H_KV, D_PAD) out: K's centre, the sampled keys' mean
+    CentreRot,  # fp32 (B*H_KV, D_PAD) out (ROTATE_TILES): the centre times the rotation's signs
+    VScale,  # fp32 (B*H_KV, D) out (ABSMAX): V's per-channel scale
+    Signs,  # (D_PAD, D_PAD) the rotation's signs (ROTATE_TILES)
+    n_progs, k_count, D,
+    D_PAD: tl.constexpr, CHUNK: tl.constexpr, ABSMAX: tl.constexpr, V_RANGE: tl.constexpr, V_POW2: tl.constexpr,
+    ROTATE_TILES: tl.constexpr, INTERPRETER: tl.constexpr,
+):
+    """One program per key/value head: the pool's partials reduced (in a fixed order) into K's centre and V's
+    scale, as ``quant._finalize_kv_stats`` makes the dense path's: one launch instead of a dozen small torch ops
+    (host time of short calls)."""
+    kvh = tl.program_id(0)
+    r = tl.arange(0, CHUNK)
+    d = tl.arange(0, D_PAD)
+    ksum = tl.zeros((CHUNK, D_PAD), tl.float32)
+    vmax = tl.full((CHUNK, D_PAD), float("-inf"), tl.float32)
+    for p0 in range(0, n_progs, CHUNK):
+        ok = (p0 + r < n_progs)[:, None]
+        offs = (kvh.to(tl.int64) * n_progs + p0 + r[:, None]) * D_PAD + d[None, :]
+        ksum += tl.load(KSum + offs, mask=ok, other=0.0)
+        if ABSMAX:
+            vmax = tl.maximum(vmax, tl.load(AbsMax + offs, mask=ok, other=float("-inf")),
+                              propagate_nan=tl.PropagateNan.ALL)
+    centre = tl.sum(ksum, axis=0) / k_count
+    tl.store(Centre + kvh.to(tl.int64) * D_PAD + d, centre)
+    if ROTATE_TILES:  # subtracted after the tiled product (``sparse_quant``)
+        signs = tl.load(Signs + d[:, None] * D_PAD + d[None, :]).to(tl.float32)
+        tl.store(CentreRot + kvh.to(tl.int64) * D_PAD + d, tl.sum(centre[:, None] * signs, 0))
+    if ABSMAX:
+        amax = _reduce_nan(vmax, 0, True, INTERPRETER)
+        if V_POW2:  # powers of two keep the scaling exact in fp16
+            scale = tl.exp2(tl.ceil(tl.log2(tl.maximum(amax / V_RANGE, 1.0, propagate_nan=tl.PropagateNan.ALL))))
+        else:  # a NaN max keeps its NaN: the epilogue's scale then turns that channel NaN in every row, as SDPA
+            scale = tl.where(amax > 0, amax / V_RANGE, tl.where(amax == amax, 1.0, amax))
+        tl.store(VScale + kvh.to(tl.int64) * D + d, scale, mask=d < D)
+
+
+@triton.jit
 def route_kernel(
     Cen,  # fp32 (B*H, NB, D_PAD): query centroids
     KBar,  # fp32 (B*H_KV, NB, D_PAD): key block means

@@ -253,15 +253,23 @@ def test_q_and_k_are_read_once_before_the_attention_kernel():
 
 @pytest.mark.parametrize("T", [1, 63, 300, 1100])
 def test_the_pool_sums_v_per_block_and_centres_k_on_a_sample_of_its_rows(T):
-    """``pool_kernel``: V's block sums and max |v| per program, and K's centre: the mean of every 16th key."""
-    q, k, v = smooth_qkv(T, H=2, H_KV=2, D=40, seed=T)
+    """``pool_kernel``: V's block sums and max |v| per program, and a sample of K's rows; ``pool_finish_kernel``:
+    K's centre (the mean of every 16th key; with the tiled rotation also times its signs) and V's scale."""
+    q, k, v = smooth_qkv(T, H=2, H_KV=2, D=64, seed=T)
     kh, vh = (x.permute(0, 2, 1, 3) for x in (k, v))
     nb = -(-T // 64)
-    vsum, vmax, centre = sparse_launch._pool_v(vh, kh, T, 64, nb, absmax=True)
-    pad = lambda x: torch.nn.functional.pad(x.float(), (0, 24)).reshape(2, -1, 64)  # noqa: E731
-    torch.testing.assert_close(vsum, pad(sref._block_pool(vh.double(), nb, "sum")), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(vmax.amax(1), pad(vh.abs().amax(2)).reshape(2, 64), rtol=0, atol=0)
-    torch.testing.assert_close(centre, pad(kh[:, :, ::16].double().mean(2)).reshape(2, 64), rtol=1e-5, atol=1e-6)
+    vsum, vmax, ksum = sparse_launch._pool_v(vh, kh, T, 64, nb, absmax=True)
+    torch.testing.assert_close(vsum.reshape(1, 2, nb, 64), sref._block_pool(vh.double(), nb, "sum").float(),
+                               rtol=1e-5, atol=1e-5)
+    amax = vh.abs().amax(2).float().reshape(2, 64)
+    torch.testing.assert_close(vmax.amax(1), amax, rtol=0, atol=0)
+    cfg = gpu_config("per_warp", "fp8", "tiles")
+    signs = api._rotation_signs(64, 64, k.device, k.dtype)
+    centre, rotated, final = sparse_launch._finish_pool(vmax, ksum, T, cfg, 64, signs)
+    want = kh[:, :, ::16].double().mean(2).float().reshape(2, 64)
+    torch.testing.assert_close(centre, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(rotated, want @ signs.float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(final[1], torch.where(amax > 0, amax / 448.0, 1.0), rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize("rotation", [False, True, "tiles"])
@@ -275,12 +283,20 @@ def test_the_k_centre_changes_nothing_but_int8_rounding(monkeypatch, rotation):
     r = sref.route_reference(q, k, 1.0)
     mu = r["mu"].float().reshape(-1, 64)  # the old centre: the mean of the block means
     spread = k.float().std(dim=1).reshape(-1, 64)
-    pool_v = sparse_launch._pool_v
+    finish = sparse_launch._finish_pool
+    signs = api._rotation_signs(64, 64, k.device, k.dtype).float()
+
+    def finish_on(c, *args):  # K's centre replaced (rotated too where the tiled rotation takes it so)
+        centre, rotated, final = finish(*args)
+        centre.copy_(c)
+        if rotated is not centre:
+            rotated.copy_(c @ signs)
+        return centre, rotated, final
+
     outs = {}
     for name, centre in (("sample", None), ("old", mu), ("far", mu + 1.5 * spread)):
         if centre is not None:
-            monkeypatch.setattr(sparse_launch, "_pool_v",
-                                lambda *a, c=centre, **kw: pool_v(*a, **kw)[:2] + (c.clone(),))
+            monkeypatch.setattr(sparse_launch, "_finish_pool", lambda *a, c=centre: finish_on(c, *a))
         outs[name] = sparse_attn(q, k, v, 1.0, config=cfg, return_lse=True, return_density=True)
         out, lse, density = outs[name]
         assert rel(out, ref) <= budget(q, k, v, config=cfg), (name, rel(out, ref))
