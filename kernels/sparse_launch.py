@@ -125,9 +125,11 @@ def route(cen, kbar, mu, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q, 
     (B*H, nb) and the pooled tail's max, sum (B*H, nb) and P·V (B*H, nb, d_pad). ``stages``: software
     pipelining of its loop (Hopper's shared memory takes 2); ``tiles``: (query blocks, key blocks) per step."""
     nb, d_pad, dev = cen.shape[1], cen.shape[2], cen.device
-    kv_of = (torch.arange(B * H, device=dev) // H) * H_KV + (torch.arange(B * H, device=dev) % H) // (H // H_KV)
-    thr = (_topk_threshold(cen, kbar - mu[:, None], kv_of, nb, topk_ratio, log2s, sinks) if topk_ratio
-           else torch.empty((1,), dtype=torch.float32, device=dev))
+    thr = torch.empty((1,), dtype=torch.float32, device=dev)
+    if topk_ratio:  # the key/value head of each query head (batch-major), for the top-k scores
+        heads = torch.arange(B * H, device=dev)
+        kv_of = (heads // H) * H_KV + (heads % H) // (H // H_KV)
+        thr = _topk_threshold(cen, kbar - mu[:, None], kv_of, nb, topk_ratio, log2s, sinks)
     lists = torch.empty((B * H, nb, nb), dtype=torch.int16 if nb < 2**15 else torch.int32, device=dev)
     count = torch.empty((B * H, nb), dtype=torch.int32, device=dev)
     tail_m = torch.empty((B * H, nb), dtype=torch.float32, device=dev)
