@@ -104,10 +104,9 @@ def pool_finish_kernel(
 @triton.jit
 def route_kernel(
     Cen,  # fp32 (B*H, NB, D_PAD): query centroids
-    KBar,  # fp32 (B*H_KV, NB, D_PAD): key block means
-    Mu,  # fp32 (B*H_KV, D_PAD): their mean (the proxies' centre: each is used as kbar - mu)
+    KC,  # fp32 (B*H_KV, NB, D_PAD): centred key block means
     VSum,  # fp32 (B*H_KV, NB, D_PAD): value block sums
-    KVar,  # fp32 (B*H_KV, D_PAD): per-channel variance of the key block means
+    KVar,  # fp32 (B*H_KV, D_PAD): per-channel variance of KC over the blocks
     Thr,  # fp32 (B*H, NB): given thresholds (HAS_THR: top-k), else unused
     List,  # int16/int32 (B*H, NB, NB): exact key blocks per query block, ascending, first Count entries
     Count,  # int32 (B*H, NB)
@@ -137,14 +136,13 @@ def route_kernel(
     lsum = tl.zeros((QB,), tl.float32)
     acc = tl.zeros((QB, D_PAD), tl.float32)
     cnt = tl.zeros((QB,), tl.int32)
-    mu = tl.load(Mu + kvh.to(tl.int64) * D_PAD + offs_d)
-    kc_base = KBar + kvh.to(tl.int64) * NB * D_PAD
+    kc_base = KC + kvh.to(tl.int64) * NB * D_PAD
     vs_base = VSum + kvh.to(tl.int64) * NB * D_PAD
     list_rows = List + (bh.to(tl.int64) * NB + offs_i) * NB
     for j0 in range(0, NB, KB):
         offs_j = j0 + tl.arange(0, KB)
         j_ok = offs_j < NB
-        kc = tl.load(kc_base + offs_j[:, None] * D_PAD + offs_d[None, :], mask=j_ok[:, None], other=0.0) - mu[None, :]
+        kc = tl.load(kc_base + offs_j[:, None] * D_PAD + offs_d[None, :], mask=j_ok[:, None], other=0.0)
         s = tl.dot(cen, tl.trans(kc), input_precision=SCORE_PREC) * log2s
         if HAS_THR:
             exact = s >= thr[:, None]

@@ -107,9 +107,7 @@ def _proxies(q, k, v, scale=None):
     vh = v.permute(0, 2, 1, 3).double()
     vsum = sref._block_pool(vh, nb, "sum")
     kvar = torch.nn.functional.pad((r["kc"] ** 2).mean(2), (0, d_pad - D)).float().reshape(-1, d_pad)
-    mu = torch.nn.functional.pad(r["mu"], (0, d_pad - D)).float().reshape(-1, d_pad).contiguous()
-    kbar = pad(r["kc"] + r["mu"][:, :, None])  # the router centres the block means itself
-    return r, pad(r["centroid"]), kbar, mu, pad(vsum), kvar.contiguous(), vsum
+    return r, pad(r["centroid"]), pad(r["kc"]), pad(vsum), kvar.contiguous(), vsum
 
 
 @pytest.mark.parametrize("T,kw", [
@@ -119,12 +117,12 @@ def _proxies(q, k, v, scale=None):
 ])
 def test_router_lists_the_reference_blocks_and_pools_the_rest(T, kw):
     q, k, v = smooth_qkv(T, H=2, H_KV=1, strength=1.0, seed=T)
-    r, cen, kbar, mu, vsum, kvar, vsum64 = _proxies(q, k, v)
+    r, cen, kc, vsum, kvar, vsum64 = _proxies(q, k, v)
     tau = kw.get("tau", 1.3)
     log2s = sref.LOG2E / math.sqrt(q.shape[-1])
     ref = sref.route_reference(q, k, tau, sink_blocks=kw.get("sink_blocks"), sink_q=kw.get("sink_q"),
                                topk_ratio=kw.get("topk_ratio"))
-    lists, count, tm, tl_, tacc = sparse_launch.route(cen, kbar, mu, vsum, kvar, 1, 2, 1, T, tau, log2s,
+    lists, count, tm, tl_, tacc = sparse_launch.route(cen, kc, vsum, kvar, 1, 2, 1, T, tau, log2s,
                                                       kw.get("sink_blocks"), kw.get("sink_q"), kw.get("topk_ratio"))
     nb = cen.shape[1]
     exact = torch.zeros(2, nb, nb, dtype=torch.bool)
@@ -351,14 +349,14 @@ def test_huge_logits_are_right_or_nan_never_silently_wrong():
                                          (461, 128, dict(topk_ratio=0.1, sink_q=(2, 3)))])
 def test_extra_router_picks_the_reference_tokens_and_keeps_the_rest_per_token(T, extra, kw):
     q, k, v = smooth_qkv(T, H=2, H_KV=1, strength=1.0, seed=T + extra)
-    r, cen, kbar, mu, vsum, kvar, _ = _proxies(q, k, v)
+    r, cen, kc, vsum, kvar, _ = _proxies(q, k, v)
     log2s = sref.LOG2E / math.sqrt(q.shape[-1])
     ref = sref.route_reference(q, k, kw.get("tau", 1.3), sink_blocks=kw.get("sink_blocks"), sink_q=kw.get("sink_q"),
                                topk_ratio=kw.get("topk_ratio"))
-    lists, count, tm, tl_, tacc = sparse_launch.route(cen, kbar, mu, vsum, kvar, 1, 2, 1, T, kw.get("tau", 1.3),
-                                                      log2s, kw.get("sink_blocks"), kw.get("sink_q"),
-                                                      kw.get("topk_ratio"))
+    lists, count, tm, tl_, tacc = sparse_launch.route(cen, kc, vsum, kvar, 1, 2, 1, T, kw.get("tau", 1.3), log2s,
+                                                      kw.get("sink_blocks"), kw.get("sink_q"), kw.get("topk_ratio"))
     qh, kh, vh = (x.permute(0, 2, 1, 3) for x in (q, k, v))
+    mu = torch.nn.functional.pad(r["mu"], (0, cen.shape[2] - q.shape[-1])).float().reshape(1, -1)
     idx, n_extra = sparse_extra.retail(qh, kh, vh, cen, mu, lists, count, tm, tl_, tacc, log2s, extra)
     # the reference's choice, in fp64, from its own routing (the router's is checked equal above)
     tok_blk = torch.arange(T) // 64
