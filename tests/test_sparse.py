@@ -304,6 +304,22 @@ def test_the_k_centre_changes_nothing_but_int8_rounding(monkeypatch, rotation):
         assert float(outs[name][2]) == float(outs["old"][2])  # the routing does not see the centre
 
 
+@pytest.mark.parametrize("rotation", [True, "tiles"])
+def test_batches_with_gqa_match_the_reference(rotation):
+    """Two batches of four query heads on two key/value heads: each query head's proxies, K centre, per-row tail
+    offset and LSE bias come from its own batch's key/value head."""
+    cfg = gpu_config("per_warp", "fp8", rotation)
+    q, k, v = smooth_qkv(270, H=4, H_KV=2, B=2, seed=21, dtype=torch.bfloat16, layout="HND")
+    k[1] += 2.0  # the second batch's keys elsewhere: a centre taken from the wrong batch would show
+    out, lse, density = sparse_attn(q, k, v, 1.0, tensor_layout="HND", config=cfg, return_lse=True,
+                                    return_density=True)
+    ref, ref_lse, ref_density = sref.sparse_reference(q, k, v, 1.0, tensor_layout="HND", return_lse=True,
+                                                      return_density=True)
+    assert rel(out, ref) <= budget(q, k, v, "HND", config=cfg), rel(out, ref)
+    torch.testing.assert_close(lse, ref_lse, atol=0.05, rtol=0)
+    assert float(density) == pytest.approx(float(ref_density))
+
+
 def test_every_block_exact_is_dense_attention():
     q, k, v = smooth_qkv(200, seed=9)
     out, density = sparse_attn(q, k, v, tau=-1e9, return_density=True)
