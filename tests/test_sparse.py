@@ -270,14 +270,15 @@ def test_the_pool_sums_v_per_block_and_centres_k_on_a_sample_of_its_rows(T):
     torch.testing.assert_close(final[1], torch.where(amax > 0, amax / 448.0, 1.0), rtol=1e-6, atol=0)
 
 
-@pytest.mark.parametrize("rotation", [False, True, "tiles"])
-def test_the_k_centre_changes_nothing_but_int8_rounding(monkeypatch, rotation):
+@pytest.mark.parametrize("rotation,extra", [(False, 0), (True, 0), ("tiles", 0), (False, 64)])
+def test_the_k_centre_changes_nothing_but_int8_rounding(monkeypatch, rotation, extra):
     """K is quantized around a sample's mean, not the method's centre (the mean of the block means, which the
     proxies use): the kernel moves the router's pooled tail into its frame per row (q·(mu - centre)), so the
-    answer and the LSE are the method's whatever the centre, the old one (the method's own) or one far off."""
+    answer and the LSE are the method's whatever the centre, the old one (the method's own) or one far off;
+    with extra tokens too (their tail in the method's frame, their merge in the kernel's)."""
     cfg = gpu_config("per_thread", "fp16", rotation)
     q, k, v = smooth_qkv(330, H=2, H_KV=1, seed=8, dtype=torch.bfloat16)
-    ref, ref_lse = sref.sparse_reference(q, k, v, 1.0, return_lse=True)
+    ref, ref_lse = sref.sparse_reference(q, k, v, 1.0, return_lse=True, extra_tokens=extra)
     r = sref.route_reference(q, k, 1.0)
     mu = r["mu"].float().reshape(-1, 64)  # the old centre: the mean of the block means
     spread = k.float().std(dim=1).reshape(-1, 64)
@@ -295,7 +296,8 @@ def test_the_k_centre_changes_nothing_but_int8_rounding(monkeypatch, rotation):
     for name, centre in (("sample", None), ("old", mu), ("far", mu + 1.5 * spread)):
         if centre is not None:
             monkeypatch.setattr(sparse_launch, "_finish_pool", lambda *a, c=centre: finish_on(c, *a))
-        outs[name] = sparse_attn(q, k, v, 1.0, config=cfg, return_lse=True, return_density=True)
+        outs[name] = sparse_attn(q, k, v, 1.0, config=cfg, return_lse=True, return_density=True,
+                                 extra_tokens=extra)
         out, lse, density = outs[name]
         assert rel(out, ref) <= budget(q, k, v, config=cfg), (name, rel(out, ref))
         torch.testing.assert_close(lse, ref_lse, atol=0.05, rtol=0)
