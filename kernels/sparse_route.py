@@ -2,8 +2,9 @@
 
 ``pool_kernel`` reads each 64-token block of V once (any strides) and writes its sum, plus V's
 per-channel max |v| over the program's blocks (the FP8/INT8 V scale) and the sum of a sample of K's
-rows (the centre K is quantized around). Q's centroids and K's block means come from their
-quantization launches (``sparse_quant``), which read every row anyway. ``route_kernel`` then works a
+rows; ``pool_finish_kernel`` reduces those partials into K's centre (which K is quantized around) and V's
+scale. Q's centroids and K's block means come from their quantization launches (``sparse_quant``), which
+read every row anyway. ``route_kernel`` then works a
 tile of query blocks against every key block: proxy scores on the tensor cores, the per-row threshold
 from the diagonal variance (no sort), the list of exact key blocks (ascending, compacted with a prefix
 sum), and the pooled tail of the rejected blocks reduced to one online-softmax state per query block
