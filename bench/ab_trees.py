@@ -28,6 +28,11 @@ SHAPE_SETS = {  # (B, H, L, D, pv_precision)
     # below Hopper's Gluon length: the portable kernel's loop, fp8 and INT8 P·V (other GPUs' defaults)
     "portable": [(2, 24, 2048, 128, "fp8"), (2, 24, 4096, 128, "fp8"), (2, 24, 4096, 128, "int8"),
                  (2, 24, 4096, 64, "fp8"), (2, 24, 4096, 64, "int8")],
+    # Hopper's Gluon kernel with INT8 P·V, and the INT8 path at 64K
+    "int8": [(2, 24, 8192, 128, "int8"), (1, 24, 16384, 128, "int8"), (1, 24, 65536, 128, "int8")],
+    # ``sparse_attn`` at tau 1.3 (random inputs: density ~10 %), its FP8 and INT8 P·V
+    "sparse": [(1, 24, 75600, 128, "sparse:fp8"), (1, 24, 75600, 128, "sparse:int8"),
+               (1, 56, 103950, 128, "sparse:fp8"), (1, 56, 103950, 128, "sparse:int8")],
 }
 
 
@@ -40,7 +45,8 @@ def _child(tree: Path, shapes: list) -> None:
     from sagetriton_import import import_pack
 
     import_pack(pack_dir=tree)  # the tree under test, not this checkout
-    from sagetriton.kernels import sageattn
+    from sagetriton.kernels import sageattn, sparse_attn
+    from sagetriton.kernels.arch import detect_arch, resolve_config
     from sagetriton.kernels.reference import cosine
 
     def alternating(fn, sets):  # the trees may predate installer/: kept here
@@ -53,10 +59,15 @@ def _child(tree: Path, shapes: list) -> None:
         sets = [tuple(torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                 for _ in range(3)]
         q, k, v = sets[0]
-        out = sageattn(q, k, v, pv_precision=pv)[:, :2].float()
+        if pv.startswith("sparse:"):  # the same call in both trees; the cosine is against dense attention
+            cfg = resolve_config(detect_arch(), D, pv_precision=pv.split(":")[1])[0]
+            fn = functools.partial(sparse_attn, tau=1.3, tensor_layout="HND", config=cfg)
+        else:
+            fn = functools.partial(sageattn, pv_precision=pv)
+        out = fn(q, k, v)[:, :2].float()
         ref = F.scaled_dot_product_attention(q[:, :2].float(), k[:, :2].float(), v[:, :2].float())
         cos = cosine(out, ref)
-        call = alternating(functools.partial(sageattn, pv_precision=pv), sets)
+        call = alternating(fn, sets)
         ms = triton.testing.do_bench(call, warmup=50, rep=300, return_mode="median")
         print(json.dumps({"shape": f"{B}x{H}x{L}x{D} {pv}", "ms": round(ms, 4),
                           "tops": round(4 * B * H * L * L * D / (ms * 1e-3) / 1e12, 1), "cos": round(cos, 6)}),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -54,6 +55,27 @@ def reference_module():
         sys.exit("`sageattention` here is SageTriton's drop-in, not the reference: put the CUDA build first on "
                  "PYTHONPATH (or run install.py --remove-sageattention)")
     return sageattention
+
+
+@contextmanager
+def gluon_runs():
+    """Inside the block, the list gets which Hopper Gluon kernel each of our calls ran (per tile or per key
+    K scales), for calls not replayed (the first of each shape)."""
+    from sagetriton.kernels import hopper_host
+
+    ran: list = []
+    real = hopper_host.run_shared_kv
+
+    def noting(*a, **kw):
+        ok = real(*a, **kw)
+        ran.append(("gluon, K per key" if kw.get("k_cols") else "gluon, K per tile") if ok else "portable")
+        return ok
+
+    hopper_host.run_shared_kv = noting
+    try:
+        yield ran
+    finally:
+        hopper_host.run_shared_kv = real
 
 
 def timed(fn, sets) -> float:
@@ -97,8 +119,11 @@ def bench_names(shape, ref) -> list:
             if mod is None:
                 continue
             fn = getattr(mod, name)
-            row[who] = one(lambda q, k, v, fn=fn, kw=kw: fn(q, k, v, tensor_layout="NHD", return_lse=True, **kw), sets,
-                           exact, who)
+            with gluon_runs() as ran:
+                row[who] = one(lambda q, k, v, fn=fn, kw=kw: fn(q, k, v, tensor_layout="NHD", return_lse=True, **kw),
+                               sets, exact, who)
+            if who == "ours":  # which kernel served the name (per_thread: the Gluon kernel's per-key variant)
+                row[who]["kernel"] = ran[0] if ran else "portable"
         rows.append(row)
         _print_row(row)
     # diffusers' sage_varlen: the batch's sequences packed, two of L/2 tokens each.
@@ -125,6 +150,8 @@ def _print_row(row) -> None:
         row["speedup"] = round(ref_r["ms"] / ours_r["ms"], 3)
         ratio = f"  ours/ref speed {row['speedup']:.3f}x"
     line = f"{row['name']:36s} {str(tuple(row['shape'])):22s}"
+    if "kernel" in ours_r:
+        line += f" [{ours_r['kernel']}]"
     for who, r in (("ours", ours_r), ("ref", ref_r)):
         if "ms" in r:
             line += f"  {who} {r['ms']:8.3f} ms ({tops(row['shape'], r['ms']):5.0f} TOPS) cos {r['cos']:.5f}"

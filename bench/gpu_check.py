@@ -7,6 +7,7 @@
     python bench/gpu_check.py --only replay    # core's replayed calls alone
     python bench/gpu_check.py --only rope      # the RoPE kernel against ComfyUI's RoPE, bit for bit
     python bench/gpu_check.py --only lse       # Hopper's long-sequence kernel returning the LSE (bench/lse_check.py)
+    python bench/gpu_check.py --only kcols     # that kernel with per-token K scales (per_thread; bench/kcols_check.py)
     python bench/gpu_check.py --only sparse    # sparse_attn against its fp64 reference (bench/sparse_check.py)
     python bench/gpu_check.py --only sparse_extra  # its extra_tokens cases alone (also in --only sparse)
 
@@ -527,6 +528,7 @@ def rope_cases() -> list:
     return results
 
 
+from kcols_check import kcols_cases  # noqa: E402
 from lse_check import lse_cases  # noqa: E402
 
 
@@ -543,7 +545,8 @@ def sparse_extra_cases() -> list:
 
 
 PARTS = {"core": core_cases, "hostile": hostile_fast_path_cases, "families": family_cases, "replay": replay_cases,
-         "rope": rope_cases, "lse": lse_cases, "sparse": sparse_cases, "sparse_extra": sparse_extra_cases}
+         "rope": rope_cases, "lse": lse_cases, "kcols": kcols_cases, "sparse": sparse_cases,
+         "sparse_extra": sparse_extra_cases}
 
 
 def main(argv=None):

@@ -86,6 +86,7 @@ def lse_cases() -> list:
                   f"vs portable={agree:.5f}", flush=True)
             results.append(ok)
         results += _dropin_cases(n)
+        results += _bias_cases()
     finally:
         hopper_host.run_shared_kv = real
     return results
@@ -107,5 +108,36 @@ def _dropin_cases(n: int) -> list:
         ok = error <= LSE_MAX_ERROR and c >= 0.999 and lse.shape == (1, 8, n + 77)
         print(f"{'ok ' if ok else 'BAD'} {'drop-in ' + name + ', NHD, LSE':60s} cos={c:.6f} lse err={error:.5f}",
               flush=True)
+        results.append(ok)
+    return results
+
+
+def _bias_cases() -> list:
+    """The Q launch's LSE bias (q·mean(K)·scale) as Hopper's tiled rotation takes it, from a tensor-core
+    product of the 16-bit rows with K's mean in three 16-bit parts (``quant._bias_mean_operand``): within fp32
+    sums of fp64's on the mean the launch reduced, with massive channels (a 16-bit mean misses by ~1e-3)."""
+    from sagetriton.kernels import host_quant, quant
+
+    results = []
+    B, H, HKV, L, D, mult = 1, 24, 8, 4096 + 77, 128, 128 ** -0.5
+    for dtype in (torch.bfloat16, torch.float16):
+        q, k = (torch.randn(B, h, L, D, device="cuda") for h in (H, HKV))
+        q[..., [3, 40]] *= 30
+        k[..., [3, 40]] *= 30
+        k += 3 * torch.randn(D, device="cuda")
+        q, k = q.to(dtype), k.to(dtype)
+        parts, n_parts, k_tokens = host_quant._kv_stats(k, k, True, quant.V_NONE, D)
+        mean = parts[0].double().sum(1) / k_tokens  # (B*HKV, D): what the launch reduces, in fp64
+        final = torch.empty((4, B * HKV, D), dtype=torch.float32, device="cuda")
+        bias = torch.full((B * H, L), float("nan"), dtype=torch.float32, device="cuda")
+        api._quantize_qk(q, 16, 64, D, 1.0, quant.MEAN_DOT, (parts, n_parts, L, k_tokens, final), H // HKV,
+                         bias=bias, bias_mult=mult, finalize=(True, quant.V_NONE, 1.0, False), rotate=128,
+                         method="tiled")
+        terms = q.double().reshape(B * H, L, D) * mean.repeat_interleave(H // HKV, dim=0)[:, None, :]
+        want = terms.sum(-1) * mult
+        rel = ((bias.double() - want).abs() / (terms.abs().sum(-1) * mult)).max().item()
+        ok = rel <= 1e-5 and want.abs().max().item() > 10
+        print(f"{'ok ' if ok else 'BAD'} {f'LSE bias of the tiled Q launch, {dtype}':60s} "
+              f"err/sum|terms|={rel:.2e} (fp32 sums: <= 1e-5)", flush=True)
         results.append(ok)
     return results

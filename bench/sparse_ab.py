@@ -24,9 +24,11 @@ from sagetriton.kernels import sparse_attn, sparse_launch
 from sagetriton.kernels.arch import detect_arch, resolve_config
 
 BASE = dict(sparse_launch.TUNING)
-# "pairs" (two listed key blocks gathered into one 128-key tile) was measured here on 2026-12-04 and removed:
-# 83.8 ms against 78.4 for one block per tile (bench/NOTES.md, "Sparse attention").
-ATTN = {"list 64": {}, "regs0": dict(attn_maxnreg=0), "stages3": dict(attn_stages=3), "no-tma": dict(attn_tma=False)}
+# Two listed key blocks gathered into one 128-key tile was measured here on 2026-12-04 and removed: 83.8 ms
+# against 78.4 for one block per tile (bench/NOTES.md, "Sparse attention"). "one block per step" turns off
+# the pairs kept since (two 64-key MMAs, one rescale: ``sparse_launch.exact_pairs``).
+ATTN = {"list 64": {}, "one block per step": dict(attn_pairs=False), "regs0": dict(attn_maxnreg=0),
+        "stages3": dict(attn_stages=3), "no-tma": dict(attn_tma=False)}
 ROUTE = {"64x32 w8": dict(route_tiles=(64, 32), route_warps=8), "32x32 w4": dict(route_tiles=(32, 32), route_warps=4),
          "128x32 w8": dict(route_tiles=(128, 32), route_warps=8), "64x64 w8": dict(route_tiles=(64, 64), route_warps=8)}
 POOL = {"pool 1 stage": dict(pool_stages=1), "pool 3 stages": dict(pool_stages=3)}

@@ -341,8 +341,8 @@ def resolve_config(arch: ArchInfo, head_dim: int = 128, qk_quant_gran: Optional[
         cfg = cfg.replace(qk_rotation=qk_rotation)
     if cfg.pv_precision == "fp8" and cfg.fp8_format is None:
         cfg = cfg.replace(fp8_format="e4m3fn")  # interpreter / unknown arch asked for fp8 explicitly
-    if cfg.shared_kv_min_len and (cfg.pv_precision not in ("fp8", "int8") or cfg.qk_quant_gran == "per_thread"):
-        cfg = cfg.replace(shared_kv_min_len=0)  # the Gluon kernel has 8-bit P·V and one K scale per tile only
+    if cfg.shared_kv_min_len and cfg.pv_precision not in ("fp8", "int8"):
+        cfg = cfg.replace(shared_kv_min_len=0)  # the Gluon kernel has 8-bit P·V only (K scales per tile or per key)
     if cfg.pv_precision not in ("fp8", "int8") and cfg.max_registers:
         # The cap buys the fp8 kernel a third CTA per SM. 16-bit P·V tiles take 107 KB of shared
         # memory at head_dim 128, so two CTAs fit whatever the registers: a cap would only spill.

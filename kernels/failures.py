@@ -19,7 +19,8 @@ class ProcessMemory:
 
     - ``variants``: kernel variant key -> why it failed; that variant is off (``routing.dispatch``).
     - ``proven_variants``: variant keys whose quantized container path ran once (``routing.containers``).
-    - ``gluon`` / ``gluon_lse``: why Hopper's Gluon kernel (its LSE twins alone) could not run (``hopper_host``).
+    - ``gluon`` / ``gluon_lse`` / ``gluon_kcols``: why Hopper's Gluon kernel (its LSE twins alone, its variant with a K
+      scale per key alone) could not run (``hopper_host``).
     - ``rope``: why the RoPE kernel failed; ComfyUI's RoPE from then on (``routing.rope_hooks``).
     - ``direct_launch``: kernel -> why its direct launches are off (``launcher``).
     - ``replays`` / ``refused_replays``: recorded calls by key, oldest first, and keys too large to keep
@@ -32,6 +33,7 @@ class ProcessMemory:
         self.proven_variants: set = set()
         self.gluon: Optional[str] = None
         self.gluon_lse: Optional[str] = None
+        self.gluon_kcols: Optional[str] = None
         self.rope: Optional[str] = None
         self.direct_launch: dict = {}
         self.replays: dict = {}
@@ -43,7 +45,7 @@ class ProcessMemory:
             for table in (self.variants, self.proven_variants, self.direct_launch, self.replays,
                           self.refused_replays):
                 table.clear()
-            self.gluon = self.gluon_lse = self.rope = None
+            self.gluon = self.gluon_lse = self.gluon_kcols = self.rope = None
 
 
 memory = ProcessMemory()

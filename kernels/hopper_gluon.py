@@ -10,8 +10,9 @@ slower than three free-running ones, bench/NOTES.md), with the same registers as
 portable kernel (168, so 3 × 128 threads fill the register file).
 
 The math is the portable kernel's, in the same order: INT8 Q·Kᵀ with one K scale per tile, integer
-row max, one FMA per logit into exp2, P rounded to fp8 and relabelled into MMA operand order
-(``quant.mma_operand_order``; V is stored that way), a fresh fp32 P·V accumulator per tile added into
+row max, one FMA per logit into exp2 (per-token K scales: one multiply more, ``hopper_logits``), P
+rounded to fp8 and relabelled into MMA operand order (``quant.mma_operand_order``; V is stored that
+way), a fresh fp32 P·V accumulator per tile added into
 the running output. One difference: the softmax's row sums come from the tensor cores (an MMA of the
 fp8 P with a block of ones), which takes 64 adds and two shuffles per thread and tile off the
 softmax (bench/NOTES.md). They sum the fp8-rounded P that the numerator uses, so outputs
@@ -23,9 +24,10 @@ runs its CTAs in key shares instead, which merge their rows into the output in t
 
 Scope: FP8 P·V (with fp8+residual, a second MMA with V's rounding error into the same tile sum) or
 INT8 P·V (P shifted by each tile's own row max and rounded to 0..255, exact int32 sums scaled back),
-head_dim padded to 128 and a multiple of 8 (16-byte output stores), per-tile K scales, no mask, not
-causal. With the LSE (ring attention's every step), ``hopper_lse``'s twins of both kernels also store
-each row's natural-log log-sum-exp (the last key share of a split CTA, once merged). It wins from
+head_dim padded to 128 and a multiple of 8 (16-byte output stores), K scales per tile or per token
+(``K_COLS``: per_thread, the drop-in's default), no mask, not causal. With the LSE (ring attention's
+every step), ``hopper_lse``'s twins of both kernels also store each row's natural-log log-sum-exp
+(the last key share of a split CTA, once merged). It wins from
 4,608 query tokens (bench/results/sm90_gluon_min_len_ab2.json); ``api`` sends it nothing
 else. Gluon ships inside the triton package (3.5+); without it ``AVAILABLE`` is False and the portable
 kernel runs.
@@ -47,6 +49,7 @@ try:
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    from .hopper_logits import tile_logits
     from .triton_compat import TRITON_VERSION, partition_barrier, tma_load  # what differs between Tritons
 
     # Triton 3.9 spills hundreds of registers when a second async MMA is issued while P·V's runs:
@@ -99,11 +102,11 @@ if AVAILABLE:
     def _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s, pv, rs, acc, m_i, sh_i, l_acc, qs,
               ks_base, tb_base, i, key0, LK, k_desc, v_desc, n_local, k_row0, v_row, P_LOG2: gl.constexpr,
               STAGES: gl.constexpr, MASKED: gl.constexpr, p_layout: gl.constexpr, V_RES: gl.constexpr,
-              FILL: gl.constexpr):
+              FILL: gl.constexpr, K_COLS: gl.constexpr):
         """The ``i``-th K/V tile of this CTA's key range (``key0``: its first key; ``ks_base``: its
-        first tile's K scale; ``tb_base``: its first tile's INT8 V column sums) for one warpgroup. ``s``,
-        ``pv`` and ``rs`` are the previous tile's (dead) results, handed back as the MMAs' ignored
-        accumulators so no zero tile stays live in registers.
+        first tile's K scale, or its first key's with K_COLS; ``tb_base``: its first tile's INT8 V column
+        sums) for one warpgroup. ``s``, ``pv`` and ``rs`` are the previous tile's (dead) results, handed
+        back as the MMAs' ignored accumulators so no zero tile stays live in registers.
         The row sums of P come from the tensor cores (P times a column block of ones, ``rs``), not
         from 64 adds and two shuffles per thread: ``l_acc`` holds them, every column the same.
 
@@ -119,13 +122,7 @@ if AVAILABLE:
         mbarrier.wait(kv_ready.index(st), (i // STAGES) & 1)
         s = warpgroup_mma_wait(0, deps=(warpgroup_mma(q, k_smem.index(st).permute((1, 0)), s, use_acc=False,
                                                       is_async=True),))
-        row_scale = qs * gl.load(ks_base + i)
-        if MASKED:  # the last tile: keys past LK belong to the next head (or are zero-filled)
-            offs_n = key0 + i * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s.type.layout))
-            x = gl.where((offs_n < LK)[None, :], s.to(gl.float32) * row_scale[:, None], float("-inf"))
-            t_max = gl.max(x, axis=1)
-        else:  # scales are positive: the row max is taken on the integers
-            t_max = gl.max(s, axis=1).to(gl.float32) * row_scale
+        x, t_max, m = tile_logits(s, qs, ks_base, i, key0, LK, MASKED, K_COLS)
         m_new = gl.maximum(m_i, t_max)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
         if PV_INT8:
@@ -136,10 +133,10 @@ if AVAILABLE:
         else:
             shift = m_use
             alpha = gl.exp2(m_i - m_use)
-        if MASKED:
+        if MASKED and not K_COLS:
             arg = x - (shift - P_LOG2)[:, None]
         else:
-            arg = s.to(gl.float32) * row_scale[:, None] - (shift - P_LOG2)[:, None]
+            arg = x.to(gl.float32) * m[:, None] - (shift - P_LOG2)[:, None]
         if PV_INT8:
             p8 = round_p_offset_int8(gl.exp2(arg))  # P - 128
         else:
@@ -172,7 +169,7 @@ if AVAILABLE:
     @gluon.jit
     def _warpgroup(args, descs, C: gl.constexpr, P_LOG2: gl.constexpr, STAGES: gl.constexpr,
                    HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr,
-                   LSE: gl.constexpr):
+                   LSE: gl.constexpr, K_COLS: gl.constexpr):
         """Rows C·64.. of this CTA's 192 query rows, over its key range (every key, or one share with
         SPLIT). Warpgroup 0 also loads Q and keeps the K/V ring STAGES - 1 tiles ahead of itself."""
         (q_smem, k_smem, v_smem, vres_smem, ones_smem, q_bar, kv_ready, kv_empty, QS, KS, VScale, VMean, TileBias,
@@ -231,8 +228,12 @@ if AVAILABLE:
 
         offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
         # Q scales already hold sm_scale·log2(e): logits come out in base-2 units.
-        qs = gl.load(QS + bh.to(gl.int64) * LQ + offs_m, mask=offs_m < LQ, other=0.0)
-        ks_base = KS + bhk.to(gl.int64) * n_tiles + t0
+        # Rows past LQ (never stored) take 1 with K_COLS: the masked tile's -inf logits times 0 would be NaN.
+        qs = gl.load(QS + bh.to(gl.int64) * LQ + offs_m, mask=offs_m < LQ, other=1.0 if K_COLS else 0.0)
+        if K_COLS:  # a scale per key (B·H_KV, LK)
+            ks_base = KS + bhk.to(gl.int64) * LK + t0 * BN
+        else:  # a scale per tile (B·H_KV, n_tiles)
+            ks_base = KS + bhk.to(gl.int64) * n_tiles + t0
         tb_base = TileBias + (bhk.to(gl.int64) * n_tiles + t0) * D_PAD
         q = q_smem.index(C)
         # 8-bit MMAs sum into int32 (INT8 P·V) or fp32 (FP8).
@@ -250,17 +251,23 @@ if AVAILABLE:
             s, pv, rs, acc, m_i, sh_i, l_acc = _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s,
                                                      pv, rs, acc, m_i, sh_i, l_acc, qs, ks_base, tb_base, i,
                                                      t0 * BN, LK, k_desc, v_desc, n_local, k_row0, v_row, P_LOG2,
-                                                     STAGES, False, p_layout, V_RES, C == 0)
+                                                     STAGES, False, p_layout, V_RES, C == 0, K_COLS)
         if n_full < n_local:
             s, pv, rs, acc, m_i, sh_i, l_acc = _tile(q, k_smem, v_smem, vres_smem, ones_smem, kv_ready, kv_empty, s,
                                                      pv, rs, acc, m_i, sh_i, l_acc, qs, ks_base, tb_base, n_full,
                                                      t0 * BN, LK, k_desc, v_desc, n_local, k_row0, v_row, P_LOG2,
-                                                     STAGES, True, p_layout, V_RES, C == 0)
+                                                     STAGES, True, p_layout, V_RES, C == 0, K_COLS)
 
         l_i = gl.convert_layout(gl.max(l_acc, axis=1), row_o)  # every column holds the row sum
         if v_smem.dtype == gl.int8:  # INT8 P's shift margin holds below HOT_LOGIT_LIMIT: NaN beyond, for the guard
             l_i = gl.where(gl.convert_layout((gl.abs(m_i) >= HOT_LOGIT_LIMIT) & (m_i > float("-inf")), row_o),
                            float("nan"), l_i)
+        if not SPLIT and LSE == LSE_STORE_QBIAS:
+            # Q's bias loaded before the output's epilogue, added after it: loaded at the end, its latency held
+            # every warpgroup's exit (bench/NOTES.md, issue 52).
+            qbias = _qbias_rows(QBias, bh, row0, LQ, ROWS)
+        else:
+            qbias = None
         out = finish_rows(acc, l_i, VScale, VMean, bhk, gl.arange(0, D_PAD, layout=col_o), D, HAS_VSCALE,
                           HAS_VMEAN).to(Out.dtype.element_ty)
         if SPLIT or not V_RES:
@@ -283,13 +290,21 @@ if AVAILABLE:
             if LSE != LSE_NONE:  # the row sums are in units of 2^(max - P_LOG2), INT8's of its last shift
                 unit = sh_i if v_smem.dtype == gl.int8 else m_i
                 _store_lse(Lse, QBias, gl.convert_layout(unit, row_o), l_i, bh, row0, LQ, P_LOG2,
-                           LSE == LSE_STORE_QBIAS)
+                           LSE == LSE_STORE_QBIAS, qbias)
 
     @gluon.jit
-    def _store_lse(Lse, QBias, m, l_sum, bh, row0, LQ, P_LOG2: gl.constexpr, HAS_QBIAS: gl.constexpr):
+    def _qbias_rows(QBias, bh, row0, LQ, ROWS: gl.constexpr):
+        """Q's K-mean bias for one warpgroup's rows, a row per thread (``_store_lse``'s layout)."""
+        one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        offs = row0 + gl.arange(0, ROWS, layout=one)
+        return gl.load(QBias + bh.to(gl.int64) * LQ + offs, mask=offs < LQ, other=0.0)
+
+    @gluon.jit
+    def _store_lse(Lse, QBias, m, l_sum, bh, row0, LQ, P_LOG2: gl.constexpr, HAS_QBIAS: gl.constexpr, qbias=None):
         """One warpgroup's rows of the natural-log LSE (B·H, LQ), from the row max (or INT8 shift) ``m`` and
         the row sums in units of 2^(m - P_LOG2), as the portable kernel writes it: -inf for a row with no
-        live key, NaN where the sums are; plus Q's K-mean bias (``QBias``) when K was smoothed."""
+        live key, NaN where the sums are; plus Q's K-mean bias (``QBias``) when K was smoothed (``qbias``: those
+        rows of it, loaded already by ``_qbias_rows``)."""
         ROWS: gl.constexpr = m.type.shape[0]
         one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # a row per thread: few registers at the end
         m = gl.convert_layout(m, one)
@@ -300,7 +315,9 @@ if AVAILABLE:
         ok = offs < LQ
         base = bh.to(gl.int64) * LQ
         if HAS_QBIAS:
-            lse += gl.load(QBias + base + offs, mask=ok, other=0.0)
+            if qbias is None:
+                qbias = gl.load(QBias + base + offs, mask=ok, other=0.0)
+            lse += qbias
         gl.store(Lse + base + offs, lse, mask=ok)
 
     @gluon.jit
@@ -362,24 +379,27 @@ if AVAILABLE:
     # they would reach the partitions as runtime values.
     @gluon.jit
     def _warpgroup0(args, descs, P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr,
-                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr, LSE: gl.constexpr):
-        _warpgroup(args, descs, 0, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE)
+                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr, LSE: gl.constexpr,
+                    K_COLS: gl.constexpr):
+        _warpgroup(args, descs, 0, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE, K_COLS)
 
     @gluon.jit
     def _warpgroup1(args, descs, P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr,
-                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr, LSE: gl.constexpr):
-        _warpgroup(args, descs, 1, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE)
+                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr, LSE: gl.constexpr,
+                    K_COLS: gl.constexpr):
+        _warpgroup(args, descs, 1, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE, K_COLS)
 
     @gluon.jit
     def _warpgroup2(args, descs, P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr,
-                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr, LSE: gl.constexpr):
-        _warpgroup(args, descs, 2, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE)
+                    HAS_VMEAN: gl.constexpr, V_RES: gl.constexpr, SPLIT: gl.constexpr, LSE: gl.constexpr,
+                    K_COLS: gl.constexpr):
+        _warpgroup(args, descs, 2, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE, K_COLS)
 
     @gluon.jit
     def _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, TileBias, Out, stride_ob, stride_oh, stride_om,
                    H, H_KV, LQ, LK, D, n_whole, splits, Flags, ML, Lse, QBias, P_LOG2: gl.constexpr,
                    STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr, REGISTERS: gl.constexpr,
-                   V_RES: gl.constexpr, SPLIT: gl.constexpr, LSE: gl.constexpr):
+                   V_RES: gl.constexpr, SPLIT: gl.constexpr, LSE: gl.constexpr, K_COLS: gl.constexpr):
         NCONS: gl.constexpr = 3  # = CONSUMERS: one warp_specialize partition per warpgroup below
         ONES_N: gl.constexpr = 8  # columns of the row-sum MMA: the smallest N of a warpgroup MMA
         ROWS: gl.constexpr = q_desc.block_type.shape[0]
@@ -435,9 +455,9 @@ if AVAILABLE:
             gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                       is_pure=False, pack=1)
         gl.warp_specialize([
-            (_warpgroup0, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE)),
-            (_warpgroup1, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE)),
-            (_warpgroup2, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE)),
+            (_warpgroup0, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE, K_COLS)),
+            (_warpgroup1, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE, K_COLS)),
+            (_warpgroup2, (args, descs, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, V_RES, SPLIT, LSE, K_COLS)),
         ], [4, 4], [REGISTERS, REGISTERS])
 
     @gluon.jit
@@ -447,12 +467,12 @@ if AVAILABLE:
         stride_ob, stride_oh, stride_om,
         H, H_KV, LQ, LK, D,
         P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr,
-        REGISTERS: gl.constexpr, V_RES: gl.constexpr,
+        REGISTERS: gl.constexpr, V_RES: gl.constexpr, K_COLS: gl.constexpr,
     ):
         """CTA i: query rows 192·(i mod ceil(LQ/192)) of head i div ceil(LQ/192), every key."""
         _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, TileBias, Out, stride_ob, stride_oh, stride_om,
                    H, H_KV, LQ, LK, D, 0, 1, QS, QS, QS, QS, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN, REGISTERS, V_RES,
-                   False, LSE_NONE)
+                   False, LSE_NONE, K_COLS)
 
     @gluon.jit
     def shared_kv_split_kernel(
@@ -461,7 +481,7 @@ if AVAILABLE:
         H, H_KV, LQ, LK, D,
         n_whole, splits, Flags, ML,
         P_LOG2: gl.constexpr, STAGES: gl.constexpr, HAS_VSCALE: gl.constexpr, HAS_VMEAN: gl.constexpr,
-        REGISTERS: gl.constexpr, V_RES: gl.constexpr,
+        REGISTERS: gl.constexpr, V_RES: gl.constexpr, K_COLS: gl.constexpr,
     ):
         """The CTAs from ``n_whole`` on, each cut into ``splits`` key shares (``tail_split``): program i is
         share i mod splits of CTA n_whole + i div splits, i the ticket it takes as it starts; the shares of
@@ -469,7 +489,7 @@ if AVAILABLE:
         per warpgroup of each tail CTA; ``ML``: fp32 row max and sum)."""
         _attention(q_desc, k_desc, v_desc, QS, KS, VScale, VMean, TileBias, Out, stride_ob, stride_oh, stride_om,
                    H, H_KV, LQ, LK, D, n_whole, splits, Flags, ML, QS, QS, P_LOG2, STAGES, HAS_VSCALE, HAS_VMEAN,
-                   REGISTERS, V_RES, True, LSE_NONE)
+                   REGISTERS, V_RES, True, LSE_NONE, K_COLS)
 
     def descriptors(q8, k8, v_t):
         """TMA descriptors over the quantized tensors as 2-D views: q8, k8 int8 (B*H, L, D_PAD), v_t

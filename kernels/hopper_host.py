@@ -18,18 +18,21 @@ from .triton_compat import sm90_ptxas_scope
 def uses_long_sequence_kernel(cfg: KernelConfig, q_len: int, head_dim: int, masked: bool, is_causal: bool,
                               return_lse: bool) -> bool:
     """Whether ``cfg`` sends a call to Hopper's Gluon kernel (where this Triton can build it): long
-    enough, unmasked, not causal, 8-bit P·V through tensor descriptors, one K scale per tile, its fixed
-    tiles; with or without the LSE (``return_lse`` is kept for callers)."""
+    enough, unmasked, not causal, 8-bit P·V through tensor descriptors, one K scale per tile (or per key
+    with FP8 P·V: per_thread, ``hopper_logits``), its fixed tiles; with or without the LSE (``return_lse``
+    is kept for callers)."""
     d_pad = head_dim_padded(head_dim)
     return bool(cfg.shared_kv_min_len and q_len >= cfg.shared_kv_min_len and not masked and not is_causal
-                and cfg.group_sizes()[1] == cfg.block_n and cfg.pv_precision in ("fp8", "int8")
+                and (cfg.group_sizes()[1] == cfg.block_n or (cfg.group_sizes()[1] == 1 and cfg.pv_precision == "fp8"))
+                and cfg.pv_precision in ("fp8", "int8")
                 and cfg.use_tma and d_pad == hopper_gluon.HEAD_DIM and head_dim % 8 == 0
                 and cfg.block_n == hopper_gluon.BLOCK_N and cfg.block_m == hopper_gluon.ROWS)
 
 
 
 # Why the Gluon kernel could not run here (then never tried again), and the same for its LSE twins alone (calls
-# without the LSE keep it): ``failures.memory.gluon`` and ``.gluon_lse``.
+# without the LSE keep it) and its variant with a K scale per key alone (per-tile calls keep it):
+# ``failures.memory.gluon``, ``.gluon_lse`` and ``.gluon_kcols``.
 _memory = failures.memory
 
 
@@ -39,8 +42,9 @@ def shared_kv_error() -> Optional[str]:
 
 
 def errors() -> tuple:
-    """(the Gluon kernel's error, its LSE twins' error) in this process, None where they work."""
-    return _memory.gluon, _memory.gluon_lse
+    """(the Gluon kernel's error, its LSE twins' error, its per-key K scales variant's error) in this process,
+    None where they work."""
+    return _memory.gluon, _memory.gluon_lse, _memory.gluon_kcols
 
 
 def shared_kv_plan(n_heads: int, LQ: int, LK: int, device):
@@ -63,11 +67,12 @@ def shared_kv_plan(n_heads: int, LQ: int, LK: int, device):
 
 
 def run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, v_tile_bias, oh, dims, p_log2: float, v_residual: bool, plan,
-                   pdl: bool = False, lse=None, qbias=None) -> bool:
+                   pdl: bool = False, lse=None, qbias=None, k_cols: bool = False) -> bool:
     """Hopper's Gluon kernel on the quantized tensors, split last wave as ``plan`` (``shared_kv_plan``);
     False (and the portable kernel from then on, logged once) if this Triton cannot build or launch it.
     With ``pdl`` the whole CTAs may start while the V conversion ends (they wait for its output). ``lse``:
-    the (B, H, LQ) LSE to write (its kernels' twins), plus ``qbias`` where K was smoothed."""
+    the (B, H, LQ) LSE to write (its kernels' twins), plus ``qbias`` where K was smoothed. ``k_cols``: ``ks``
+    holds a scale per key (B·H_KV, LK), not per 128-key tile."""
     H, H_KV, LQ, LK, D = dims
     # The kernel tells the compiler its output rows are 16-byte aligned with contiguous channels.
     assert oh.stride(3) == 1 and D % 8 == 0, "the Gluon kernel writes only our own (.., D % 8 == 0) outputs"
@@ -78,7 +83,8 @@ def run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, v_tile_bias, oh, dims, p
     v_mean = v_mean if v_mean is not None else qs
     v_tile_bias = v_tile_bias if v_tile_bias is not None else qs
     args = (*g.descriptors(q8, k8, v_t), qs, ks, v_scale, v_mean, v_tile_bias, oh, *oh.stride()[:3], H, H_KV, LQ, LK, D)
-    consts = dict(P_LOG2=p_log2, STAGES=g.STAGES, **flags, REGISTERS=g.REGISTERS, V_RES=v_residual)
+    consts = dict(P_LOG2=p_log2, STAGES=g.STAGES, **flags, REGISTERS=g.REGISTERS, V_RES=v_residual,
+                  K_COLS=bool(k_cols))
     whole, split, lse_args = g.shared_kv_attention_kernel, g.shared_kv_split_kernel, ()
     if lse is not None:
         whole, split, lse_args = hopper_lse.shared_kv_attention_lse_kernel, hopper_lse.shared_kv_split_lse_kernel, (
@@ -95,6 +101,11 @@ def run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, v_tile_bias, oh, dims, p
     except Exception as e:  # noqa: BLE001 - a compiler error must not break the user's run
         if launch.hook is not None:  # the cross-compile check must see the error
             raise
+        if k_cols:  # per_thread calls take the portable kernel; per-tile ones keep this one
+            _memory.gluon_kcols = root_cause(e)
+            logger.warning("Hopper Gluon kernel with per-token K scales unavailable with this Triton (%s); the "
+                           "portable kernel runs per_thread calls instead", _memory.gluon_kcols)
+            return False
         if lse is not None:
             _memory.gluon_lse = root_cause(e)
             logger.warning("Hopper Gluon kernel with the LSE unavailable with this Triton (%s); the portable kernel "

@@ -165,7 +165,8 @@ def _forward(inputs: list, layout, is_causal, sm_scale, attn_mask, return_lse, c
         B, H, H_KV, LQ, LK, D = plan.dims
         if hopper_host.run_shared_kv(qz.q8, qz.qs, qz.k8, qz.ks, qz.v_op, qz.v_scale, qz.v_mean, qz.v_tile_bias,
                                      plan.oh, (H, H_KV, LQ, LK, D), math.log2(qz.p_scale), cfg.v_residual,
-                                     plan.shared_kv, plan.pdl, lse=plan.lse if return_lse else None, qbias=qz.qbias):
+                                     plan.shared_kv, plan.pdl, lse=plan.lse if return_lse else None, qbias=qz.qbias,
+                                     k_cols=not plan.k_scalar):
             return plan
     _launch_attention(plan, qz, cfg, is_causal, attn_mask, return_lse)
     return plan
@@ -199,8 +200,9 @@ def _plan_call(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg:
     # The Gluon kernel's workspace is allocated here, before the quantization launches, so that no fill
     # runs between them and the kernel (with ``pdl`` each launch may start as the one before it ends).
     shared_kv = None
+    errors = hopper_host.errors()
     if LQ and hopper_host.uses_long_sequence_kernel(cfg, LQ, D, attn_mask is not None, is_causal, return_lse) and not (
-            return_lse and hopper_host.errors()[1] is not None):
+            return_lse and errors[1] is not None) and not (cfg.group_sizes()[1] == 1 and errors[2] is not None):
         shared_kv = hopper_host.shared_kv_plan(B * H, LQ, LK, q.device)
     return _CallPlan(qh, kh, vh, out, oh, lse, (B, H, H_KV, LQ, LK, D), head_dim_padded(D), sm_scale,
                      cfg.group_sizes()[1] == cfg.block_n, cfg.pdl and not interpreter_enabled(), shared_kv,

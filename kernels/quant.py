@@ -319,6 +319,25 @@ def _store_rotated_mean(Parts, Final, final_slot, kvh, n_parts, k_tokens, Signs,
     tl.store(Final + ROTATED_MEAN_SLOT * final_slot + kvh * D_PAD + d, tl.sum(mean[:, None] * signs, 0))
 
 
+# Columns of ``_bias_mean_operand``: the smallest N of a tensor-core product in Triton.
+BIAS_MEAN_COLS = tl.constexpr(16)
+
+
+@triton.jit
+def _bias_mean_operand(Parts, kvh, n_parts, k_tokens, dtype: tl.constexpr, PARTS_PAD: tl.constexpr,
+                       D_PAD: tl.constexpr):
+    """K's mean for head ``kvh`` split into three 16-bit parts (its rounding to ``dtype``, the rounding of what
+    that leaves, and of what those two leave: 24 bits, fp32's), as columns 0-2 of a (D_PAD, BIAS_MEAN_COLS)
+    operand. The 16-bit rows times it, one small MMA with exact products, sum to x·mean as the fp32 sum over
+    the rows did, in the MMA's layout and with the operand in shared memory (``_quantize_rotated_tiles``)."""
+    mean = _k_mean(Parts, kvh, n_parts, k_tokens, PARTS_PAD, D_PAD)
+    hi = mean.to(dtype).to(tl.float32)
+    mid = (mean - hi).to(dtype).to(tl.float32)
+    lo = (mean - hi - mid).to(dtype).to(tl.float32)
+    c = tl.arange(0, BIAS_MEAN_COLS)[None, :]
+    return tl.where(c == 0, hi[:, None], tl.where(c == 1, mid[:, None], tl.where(c == 2, lo[:, None], 0.0))).to(dtype)
+
+
 @triton.jit
 def quantize_int8_kernel(
     X, stride_xb, stride_xh, stride_xl, stride_xd,
@@ -416,19 +435,22 @@ def _quantize_rotated_tiles(
     if MEAN_MODE == MEAN_SUBTRACT_C:
         mean_h = tl.load(Final + ROTATED_MEAN_SLOT * final_slot + bh * D_PAD + d)
     if MEAN_MODE == MEAN_DOT_C:
-        mean = _k_mean(Parts, kvh, n_parts, K_TOKENS, PARTS_PAD, D_PAD)
+        mean_op = _bias_mean_operand(Parts, kvh, n_parts, K_TOKENS, X.dtype.element_ty, PARTS_PAD, D_PAD)
     for i in tl.range(0, TILES, num_stages=STAGES):
         tile = first + i
         offs_l = tile * BLOCK + rows
         row_ok, _, x = _load_rows(X, stride_xb, stride_xh, stride_xl, stride_xd, bh, H, offs_l, L, D, D_PAD,
                                   X.dtype.element_ty)
-        if MEAN_MODE == MEAN_DOT_C:  # q·mean(K) for the LSE, from the unrotated rows
-            tl.store(Bias + bh.to(tl.int64) * L + offs_l, tl.sum(x.to(tl.float32) * mean[None, :], axis=1) * bias_mult,
-                     mask=row_ok)
         if INTERPRETER:  # its bf16 dot reads the bits as integers: the same exact values in fp32
             y = tl.dot(x.to(tl.float32), signs.to(tl.float32))
         else:
             y = tl.dot(x, signs)
+        if MEAN_MODE == MEAN_DOT_C:  # q·mean(K) for the LSE: a second product of the rows as loaded
+            if INTERPRETER:
+                qm = tl.dot(x.to(tl.float32), mean_op.to(tl.float32))
+            else:
+                qm = tl.dot(x, mean_op)
+            tl.store(Bias + bh.to(tl.int64) * L + offs_l, tl.sum(qm, axis=1) * bias_mult, mask=row_ok)
         if MEAN_MODE == MEAN_SUBTRACT_C:
             y = y - mean_h[None, :]
         y = tl.where(row_ok[:, None], y, 0.0)

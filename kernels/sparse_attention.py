@@ -15,6 +15,7 @@ import triton.language as tl
 
 from .attention import HOT_LOGIT_LIMIT, HOT_LOGIT_LIMIT_FP8, PV_FP8_C, PV_INT8_C, _attn_tile, finish_rows
 from .quant import gdc_wait
+from .sparse_tile import attn_pair
 
 
 @triton.jit
@@ -28,7 +29,7 @@ def sparse_attention_kernel(
     BLOCK_M: tl.constexpr, D_PAD: tl.constexpr, PV_MODE: tl.constexpr, P_LOG2: tl.constexpr,
     HAS_VSCALE: tl.constexpr, HAS_QBIAS: tl.constexpr, K_SCALAR: tl.constexpr, RETURN_LSE: tl.constexpr,
     EVEN_D: tl.constexpr, INTERPRETER: tl.constexpr, K_TMA: tl.constexpr, V_TMA: tl.constexpr,
-    V_T: tl.constexpr, V_RES: tl.constexpr, PDL: tl.constexpr,
+    V_T: tl.constexpr, V_RES: tl.constexpr, PDL: tl.constexpr, PAIRS: tl.constexpr,
 ):
     if PDL:
         gdc_wait()
@@ -76,13 +77,28 @@ def sparse_attention_kernel(
     ragged = (L % BLOCK_N) != 0
     if ragged:  # the short last key block, if listed, is the list's last entry
         n_full = cnt - (tl.load(list_base + cnt - 1).to(tl.int32) == NB - 1).to(tl.int32)
-    for t in range(0, n_full):
-        start_n = tl.load(list_base + t).to(tl.int32) * BLOCK_N
-        acc, l_i, m_i, sh_i = _attn_tile(
-            acc, l_i, m_i, sh_i, q, qs, offs_m, start_n, k_base, ks_base, v_base, tb_base, Q8, KDesc, VDesc, bhk,
-            stride_vn, stride_vd, 0, 0, L, L, D,
-            BLOCK_N, D_PAD, False, False, 0, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
-            K_TMA, V_TMA, V_T, V_RES)
+    # Listed blocks two per step where PAIRS (one row max and one rescale per 128 keys), an odd count's last
+    # one alone (an if, not a loop from the pairs' end: that loop spilled 2-10 registers on sm90).
+    if PAIRS:
+        for t in range(0, n_full - 1, 2):
+            acc, l_i, m_i, sh_i = attn_pair(
+                acc, l_i, m_i, sh_i, q, qs, tl.load(list_base + t).to(tl.int32) * BLOCK_N,
+                tl.load(list_base + t + 1).to(tl.int32) * BLOCK_N, k_base, ks_base, v_base, tb_base, KDesc, VDesc,
+                bhk, stride_vn, stride_vd, D, D_PAD, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER, K_TMA, V_TMA,
+                V_T, V_RES)
+        if n_full % 2 != 0:
+            acc, l_i, m_i, sh_i = _attn_tile(
+                acc, l_i, m_i, sh_i, q, qs, offs_m, tl.load(list_base + n_full - 1).to(tl.int32) * BLOCK_N, k_base,
+                ks_base, v_base, tb_base, Q8, KDesc, VDesc, bhk, stride_vn, stride_vd, 0, 0, L, L, D,
+                BLOCK_N, D_PAD, False, False, 0, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
+                K_TMA, V_TMA, V_T, V_RES)
+    else:
+        for t in range(0, n_full):
+            acc, l_i, m_i, sh_i = _attn_tile(
+                acc, l_i, m_i, sh_i, q, qs, offs_m, tl.load(list_base + t).to(tl.int32) * BLOCK_N, k_base,
+                ks_base, v_base, tb_base, Q8, KDesc, VDesc, bhk, stride_vn, stride_vd, 0, 0, L, L, D,
+                BLOCK_N, D_PAD, False, False, 0, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
+                K_TMA, V_TMA, V_T, V_RES)
     if n_full < cnt:
         acc, l_i, m_i, sh_i = _attn_tile(
             acc, l_i, m_i, sh_i, q, qs, offs_m, (NB - 1) * BLOCK_N, k_base, ks_base, v_base, tb_base, Q8, KDesc,

@@ -32,7 +32,7 @@ K_SAMPLE = 16
 # Knobs the A/B benchmark (bench/sparse_ab.py) flips; the defaults are what it measured fastest on the H200
 # (bench/results/sm90_sparse_ab.json; None: the config's own choice). bench/NOTES.md, "Sparse attention".
 TUNING = {"pool_stages": 1, "attn_stages": None, "attn_tma": True, "attn_maxnreg": None, "route_prec": None,
-          "route_tiles": None, "route_warps": 8}
+          "route_tiles": None, "route_warps": 8, "attn_pairs": None}
 _TOPK_SLICE_BYTES = 256 << 20  # the top-k scores are worked out this many bytes of heads at a time
 # The top-k threshold is backed off this much (relative) below the k-th score torch finds: the router's
 # TF32 scores differ from torch's fp32 ones by about that, and a tie kept costs one block, a block lost
@@ -44,6 +44,16 @@ def sparse_config(cfg: KernelConfig) -> KernelConfig:
     """The dense config's choices (P·V format, rotation, scale granularity, stages, TMA, registers) on
     the router's 64x64 tiles: one program per query block, one key block per tile, 4 warps."""
     return cfg.replace(block_m=BLOCK, block_n=BLOCK, num_warps=4, pdl=False, shared_kv_min_len=0)
+
+
+def exact_pairs(cfg: KernelConfig, k_scalar: bool) -> bool:
+    """Whether the attention kernel runs its listed blocks two per step (``sparse_tile.attn_pair``):
+    ``TUNING``'s choice, else Hopper with one K scale per block and 8-bit P·V, where the 128-key step
+    cross-compiles in its 168 registers (its MMAs read K and V from shared memory; per-token K scales
+    spill there). Elsewhere not measured: bench/NOTES.md, "Sparse attention", "Pairs, second form"."""
+    if TUNING["attn_pairs"] is not None:
+        return bool(TUNING["attn_pairs"])
+    return cfg.use_tma and k_scalar and cfg.pv_precision in ("fp8", "int8")
 
 
 def dot_precisions(device) -> tuple[str, str]:
@@ -221,7 +231,7 @@ def run(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, r
         HAS_QBIAS=qbias is not None and not extra_tokens, K_SCALAR=k_scalar, RETURN_LSE=want_lse,
         EVEN_D=(D == d_pad) or (v_op is not vh), INTERPRETER=interpreter_enabled(), K_TMA=k_desc is not None,
         V_TMA=v_desc is not None, V_T=pv_mode in (attn.PV_FP8, attn.PV_INT8),
-        V_RES=pv_mode == attn.PV_FP8 and cfg.v_residual, PDL=False,
+        V_RES=pv_mode == attn.PV_FP8 and cfg.v_residual, PDL=False, PAIRS=exact_pairs(cfg, k_scalar),
     ), num_warps=cfg.num_warps, num_stages=TUNING["attn_stages"] or cfg.num_stages,
         **({"maxnreg": regs} if (regs := TUNING["attn_maxnreg"] if TUNING["attn_maxnreg"] is not None
                                   else cfg.max_registers) else {}))

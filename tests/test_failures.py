@@ -43,16 +43,17 @@ def test_one_reset_forgets_every_failure(monkeypatch):
     plan = SimpleNamespace(config="a config", arch=SimpleNamespace(arch="sm90"))
     dispatch.disable_variant(("a variant",), plan, RuntimeError("does not compile"))
     memory.proven_variants.add(("another variant",))
-    memory.gluon, memory.gluon_lse, memory.rope = "no Gluon", "no Gluon LSE", "no RoPE"
+    memory.gluon, memory.gluon_lse, memory.gluon_kcols, memory.rope = "no Gluon", "no Gluon LSE", "no K cols", "no RoPE"
     memory.replays[("a key",)] = object()
     memory.refused_replays[("a big key",)] = None
     # Each owner reads its state from the memory.
     assert launcher.disabled(kernel) == "RuntimeError: launcher takes other arguments"
     assert dispatch.disabled_variants() == {("a variant",): "RuntimeError: does not compile"}
-    assert hopper_host.errors() == ("no Gluon", "no Gluon LSE") and hopper_host.shared_kv_error() == "no Gluon"
+    assert hopper_host.errors() == ("no Gluon", "no Gluon LSE", "no K cols")
+    assert hopper_host.shared_kv_error() == "no Gluon"
     assert replay.refused(("a big key",))
 
     failures.reset()
     assert launcher.disabled(kernel) is None and dispatch.disabled_variants() == {}
-    assert hopper_host.errors() == (None, None) and memory.rope is None
+    assert hopper_host.errors() == (None, None, None) and memory.rope is None
     assert not memory.proven_variants and not memory.replays and not replay.refused(("a big key",))

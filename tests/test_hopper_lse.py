@@ -96,3 +96,45 @@ def test_a_failing_lse_twin_leaves_the_plain_kernel_on(monkeypatch):
     assert hopper_host.run_shared_kv(*args) is False  # the plain kernel failing is what turns it off
     assert failures.memory.gluon.endswith("cannot build shared_kv_attention_kernel")
 
+
+
+_Q_BIAS_SCRIPT = """
+import json, re
+from sagetriton_import import import_pack
+import_pack()
+import torch, triton
+from sagetriton.installer import crosscompile as cc
+from sagetriton.kernels import api, replay, rotation
+from sagetriton.kernels.arch import default_config
+target = cc.parse_target("sm90")
+cfg = default_config(target.arch_info(), 128)
+out = {}
+for lse in (False, True):
+    replay.clear()
+    q = torch.empty((1, 24, 8192, 128), dtype=torch.bfloat16, device="meta")  # 8 tiles per program on 132 SMs
+    with cc.record_launches() as specs:
+        api.attention_forward(q, q, q, "HND", False, None, None, lse, cfg, True, False)
+    spec = next(s for s in specs if s["name"] == "quantize_int8_kernel")  # Q's launch comes first
+    options = dict(spec["options"], maxnreg=rotation.TILED_MAXNREG)  # as host_quant launches it on a GPU
+    compiled = triton.compile(cc.launch_source(spec, target), target=target.gpu_target(), options=options)
+    ptx = compiled.asm["ptx"]
+    out[str(lse)] = dict(cc._resources(compiled, target), mean_mode=spec["constexprs"]["MEAN_MODE"],
+                         tiles=spec["constexprs"]["ROTATE_TILES"],
+                         mma=sorted(set(re.findall(r"wgmma\\.mma_async\\.sync\\.aligned\\.(m64n\\d+k16)", ptx))),
+                         shuffles=len(re.findall(r"shfl\\.sync", ptx)))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_tiled_q_launch_takes_the_lse_bias_from_a_tensor_core_product():
+    """Asking for the LSE adds q·mean(K) to Hopper's tiled Q launch (``quant._bias_mean_operand``): one small
+    MMA of the rows it already multiplies, in registers (no spill under its 128-register cap), and no second
+    pass over the 16-bit rows, whose row sums across a layout change cost +25 % of the launch on the H200
+    (87 shuffles a tile against 7, bench/NOTES.md)."""
+    r = compile_in_child(_Q_BIAS_SCRIPT)
+    plain, lse = r["False"], r["True"]
+    assert (plain["mean_mode"], lse["mean_mode"]) == (0, 2) and lse["tiles"] == plain["tiles"] == 8, r
+    assert plain["mma"] == ["m64n128k16"] and lse["mma"] == ["m64n128k16", "m64n16k16"], r
+    assert lse.get("spills", 0) == 0 and 0 < lse["registers"] <= 128, r
+    assert lse["shuffles"] <= plain["shuffles"] + 16, r  # the bias's row sums (SASS, before: 143 against 55)

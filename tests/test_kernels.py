@@ -410,8 +410,9 @@ def test_fp8_residual_resolves_to_fp8_with_a_later_crossover():
 
 
 def test_hopper_gluon_kernel_is_configured_only_where_it_applies():
-    """Hopper, head_dim 65-128, FP8 P·V with one K scale per tile: the Gluon kernel from 4,608 query
-    tokens; any other choice keeps the portable kernel (the Gluon one implements only that case)."""
+    """Hopper, head_dim 65-128, 8-bit P·V (K scales per tile, or per key with FP8 P·V: per_thread,
+    ``hopper_logits``): the Gluon kernel from 4,608 query tokens; any other choice keeps the portable kernel
+    (the Gluon one implements only those cases)."""
     from sagetriton.kernels.arch import ArchInfo, resolve_config
 
     hopper = ArchInfo("nvidia", "sm90", "hopper", fp8="e4m3fn")
@@ -419,7 +420,7 @@ def test_hopper_gluon_kernel_is_configured_only_where_it_applies():
     assert resolve_config(hopper, 96, "per_block")[0].shared_kv_min_len == 4608
     assert resolve_config(hopper, 64)[0].shared_kv_min_len == 0
     assert resolve_config(hopper, 128, pv_precision="fp16")[0].shared_kv_min_len == 0
-    assert resolve_config(hopper, 128, "per_thread")[0].shared_kv_min_len == 0
+    assert resolve_config(hopper, 128, "per_thread")[0].shared_kv_min_len == 4608
     ada = ArchInfo("nvidia", "sm89", "ada", fp8="e4m3fn")
     assert resolve_config(ada, 128)[0].shared_kv_min_len == 0
 

@@ -97,3 +97,31 @@ def test_auto_follows_the_config_and_falls_back_where_tiles_cannot_run(monkeypat
             outs.append(kernels.attention_forward(q, k, v, "HND", False, None, None, False,
                                                   cfg.replace(rotation_tiles=tiles), True, False)[0])
         assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_tiled_q_launch_keeps_the_lse_bias_to_fp32(monkeypatch, dtype):
+    """The Q launch's LSE bias, q·mean(K)·bias_mult, which the tiled launch takes from a small product of the
+    16-bit rows with K's mean split into three 16-bit parts: within fp32 sums of fp64's, with massive channels
+    (a mean rounded to 16 bits, or the rotated rows against an unrotated mean, misses by 1e-3 and more)."""
+    from sagetriton.kernels import host_quant, quant
+
+    monkeypatch.setattr(kernels.devices, "sm_count", lambda device: 1)  # several tiles per program, a partial one
+    q, k, v = (t.to(dtype) for t in qkv(L=200))
+    B, H, L, D = q.shape
+    H_KV = k.shape[1]
+    parts, n_parts, k_tokens = host_quant._kv_stats(k, v, True, quant.V_NONE, D)
+    assert k_tokens == L  # 200 keys: the mean of every one
+    final = torch.empty((4, B * H_KV, D), dtype=torch.float32)
+    bias = torch.full((B * H, L), float("nan"), dtype=torch.float32)
+    mult = 0.0883883
+    kernels.api._quantize_qk(q, 16, 64, D, 1.0, quant.MEAN_DOT, (parts, n_parts, L, k_tokens, final), H // H_KV,
+                             bias=bias, bias_mult=mult, finalize=(True, quant.V_NONE, 1.0, False), rotate=128,
+                             method="tiled")
+    mean = k.double().mean(2).repeat_interleave(H // H_KV, dim=1)  # (B, H, D): query head h reads K head h // 2
+    terms = q.double() * mean[:, :, None, :]
+    want = (terms.sum(-1) * mult).reshape(B * H, L)
+    scale = (terms.abs().sum(-1) * mult).reshape(B * H, L)  # what fp32 sums of the products are relative to
+    err = (bias.double() - want).abs()
+    assert (err <= 1e-5 * scale).all(), (err / scale).max()
+    assert want.abs().max() > 10  # the massive channels make the bias large
