@@ -38,7 +38,9 @@ from sagetriton.kernels.sparse_reference import route_reference  # noqa: E402
 
 SHAPES = "32760x24,75600x24,103950x56,160000x40"
 SETTINGS = [("tau", 1.0), ("tau", 1.3), ("tau", 1.5), ("topk", 0.1)]
-# GPU kernels of a sparse call that are not routing: the quantization launches and the attention.
+# GPU kernels of a sparse call that are not routing: the quantization launches and the attention. Names are
+# matched as substrings: "quantize_int8_kernel" also takes the sparse path's own Q and K launches
+# (``sparse_quant.sparse_quantize_int8_kernel``), which write the block means beside the INT8 copies.
 NOT_ROUTING = ("quantize_int8_kernel", "convert_v_kernel", "sparse_attention_kernel")
 
 

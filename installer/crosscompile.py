@@ -224,9 +224,9 @@ def sparse_specs(cfg: KernelConfig, head_dim: int = 128, backend: str = "cuda", 
     seen: set = set()
     for spec in recorded:
         name = spec["name"]
-        if name not in ("pool_kernel", "route_kernel", "sparse_attention_kernel", "extra_tail_kernel",
-                        "extra_merge_kernel"):
-            continue  # the quantization launches: the dense specs build them
+        if name not in ("pool_kernel", "pool_finish_kernel", "sparse_quantize_int8_kernel", "route_kernel",
+                        "sparse_attention_kernel", "extra_tail_kernel", "extra_merge_kernel"):
+            continue  # V's conversion: the dense specs build it
         key = (name, tuple(sorted((k, str(v)) for k, v in spec["constexprs"].items())))
         if key in seen:
             continue
@@ -239,11 +239,13 @@ def sparse_specs(cfg: KernelConfig, head_dim: int = 128, backend: str = "cuda", 
         elif name == "extra_merge_kernel":
             c.update(PREC="tf32x3" if score == "tf32" else "ieee")
         elif name == "pool_kernel":
-            spec["name"] = f"pool_kernel_{'sum' if c['MODE'] else 'mean'}{'_absmax' if c['ABSMAX'] else ''}"
-        elif not c["RETURN_LSE"]:
+            spec["name"] = f"pool_kernel{'_absmax' if c['ABSMAX'] else ''}"
+        elif name == "sparse_quantize_int8_kernel":  # K's (centred) and Q's (row dots: LSE or not) launches
+            spec["name"] = f"{name}_{'k' if c['SUBTRACT'] else 'q'}{c['ROW_DOTS'] or ''}"
+        elif name == "sparse_attention_kernel" and not c["RETURN_LSE"]:
             spec["name"] = "sparse_attention_kernel_nolse"
-        elif not c["HAS_QBIAS"]:  # extra tokens: the LSE in the centred frame, for the merge
-            spec["name"] = "sparse_attention_kernel_centred"
+        elif name == "sparse_attention_kernel" and not c["HAS_QBIAS"]:  # extra tokens: the LSE in the centred
+            spec["name"] = "sparse_attention_kernel_centred"  # frame, for the merge
         specs.append(spec)
     return specs
 

@@ -4,8 +4,9 @@ online softmax, FP8/INT8/16-bit P·V) over each query block's exact key blocks o
 One program per 64-row query block and head. Its online softmax starts from the pooled tail the
 router left for the block (``sparse_route.route_kernel``: the rejected blocks' max, sum and P·V, the
 same for all 64 rows), moved into the kernel's units (P scaled by 2^P_LOG2, V by its per-channel
-scale), then runs the exact blocks in ascending order from the router's list. Only the last key
-block can be shorter than 64 tokens; it runs through the bounds-checked tile, the rest unchecked.
+scale) and per row into its logits' frame (``TailOff``: K is centred by another vector), then runs
+the exact blocks in ascending order from the router's list. Only the last key block can be shorter
+than 64 tokens; it runs through the bounds-checked tile, the rest unchecked.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from .sparse_tile import attn_pair
 
 @triton.jit
 def sparse_attention_kernel(
-    Q8, QS, K8, KS, V, VScale, QBias, TileBias,
+    Q8, QS, K8, KS, V, VScale, QBias, TailOff, TileBias,
     Out, Lse, KDesc, VDesc,
     List, Count, TailM, TailL, TailAcc,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -62,7 +63,9 @@ def sparse_attention_kernel(
     if HAS_VSCALE:
         vsc = tl.load(VScale + bhk * D + offs_d, mask=offs_d < D, other=1.0)
         acc_t = acc_t / vsc
-    m_i = tl.zeros([BLOCK_M], tl.float32) + m_t
+    # Per row, the tail moved from the router's frame (K centred by the mean of its block means) into the
+    # kernel's (K centred as quantized): q·(mu - centre)·scale·log2 e (``sparse_quant``).
+    m_i = m_t + tl.load(TailOff + bh.to(tl.int64) * L + offs_m, mask=m_ok, other=0.0)
     # INT8 P·V: the sums' unit, as ``_attn_tile`` keeps it (the hot loop's shift, else the base itself)
     sh_i = m_i if K_SCALAR else m_i - P_LOG2
     l_i = tl.zeros([BLOCK_M], tl.float32) + tl.load(TailL + row) * unit

@@ -1,11 +1,13 @@
 """The launches behind ``sparse_attn`` (validated arguments only: ``sparse_api.check_sparse_args``).
 
-Order: block proxies of Q, K and V (``sparse_route.pool_kernel``: one read of each), K's centre and V's
-scale from them (small torch ops on (heads, blocks, D) tensors), the dense path's quantization of Q, K
-(centred by that same vector, rotated) and V (``api._quantize_qk``, ``api._prepare_v``), the router,
-then the sparse attention kernel. With ``extra_tokens``, ``sparse_extra`` rewrites the router's tail before
-the kernel and merges the extra tokens into its output after it. Every launch goes through ``api._launch``,
-so the cross-compile check records these as it records the dense ones.
+Order: one read of V (``sparse_route.pool_kernel``: its block sums and max |v|, and a sample of K's
+rows), K's centre and V's scale from those (``pool_finish_kernel``), the quantization of K (centred by
+that sample's mean, rotated) and then of Q, each writing its block means as well (``sparse_quant``: Q
+and K are read once each before the attention kernel), the block means' mean and variance and the
+centred means (two torch ops), V's conversion (``api._prepare_v``), the router, then the sparse
+attention kernel. With ``extra_tokens``, ``sparse_extra`` rewrites the router's tail before the kernel
+and merges the extra tokens into its output after it. Every launch goes through ``api._launch``, so the
+cross-compile check records these as it records the dense ones.
 """
 from __future__ import annotations
 
@@ -19,10 +21,14 @@ from .arch import KernelConfig, arch_for_device, interpreter_enabled
 from .footprint import head_dim_padded
 from .rotation import ROTATION_BLOCK
 from .sparse_attention import sparse_attention_kernel
+from .sparse_quant import quantize_with_means
 from .sparse_reference import BLOCK, topk_count
-from .sparse_route import POOL_MEAN, POOL_SUM, pool_kernel, route_kernel
+from .sparse_route import pool_finish_kernel, pool_kernel, route_kernel
 
 POOL_BLOCKS = 4  # 64-token blocks per pool program
+# Keys per pool program summed for K's centre (1/16 of K): any centre gives the same logits up to a per-row
+# constant (``sparse_quant``); it only sets INT8's range, which the sample's mean centres as well as K's mean.
+K_SAMPLE = 16
 # Knobs the A/B benchmark (bench/sparse_ab.py) flips; the defaults are what it measured fastest on the H200
 # (bench/results/sm90_sparse_ab.json; None: the config's own choice). bench/NOTES.md, "Sparse attention".
 TUNING = {"pool_stages": 1, "attn_stages": None, "attn_tma": True, "attn_maxnreg": None, "route_prec": None,
@@ -64,26 +70,42 @@ def route_precisions(device) -> tuple[str, str]:
     return TUNING["route_prec"] or dot_precisions(device)
 
 
-def _pool(x, heads, L, d_pad, nb, mode, absmax=False):
-    """(B*heads, nb, d_pad) fp32 block means or sums of a (B, heads, L, D) view; with ``absmax`` also
-    the per-program partial max |x| per channel (B*heads, n_progs, d_pad)."""
-    B, _, _, D = x.shape
-    out = torch.empty((B * heads, nb, d_pad), dtype=torch.float32, device=x.device)
+def k_sample_count(L: int) -> int:
+    """Keys ``pool_kernel`` sums for K's centre: K_SAMPLE evenly spaced ones per program's span, those before L."""
+    span = POOL_BLOCKS * BLOCK
+    return (L // span) * K_SAMPLE + -(-(L % span) // (span // K_SAMPLE))
+
+
+def _pool_v(vh, kh, L, d_pad, nb, absmax):
+    """One read of V (B, H_KV, L, D): (B*H_KV, nb, d_pad) fp32 block sums, with ``absmax`` the per-program
+    partial max |v| per channel (B*H_KV, n_progs, d_pad), and the per-program partial sums of a sample of K's
+    rows (``k_sample_count``; B*H_KV, n_progs, d_pad), whose mean K is quantized around."""
+    B, H_KV, _, D = vh.shape
+    out = torch.empty((B * H_KV, nb, d_pad), dtype=torch.float32, device=vh.device)
     progs = -(-nb // POOL_BLOCKS)
-    amax = torch.empty((B * heads, progs, d_pad) if absmax else (1,), dtype=torch.float32, device=x.device)
-    api._launch(pool_kernel, (progs, B * heads), (x, *x.stride(), out, amax, heads, L, D, nb, POOL_BLOCKS),
-                dict(D_PAD=d_pad, MODE=mode, ABSMAX=absmax, INTERPRETER=interpreter_enabled()), num_warps=4,
+    amax = torch.empty((B * H_KV, progs, d_pad) if absmax else (1,), dtype=torch.float32, device=vh.device)
+    ksum = torch.empty((B * H_KV, progs, d_pad), dtype=torch.float32, device=vh.device)
+    api._launch(pool_kernel, (progs, B * H_KV), (vh, *vh.stride(), out, amax, kh, *kh.stride(), ksum, H_KV, L, D, nb,
+                                                 POOL_BLOCKS),
+                dict(D_PAD=d_pad, ABSMAX=absmax, K_SAMPLE=K_SAMPLE, INTERPRETER=interpreter_enabled()), num_warps=4,
                 num_stages=TUNING["pool_stages"])
-    return out, amax
+    return out, amax, ksum
 
 
-def _v_scale(amax_parts, cfg: KernelConfig, D: int):
-    """V's per-channel scale as ``quant._finalize_kv_stats`` makes it, from the pool's max |v| partials."""
+def _finish_pool(amax, ksum, L, cfg: KernelConfig, D, signs=None):
+    """K's centre (B*H_KV, d_pad), with ``signs`` (the tiled rotation's) also times them (else the centre
+    itself), and the (3, B*H_KV, D) buffer ``api._prepare_v`` reads V's scale from (slot 1), from the pool's
+    partials (``sparse_route.pool_finish_kernel``)."""
+    n, progs, d_pad = ksum.shape
+    centre = torch.empty((n, d_pad), dtype=torch.float32, device=ksum.device)
+    k_centre = torch.empty_like(centre) if signs is not None else centre
+    final = torch.empty((3, n, D), dtype=torch.float32, device=ksum.device)
     v_range, pow2 = api._v_range(cfg)
-    amax = amax_parts.amax(dim=1)[:, :D]  # NaN-propagating, as the dense statistics
-    if pow2:
-        return torch.exp2(torch.ceil(torch.log2(torch.clamp(amax / v_range, min=1.0))))
-    return torch.where(amax > 0, amax / v_range, torch.where(amax == amax, 1.0, amax))
+    api._launch(pool_finish_kernel, (n,), (ksum, amax, centre, k_centre, final[1], signs if signs is not None
+                                           else centre, progs, float(k_sample_count(L)), D),
+                dict(D_PAD=d_pad, CHUNK=16, ABSMAX=amax.dim() > 1, V_RANGE=v_range, V_POW2=pow2,
+                     ROTATE_TILES=signs is not None, INTERPRETER=interpreter_enabled()), num_warps=4)
+    return centre, k_centre, final
 
 
 def _topk_threshold(cen, kc, kv_of, nb, ratio, log2s, sinks):
@@ -112,9 +134,11 @@ def route(cen, kc, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q, topk_r
     (B*H, nb) and the pooled tail's max, sum (B*H, nb) and P·V (B*H, nb, d_pad). ``stages``: software
     pipelining of its loop (Hopper's shared memory takes 2); ``tiles``: (query blocks, key blocks) per step."""
     nb, d_pad, dev = cen.shape[1], cen.shape[2], cen.device
-    kv_of = (torch.arange(B * H, device=dev) // H) * H_KV + (torch.arange(B * H, device=dev) % H) // (H // H_KV)
-    thr = (_topk_threshold(cen, kc, kv_of, nb, topk_ratio, log2s, sinks) if topk_ratio
-           else torch.empty((1,), dtype=torch.float32, device=dev))
+    thr = torch.empty((1,), dtype=torch.float32, device=dev)
+    if topk_ratio:  # the key/value head of each query head (batch-major), for the top-k scores
+        heads = torch.arange(B * H, device=dev)
+        kv_of = (heads // H) * H_KV + (heads % H) // (H // H_KV)
+        thr = _topk_threshold(cen, kc, kv_of, nb, topk_ratio, log2s, sinks)
     lists = torch.empty((B * H, nb, nb), dtype=torch.int16 if nb < 2**15 else torch.int32, device=dev)
     count = torch.empty((B * H, nb), dtype=torch.int32, device=dev)
     tail_m = torch.empty((B * H, nb), dtype=torch.float32, device=dev)
@@ -152,35 +176,28 @@ def run(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, r
     dev = q.device
     log2s = scale * quant.LOG2E
 
-    # Block proxies, K's centre (the mean of the block means) and V's scale.
-    v_stats = api._v_stats_needed(cfg, False)
-    cen, _ = _pool(qh, H, L, d_pad, nb, POOL_MEAN)
-    kbar, _ = _pool(kh, H_KV, L, d_pad, nb, POOL_MEAN)
-    vsum, vmax = _pool(vh, H_KV, L, d_pad, nb, POOL_SUM, absmax=v_stats != quant.V_NONE)
-    mu = kbar.mean(dim=1)  # (B*H_KV, d_pad)
-    kc = kbar - mu[:, None]
-    kvar = (kc * kc).mean(dim=1)
-
+    # One read of V: its block sums and scale, and K's centre from a sample of K's rows.
     rotate = min(d_pad, ROTATION_BLOCK) if cfg.qk_rotation else 0
     method = rotation.method_for(cfg.rotation_tiles, qh.dtype, kh.dtype, D, d_pad) if rotate else "dot"
-    final = torch.zeros((4 if method == "tiled" else 3, B * H_KV, D), dtype=torch.float32, device=dev)
-    final[0] = mu[:, :D]
-    if v_stats != quant.V_NONE:
-        final[1] = _v_scale(vmax, cfg, D)
-    if method == "tiled":  # K's centre times the rotation's signs, as ``quant._store_rotated_mean``
-        signs = api._rotation_signs(d_pad, rotate, dev, kh.dtype).float()
-        final[3].view(-1)[:B * H_KV * d_pad] = (mu @ signs).reshape(-1)
-    k_stats = (final, 0, L, 0, final)
+    vsum, vmax, ksum = _pool_v(vh, kh, L, d_pad, nb, absmax=api._v_stats_needed(cfg, False) != quant.V_NONE)
+    # "tiled" subtracts K's centre after the product: the centre times the rotation's signs
+    centre, k_centre, final = _finish_pool(vmax, ksum, L, cfg, D, api._rotation_signs(d_pad, rotate, dev, kh.dtype)
+                                           if method == "tiled" else None)
     q_group, k_group = cfg.group_sizes()
     k_scalar = k_group == cfg.block_n
-    qbias = torch.empty((B * H, L), dtype=torch.float32, device=dev) if return_lse else None
+    # K's and Q's quantization, each also writing its block means (the router's proxies: K's centred by their
+    # mean ``mu``, the method's centre). Q's launch writes per row q·(mu - centre)·scale·log2 e, which moves
+    # the router's tail into the kernel's frame, and with the LSE q·centre·scale, which moves the kernel's
+    # LSE into the frame of q·k·scale.
+    k8, ks, kbar, _, _ = quantize_with_means(kh, k_group, cfg.block_n, d_pad, 1.0, k_centre, subtract=True,
+                                             per_block=k_scalar, rotate=rotate, method=method)
+    kvar, mu = torch.var_mean(kbar, dim=1, correction=0)  # (B*H_KV, d_pad) each
+    # Centred here, not in the router: subtracting mu there spilled (sm90: 45 -> 85 local loads and stores).
+    kc = kbar - mu[:, None]
     q_block = rotation.q_rows(method, cfg.block_m) if rotate else cfg.block_m
-    q8, qs = api._quantize_qk(qh, q_group, q_block, d_pad, scale * quant.LOG2E,
-                              quant.MEAN_DOT if return_lse else quant.MEAN_NONE,
-                              (mu.view(1, B * H_KV, 1, d_pad), 1, L, 1, final), H // H_KV,
-                              bias=qbias, bias_mult=scale, rotate=rotate, method=method)
-    k8, ks = api._quantize_qk(kh, k_group, cfg.block_n, d_pad, 1.0, quant.MEAN_SUBTRACT, k_stats,
-                              per_block=k_scalar, rotate=rotate, method=method)
+    q8, qs, cen, tail_off, qbias = quantize_with_means(qh, q_group, q_block, d_pad, log2s, centre, mu=mu,
+                                                      off_mult=log2s, bias_mult=scale if return_lse else None,
+                                                      kv_div=H // H_KV, rotate=rotate, method=method)
     v_op, v_strides, v_scale, _, pv_mode, p_scale, tile_bias = api._prepare_v(vh, cfg, False, d_pad, final)
 
     lists, count, tail_m, tail_l, tail_acc = route(cen, kc, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q,
@@ -205,7 +222,7 @@ def run(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, r
             blk = [1, d_pad, BLOCK] if pv_mode in (attn.PV_FP8, attn.PV_INT8) else [1, BLOCK, d_pad]
             v_desc = TensorDescriptor(v_op, list(v_op.shape), list(v_op.stride()), blk)
     api._launch(sparse_attention_kernel, (nb, B * H), (
-        q8, qs, k8, ks, v_op, v_scale if v_scale is not None else qs, qbias if qbias is not None else qs,
+        q8, qs, k8, ks, v_op, v_scale if v_scale is not None else qs, qbias if qbias is not None else qs, tail_off,
         tile_bias if tile_bias is not None else k8, oh, lse, k_desc if k_desc is not None else k8,
         v_desc if v_desc is not None else k8, lists, count, tail_m, tail_l, tail_acc,
         *v_strides, *oh.stride(), H, H_KV, L, D, nb,
@@ -219,7 +236,7 @@ def run(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, r
         **({"maxnreg": regs} if (regs := TUNING["attn_maxnreg"] if TUNING["attn_maxnreg"] is not None
                                   else cfg.max_registers) else {}))
     if extra_tokens:  # the merge runs in the centred frame; the returned LSE then moves to q·k·scale
-        sparse_extra.merge(qh, kh, vh, mu, extra_idx, n_extra, scale, oh, lse,
+        sparse_extra.merge(qh, kh, vh, centre, extra_idx, n_extra, scale, oh, lse,
                            "tf32x3" if dot_precisions(dev)[0] == "tf32" else "ieee")
         if qbias is not None:
             lse += qbias.view(B, H, L)

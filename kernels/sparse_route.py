@@ -1,12 +1,14 @@
 """The routing kernels of ``sparse_attn``: block proxies, then per query block which key blocks are exact.
 
-``pool_kernel`` reads each 64-token block of Q, K or V once (any strides) and writes its mean (Q's
-centroids, K's block means) or sum (V), plus V's per-channel max |v| over the program's blocks (the
-FP8/INT8 V scale). ``route_kernel`` then works a tile of query blocks against every key block: proxy
-scores on the tensor cores, the per-row threshold from the diagonal variance (no sort), the list
-of exact key blocks (ascending, compacted with a prefix sum), and the pooled tail of the rejected
-blocks reduced to one online-softmax state per query block (max, sum, P·V in fp32), which the
-attention kernel starts from. The method: ``sparse_reference``.
+``pool_kernel`` reads each 64-token block of V once (any strides) and writes its sum, plus V's
+per-channel max |v| over the program's blocks (the FP8/INT8 V scale) and the sum of a sample of K's
+rows; ``pool_finish_kernel`` reduces those partials into K's centre (which K is quantized around) and V's
+scale. Q's centroids and K's block means come from their quantization launches (``sparse_quant``), which
+read every row anyway. ``route_kernel`` then works a
+tile of query blocks against every key block: proxy scores on the tensor cores, the per-row threshold
+from the diagonal variance (no sort), the list of exact key blocks (ascending, compacted with a prefix
+sum), and the pooled tail of the rejected blocks reduced to one online-softmax state per query block
+(max, sum, P·V in fp32), which the attention kernel starts from. The method: ``sparse_reference``.
 """
 from __future__ import annotations
 
@@ -15,18 +17,18 @@ import triton.language as tl
 
 from .quant import _reduce_nan
 
-POOL_MEAN, POOL_SUM = 0, 1
-POOL_MEAN_C = tl.constexpr(POOL_MEAN)  # as pool_kernel compares MODE
 BLOCK = 64  # tokens per routing block (sparse_reference.BLOCK)
 
 
 @triton.jit
 def pool_kernel(
     X, stride_xb, stride_xh, stride_xl, stride_xd,
-    Out,  # fp32 (B*H, NB, D_PAD): per block mean or sum
-    AbsMax,  # fp32 (B*H, n_progs, D_PAD): max |x| per channel over this program's blocks (ABSMAX)
+    Out,  # fp32 (B*H, NB, D_PAD): per block sum of V
+    AbsMax,  # fp32 (B*H, n_progs, D_PAD): max |v| per channel over this program's blocks (ABSMAX)
+    K, stride_kb, stride_kh, stride_kl, stride_kd,
+    KSum,  # fp32 (B*H, n_progs, D_PAD): the sum of this program's K_SAMPLE sampled keys (K_SAMPLE > 0)
     H, L, D, NB, blocks_per_prog,
-    D_PAD: tl.constexpr, MODE: tl.constexpr, ABSMAX: tl.constexpr, INTERPRETER: tl.constexpr,
+    D_PAD: tl.constexpr, ABSMAX: tl.constexpr, K_SAMPLE: tl.constexpr, INTERPRETER: tl.constexpr,
 ):
     prog = tl.program_id(0)
     bh = tl.program_id(1)
@@ -35,25 +37,72 @@ def pool_kernel(
     rows = tl.arange(0, 64)
     offs_d = tl.arange(0, D_PAD)
     d_ok = offs_d < D
+    if K_SAMPLE > 0:  # evenly spaced keys of the program's span (``sparse_launch.k_sample_count``)
+        step = blocks_per_prog * 64 // K_SAMPLE
+        offs_k = prog * blocks_per_prog * 64 + tl.arange(0, K_SAMPLE) * step
+        k = tl.load(K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+                    + offs_k[:, None].to(tl.int64) * stride_kl + offs_d[None, :] * stride_kd,
+                    mask=(offs_k < L)[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        tl.store(KSum + (bh.to(tl.int64) * tl.num_programs(0) + prog) * D_PAD + offs_d, tl.sum(k, axis=0))
     base = X + b.to(tl.int64) * stride_xb + h.to(tl.int64) * stride_xh
-    amax = tl.zeros((64, D_PAD), tl.float32)
+    # max |v| kept in V's own dtype (exact): half the registers of fp32 for 16-bit V (sm90: 95 instead of 164
+    # a thread, 5 programs per SM instead of 3)
+    amax = tl.zeros((64, D_PAD), X.dtype.element_ty)
     for i in range(0, blocks_per_prog):
         blk = prog * blocks_per_prog + i
         offs_l = blk * 64 + rows
         ok = offs_l < L
-        x = tl.load(base + offs_l[:, None].to(tl.int64) * stride_xl + offs_d[None, :] * stride_xd,
-                    mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-        s = tl.sum(x, axis=0)
-        if MODE == POOL_MEAN_C:
-            n_live = tl.minimum(L - blk * 64, 64).to(tl.float32)
-            s = s / n_live
+        xr = tl.load(base + offs_l[:, None].to(tl.int64) * stride_xl + offs_d[None, :] * stride_xd,
+                     mask=ok[:, None] & d_ok[None, :], other=0.0)
+        x = xr.to(tl.float32)
         # The mask as a tensor: Triton 3.9's interpreter refuses a scalar one.
-        tl.store(Out + (bh.to(tl.int64) * NB + blk) * D_PAD + offs_d, s, mask=(offs_d * 0 + blk) < NB)
+        tl.store(Out + (bh.to(tl.int64) * NB + blk) * D_PAD + offs_d, tl.sum(x, axis=0),
+                 mask=(offs_d * 0 + blk) < NB)
         if ABSMAX:
-            amax = tl.maximum(amax, tl.abs(x), propagate_nan=tl.PropagateNan.ALL)
+            amax = tl.maximum(amax, tl.abs(xr), propagate_nan=tl.PropagateNan.ALL).to(xr.dtype)
     if ABSMAX:
         tl.store(AbsMax + (bh.to(tl.int64) * tl.num_programs(0) + prog) * D_PAD + offs_d,
-                 _reduce_nan(amax, 0, True, INTERPRETER))
+                 _reduce_nan(amax.to(tl.float32), 0, True, INTERPRETER))
+
+
+@triton.jit
+def pool_finish_kernel(
+    KSum, AbsMax,  # fp32 (B*H_KV, n_progs, D_PAD): pool_kernel's partials
+    Centre,  # fp32 (B*H_KV, D_PAD) out: K's centre, the sampled keys' mean
+    CentreRot,  # fp32 (B*H_KV, D_PAD) out (ROTATE_TILES): the centre times the rotation's signs
+    VScale,  # fp32 (B*H_KV, D) out (ABSMAX): V's per-channel scale
+    Signs,  # (D_PAD, D_PAD) the rotation's signs (ROTATE_TILES)
+    n_progs, k_count, D,
+    D_PAD: tl.constexpr, CHUNK: tl.constexpr, ABSMAX: tl.constexpr, V_RANGE: tl.constexpr, V_POW2: tl.constexpr,
+    ROTATE_TILES: tl.constexpr, INTERPRETER: tl.constexpr,
+):
+    """One program per key/value head: the pool's partials reduced (in a fixed order) into K's centre and V's
+    scale, as ``quant._finalize_kv_stats`` makes the dense path's: one launch instead of a dozen small torch ops
+    (host time of short calls)."""
+    kvh = tl.program_id(0)
+    r = tl.arange(0, CHUNK)
+    d = tl.arange(0, D_PAD)
+    ksum = tl.zeros((CHUNK, D_PAD), tl.float32)
+    vmax = tl.full((CHUNK, D_PAD), float("-inf"), tl.float32)
+    for p0 in range(0, n_progs, CHUNK):
+        ok = (p0 + r < n_progs)[:, None]
+        offs = (kvh.to(tl.int64) * n_progs + p0 + r[:, None]) * D_PAD + d[None, :]
+        ksum += tl.load(KSum + offs, mask=ok, other=0.0)
+        if ABSMAX:
+            vmax = tl.maximum(vmax, tl.load(AbsMax + offs, mask=ok, other=float("-inf")),
+                              propagate_nan=tl.PropagateNan.ALL)
+    centre = tl.sum(ksum, axis=0) / k_count
+    tl.store(Centre + kvh.to(tl.int64) * D_PAD + d, centre)
+    if ROTATE_TILES:  # subtracted after the tiled product (``sparse_quant``)
+        signs = tl.load(Signs + d[:, None] * D_PAD + d[None, :]).to(tl.float32)
+        tl.store(CentreRot + kvh.to(tl.int64) * D_PAD + d, tl.sum(centre[:, None] * signs, 0))
+    if ABSMAX:
+        amax = _reduce_nan(vmax, 0, True, INTERPRETER)
+        if V_POW2:  # powers of two keep the scaling exact in fp16
+            scale = tl.exp2(tl.ceil(tl.log2(tl.maximum(amax / V_RANGE, 1.0, propagate_nan=tl.PropagateNan.ALL))))
+        else:  # a NaN max keeps its NaN: the epilogue's scale then turns that channel NaN in every row, as SDPA
+            scale = tl.where(amax > 0, amax / V_RANGE, tl.where(amax == amax, 1.0, amax))
+        tl.store(VScale + kvh.to(tl.int64) * D + d, scale, mask=d < D)
 
 
 @triton.jit

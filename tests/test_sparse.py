@@ -12,7 +12,7 @@ import math
 import pytest
 import sagetriton.kernels as kernels
 import torch
-from sagetriton.kernels import sparse_extra, sparse_launch
+from sagetriton.kernels import api, sparse_extra, sparse_launch
 from sagetriton.kernels import sparse_reference as sref
 from sagetriton.kernels.arch import CPU_ARCH, KernelConfig, default_config
 
@@ -46,7 +46,7 @@ def smooth_qkv(T, H=2, H_KV=1, D=64, B=1, strength=1.0, seed=0, dtype=torch.floa
 
 def budget(q, k, v, layout="NHD", config=None):
     """The quantization error allowed: the dense kernel's error against fp64 on the same inputs, plus a
-    little for the different K centre (the sparse path centres on the mean of the block means)."""
+    little for the different K centre (the sparse path centres on the mean of a sample of K's rows)."""
     exact = sref.dense_reference(q, k, v, tensor_layout=layout)
     dense = kernels.sageattn(q, k, v, layout, config=config)
     return 1.5 * rel(dense, exact) + 2e-3
@@ -216,6 +216,110 @@ def test_every_quantized_path_of_the_gpus(gran, pv, rotation):
     ref, ref_lse = sref.sparse_reference(q, k, v, 1.0, return_lse=True)
     assert rel(out, ref) <= budget(q, k, v, config=cfg)
     torch.testing.assert_close(lse, ref_lse, atol=0.05, rtol=0)
+
+
+def test_q_and_k_are_read_once_before_the_attention_kernel():
+    """Issue 54 (the routing share): Q's centroids and K's block means come from their quantization launches,
+    so each is read in full once before the attention kernel; K's centre is a sample of K's rows."""
+    q, k, v = smooth_qkv(1100, H=2, H_KV=1, seed=4)
+    seen = []
+
+    def record(kernel, grid, args, constexprs, options):
+        seen.append((kernel.fn.__name__, grid, args, constexprs))
+        kernel[grid](*args, **constexprs, **options)
+
+    previous = api.set_launch_hook(record)
+    try:
+        out = sparse_attn(q, k, v, 1.0)
+    finally:
+        api.set_launch_hook(previous)
+    assert rel(out, sref.sparse_reference(q, k, v, 1.0)) <= budget(q, k, v)
+    names = [name for name, *_ in seen]
+    before = seen[:names.index("sparse_attention_kernel")]
+
+    def launches_reading(t, whole=True):  # the pool reads its first tensor in full, the later one in a sample
+        return [name for name, _, args, _ in before for i, a in enumerate(args)
+                if isinstance(a, torch.Tensor) and a.data_ptr() == t.data_ptr()
+                and (name != "pool_kernel" or i == 0) == whole]
+
+    assert len(launches_reading(q)) == 1, names
+    assert len(launches_reading(k)) == 1, names
+    (pool,) = [(grid, c) for name, grid, _, c in before if name == "pool_kernel"]
+    assert launches_reading(k, whole=False) == ["pool_kernel"]
+    assert pool[1]["K_SAMPLE"] * pool[0][0] * pool[0][1] <= 1100 / 8  # keys summed for the centre
+
+
+@pytest.mark.parametrize("T", [1, 63, 300, 1100])
+def test_the_pool_sums_v_per_block_and_centres_k_on_a_sample_of_its_rows(T):
+    """``pool_kernel``: V's block sums and max |v| per program, and a sample of K's rows; ``pool_finish_kernel``:
+    K's centre (the mean of every 16th key; with the tiled rotation also times its signs) and V's scale."""
+    q, k, v = smooth_qkv(T, H=2, H_KV=2, D=64, seed=T)
+    kh, vh = (x.permute(0, 2, 1, 3) for x in (k, v))
+    nb = -(-T // 64)
+    vsum, vmax, ksum = sparse_launch._pool_v(vh, kh, T, 64, nb, absmax=True)
+    torch.testing.assert_close(vsum.reshape(1, 2, nb, 64), sref._block_pool(vh.double(), nb, "sum").float(),
+                               rtol=1e-5, atol=1e-5)
+    amax = vh.abs().amax(2).float().reshape(2, 64)
+    torch.testing.assert_close(vmax.amax(1), amax, rtol=0, atol=0)
+    cfg = gpu_config("per_warp", "fp8", "tiles")
+    signs = api._rotation_signs(64, 64, k.device, k.dtype)
+    centre, rotated, final = sparse_launch._finish_pool(vmax, ksum, T, cfg, 64, signs)
+    want = kh[:, :, ::16].double().mean(2).float().reshape(2, 64)
+    torch.testing.assert_close(centre, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(rotated, want @ signs.float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(final[1], torch.where(amax > 0, amax / 448.0, 1.0), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("rotation,extra", [(False, 0), (True, 0), ("tiles", 0), (False, 64)])
+def test_the_k_centre_changes_nothing_but_int8_rounding(monkeypatch, rotation, extra):
+    """K is quantized around a sample's mean, not the method's centre (the mean of the block means, which the
+    proxies use): the kernel moves the router's pooled tail into its frame per row (q·(mu - centre)), so the
+    answer and the LSE are the method's whatever the centre, the old one (the method's own) or one far off;
+    with extra tokens too (their tail in the method's frame, their merge in the kernel's)."""
+    cfg = gpu_config("per_thread", "fp16", rotation)
+    q, k, v = smooth_qkv(330, H=2, H_KV=1, seed=8, dtype=torch.bfloat16)
+    ref, ref_lse = sref.sparse_reference(q, k, v, 1.0, return_lse=True, extra_tokens=extra)
+    r = sref.route_reference(q, k, 1.0)
+    mu = r["mu"].float().reshape(-1, 64)  # the old centre: the mean of the block means
+    spread = k.float().std(dim=1).reshape(-1, 64)
+    finish = sparse_launch._finish_pool
+    signs = api._rotation_signs(64, 64, k.device, k.dtype).float()
+
+    def finish_on(c, *args):  # K's centre replaced (rotated too where the tiled rotation takes it so)
+        centre, rotated, final = finish(*args)
+        centre.copy_(c)
+        if rotated is not centre:
+            rotated.copy_(c @ signs)
+        return centre, rotated, final
+
+    outs = {}
+    for name, centre in (("sample", None), ("old", mu), ("far", mu + 1.5 * spread)):
+        if centre is not None:
+            monkeypatch.setattr(sparse_launch, "_finish_pool", lambda *a, c=centre: finish_on(c, *a))
+        outs[name] = sparse_attn(q, k, v, 1.0, config=cfg, return_lse=True, return_density=True,
+                                 extra_tokens=extra)
+        out, lse, density = outs[name]
+        assert rel(out, ref) <= budget(q, k, v, config=cfg), (name, rel(out, ref))
+        torch.testing.assert_close(lse, ref_lse, atol=0.05, rtol=0)
+    for name in ("sample", "far"):
+        assert rel(outs[name][0], outs["old"][0]) <= budget(q, k, v, config=cfg) - 2e-3, name
+        assert float(outs[name][2]) == float(outs["old"][2])  # the routing does not see the centre
+
+
+@pytest.mark.parametrize("rotation", [True, "tiles"])
+def test_batches_with_gqa_match_the_reference(rotation):
+    """Two batches of four query heads on two key/value heads: each query head's proxies, K centre, per-row tail
+    offset and LSE bias come from its own batch's key/value head."""
+    cfg = gpu_config("per_warp", "fp8", rotation)
+    q, k, v = smooth_qkv(270, H=4, H_KV=2, B=2, seed=21, dtype=torch.bfloat16, layout="HND")
+    k[1] += 2.0  # the second batch's keys elsewhere: a centre taken from the wrong batch would show
+    out, lse, density = sparse_attn(q, k, v, 1.0, tensor_layout="HND", config=cfg, return_lse=True,
+                                    return_density=True)
+    ref, ref_lse, ref_density = sref.sparse_reference(q, k, v, 1.0, tensor_layout="HND", return_lse=True,
+                                                      return_density=True)
+    assert rel(out, ref) <= budget(q, k, v, "HND", config=cfg), rel(out, ref)
+    torch.testing.assert_close(lse, ref_lse, atol=0.05, rtol=0)
+    assert float(density) == pytest.approx(float(ref_density))
 
 
 def test_every_block_exact_is_dense_attention():

@@ -1,0 +1,140 @@
+"""``sparse_attn``'s INT8 quantization of Q and K: the dense path's rounding (``quant``: its scales, its rotation
+by either method) in a launch that also writes the router's block proxies from the rows it reads anyway.
+
+Per 64-token block it writes the fp32 mean of the raw rows (Q's centroids, K's block means), so the sparse
+call reads Q and K once each before the attention kernel instead of twice (issue 54: the routing share). K
+is centred by an estimate of its centre made before its launch (``sparse_launch``: a sample of K's rows), not
+by the mean of its block means, which only exists after the launch; the Q launch, which runs after it, writes
+per row the dot products with given vectors (the kernel's per-row tail offset and the LSE's bias), from the
+unrotated rows in fp32.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from . import devices, rotation
+from .arch import interpreter_enabled
+from .host_quant import _rotation_signs
+from .launch import _cdiv, _launch
+from .quant import _load_rows, _quantize_rows, _rotate
+from .sparse_reference import BLOCK
+
+__all__ = ["sparse_quantize_int8_kernel", "quantize_with_means"]
+
+# Registers per thread of a 4-warp "tiled" launch (NVIDIA; 8-warp ones keep ``rotation.TILED_MAXNREG``). Its
+# ~57 KB of shared memory already holds an H200 SM to 3 such programs, which 168 registers allow too; at
+# ``rotation.TILED_MAXNREG`` (128) the block means and row dots spilled (2-60 local loads and stores, sm90
+# cross-compiled), at 168 none.
+TILED_4WARP_MAXNREG = 168
+
+
+@triton.jit
+def sparse_quantize_int8_kernel(
+    X, stride_xb, stride_xh, stride_xl, stride_xd,
+    Centre,  # fp32 (B*H_KV, D_PAD): K's centre; subtracted from each row (SUBTRACT; ROTATE_TILES: rotated)
+    Mu,  # fp32 (B*H_KV, D_PAD): the mean of K's block means (ROW_DOTS)
+    Out, Scale,  # int8 (B*H, L, D_PAD); fp32 (B*H, L) or (B*H, cdiv(L, BLOCK_ROWS))
+    Means,  # fp32 (B*H, NB, D_PAD): the raw rows' mean per 64-token block
+    Offset,  # fp32 (B*H, L): x·(mu - centre)·off_mult (ROW_DOTS >= 1)
+    Bias,  # fp32 (B*H, L): x·centre·bias_mult (ROW_DOTS == 2)
+    Signs,  # (D_PAD, D_PAD) the rotation's signs (ROTATE), fp16 or, with ROTATE_TILES, X's dtype; else unused
+    H, H_KV_DIV, L, D, NB, scale_mult, off_mult, bias_mult,
+    BLOCK_ROWS: tl.constexpr, GROUP: tl.constexpr, D_PAD: tl.constexpr, SCALE_PER_BLOCK: tl.constexpr,
+    SUBTRACT: tl.constexpr, ROW_DOTS: tl.constexpr, ROTATE: tl.constexpr, ROTATE_TILES: tl.constexpr,
+    STAGES: tl.constexpr, INTERPRETER: tl.constexpr,
+):
+    """TILES (ROTATE_TILES, else 1) consecutive tiles of BLOCK_ROWS rows per program, each as the dense launch
+    does it: "tiled" (``quant._quantize_rotated_tiles``: the 16-bit rows times the signs, the rotated centre
+    subtracted after, loads pipelined) or "dot" / none (``quant._quantize_tile``: fp32 rows, centre subtracted,
+    then ``quant._rotate``)."""
+    bh = tl.program_id(1)
+    kvh = bh // H_KV_DIV  # GQA: query head bh reads key/value head kvh
+    TILES: tl.constexpr = ROTATE_TILES if ROTATE_TILES > 0 else 1
+    SUB: tl.constexpr = BLOCK_ROWS // 64  # 64-token blocks per tile
+    first = tl.program_id(0) * TILES
+    rows = tl.arange(0, BLOCK_ROWS)
+    d = tl.arange(0, D_PAD)
+    if ROTATE_TILES > 0:
+        signs = tl.load(Signs + d[:, None] * D_PAD + d[None, :])
+    if SUBTRACT or ROW_DOTS > 0:
+        centre = tl.load(Centre + kvh.to(tl.int64) * D_PAD + d)
+    if ROW_DOTS > 0:
+        shift = tl.load(Mu + kvh.to(tl.int64) * D_PAD + d) - centre
+        # A non-finite K mean (a NaN/Inf key off the sample) makes every row NaN, as a non-finite centre does.
+        shift = tl.where(tl.abs(shift) < float("inf"), shift, float("nan")) * off_mult
+    for i in tl.range(0, TILES, num_stages=STAGES):
+        tile = first + i
+        offs_l = tile * BLOCK_ROWS + rows
+        row_ok, _, x = _load_rows(X, stride_xb, stride_xh, stride_xl, stride_xd, bh, H, offs_l, L, D, D_PAD,
+                                  X.dtype.element_ty if ROTATE_TILES > 0 else tl.float32)
+        xf = x.to(tl.float32)
+        for s in tl.static_range(SUB):  # the block means (rows past L load as 0)
+            blk = tile * SUB + s
+            if SUB == 1:
+                total = tl.sum(xf, axis=0)
+            else:
+                total = tl.sum(tl.where((rows // 64 == s)[:, None], xf, 0.0), axis=0)
+            n_live = tl.minimum(L - blk * 64, 64).to(tl.float32)
+            # The mask as a tensor: Triton 3.9's interpreter refuses a scalar one.
+            tl.store(Means + (bh.to(tl.int64) * NB + blk) * D_PAD + d, total / n_live, mask=(d * 0 + blk) < NB)
+        if ROW_DOTS > 0:
+            tl.store(Offset + bh.to(tl.int64) * L + offs_l, tl.sum(xf * shift[None, :], axis=1), mask=row_ok)
+        if ROW_DOTS == 2:
+            tl.store(Bias + bh.to(tl.int64) * L + offs_l, tl.sum(xf * centre[None, :], axis=1) * bias_mult,
+                     mask=row_ok)
+        if ROTATE_TILES > 0:
+            if INTERPRETER:  # its bf16 dot reads the bits as integers: the same exact values in fp32
+                y = tl.dot(xf, signs.to(tl.float32))
+            else:
+                y = tl.dot(x, signs)
+            if SUBTRACT:
+                y = y - centre[None, :]
+        else:
+            y = xf
+            if SUBTRACT:
+                y = y - centre[None, :]
+            if ROTATE:
+                y = _rotate(tl.where(row_ok[:, None], y, 0.0), Signs, D_PAD, ROTATE)
+        y = tl.where(row_ok[:, None], y, 0.0)
+        _quantize_rows(y, Out, Scale, bh, L, offs_l, row_ok, d, tile, scale_mult, BLOCK_ROWS, GROUP, D_PAD,
+                       SCALE_PER_BLOCK, INTERPRETER, True)
+
+
+def quantize_with_means(x, group: int, rows: int, d_pad: int, scale_mult: float, centre=None, subtract=False,
+                        mu=None, off_mult=1.0, bias_mult=None, kv_div: int = 1, per_block: bool = False,
+                        rotate: int = 0, method: str = "dot"):
+    """INT8 copy (B*H, L, D_PAD) and scales of a (B, H, L, D) view, as ``host_quant._quantize_qk`` makes them
+    (``rows`` per tile, scale ``group``, one per tile with ``per_block``), plus the fp32 block means
+    (B*H, nb, D_PAD) of the raw rows. ``centre`` (B*H_KV, D_PAD): K's centre, subtracted before rounding with
+    ``subtract`` (with ``method`` "tiled" pass it times the rotation's signs). With ``mu`` (B*H_KV, D_PAD) also
+    per row x·(mu - centre)·off_mult and, with ``bias_mult``, x·centre·bias_mult (each (B*H, L)).
+    Returns (int8, scales, means, offsets or None, biases or None)."""
+    B, H, L, D = x.shape
+    nb = _cdiv(L, BLOCK)
+    dev = x.device
+    assert rows % BLOCK == 0, rows
+    out = torch.empty((B * H, L, d_pad), dtype=torch.int8, device=dev)
+    scale = torch.empty((B * H, _cdiv(L, rows) if per_block else L), dtype=torch.float32, device=dev)
+    means = torch.empty((B * H, nb, d_pad), dtype=torch.float32, device=dev)
+    row_dots = 0 if mu is None else 1 if bias_mult is None else 2
+    offset = torch.empty((B * H, L), dtype=torch.float32, device=dev) if row_dots else None
+    bias = torch.empty((B * H, L), dtype=torch.float32, device=dev) if row_dots == 2 else None
+    tiles = rotation.tiles(method, B * H * _cdiv(L, rows), devices.sm_count(dev)) if rotate else 0
+    if tiles:  # the tiled product leaves 1/sqrt(block) to the scales
+        scale_mult = scale_mult / math.sqrt(rotate)
+    signs = _rotation_signs(d_pad, rotate, dev, x.dtype if tiles else torch.float16) if rotate else scale
+    warps = rotation.quant_warps(method, rows, d_pad) if rotate else 4
+    regs = TILED_4WARP_MAXNREG if warps == 4 else rotation.TILED_MAXNREG
+    _launch(sparse_quantize_int8_kernel, (_cdiv(_cdiv(L, rows), max(tiles, 1)), B * H), (
+        x, *x.stride(), centre if centre is not None else scale, mu if mu is not None else scale, out, scale, means,
+        offset if offset is not None else scale, bias if bias is not None else scale, signs, H, kv_div, L, D, nb,
+        scale_mult, float(off_mult), float(bias_mult or 0.0),
+    ), dict(BLOCK_ROWS=rows, GROUP=group, D_PAD=d_pad, SCALE_PER_BLOCK=per_block, SUBTRACT=subtract,
+            ROW_DOTS=row_dots, ROTATE=rotate, ROTATE_TILES=tiles, STAGES=rotation.PIPE_STAGES if tiles else 1,
+            INTERPRETER=interpreter_enabled()),
+        num_warps=warps, **({"maxnreg": regs} if tiles and x.is_cuda and torch.version.hip is None else {}))
+    return out, scale, means, offset, bias
