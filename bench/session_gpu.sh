@@ -17,10 +17,11 @@ case "${1:-}" in
     TAIL=30 step sm90_lse_breakdown_after timeout 60 python lse_breakdown.py --lengths 8192,16384,65536 ;;
   sparse)
     mkdir -p /tmp/ck && tar -xJf ../.ck/comfy_kitchen.tar.xz -C /tmp/ck && export PYTHONPATH="/tmp/ck${PYTHONPATH:+:$PYTHONPATH}"
-    step sm90_gpu_check_lse_session3 timeout 130 python gpu_check.py --only lse
     step sm90_gpu_check_sparse_session3 timeout 150 python gpu_check.py --only sparse
-    TAIL=40 step sm90_sparse_bench_session3 timeout 280 python bench_sparse.py --shapes 32760x24,103950x56 \
+    TAIL=40 step sm90_sparse_bench_session3 timeout 240 python bench_sparse.py --shapes 32760x24,103950x56 \
        --families video,local_sinks --settings tau:1.0,tau:1.3,tau:1.5 --extra 0 --pv fp8,int8 \
-       --out "$DEST/sm90_sparse_bench_session3.json" ;;
+       --out "$DEST/sm90_sparse_bench_session3.json"
+    step sm90_gpu_check_kcols_guard timeout 140 python gpu_check.py --only kcols
+    step sm90_gpu_check_lse_session3 timeout 125 python gpu_check.py --only lse ;;
   *) echo "usage: bash bench/session_gpu.sh dropin|sparse"; exit 2 ;;
 esac
