@@ -142,7 +142,7 @@ def attn_pair(
     else:
         # int32, exact: (P - 128)·V over both blocks (|sum| < 2^22), plus both blocks' tile biases (128·ΣV)
         pv = tl.dot(mma_operand_order(p80, BLOCK_N), v0)
-        pv = tl.dot(mma_operand_order(p81, BLOCK_N), v1, pv)
+        pv = tl.dot(mma_operand_order(p81, BLOCK_N), v1, pv, out_dtype=tl.int32)  # Triton 3.6 wants it said
         tb = tl.load(tb_base + (n0 // BLOCK_N) * D_PAD + offs_d) + tl.load(tb_base + (n1 // BLOCK_N) * D_PAD + offs_d)
         acc += (pv + tb[None, :]).to(tl.float32)
     if PV_MODE == PV_INT8_C:
