@@ -29,7 +29,7 @@ from pathlib import Path
 
 import sparse_inputs as si
 import torch
-from common import RESULTS, environment, import_pack, write_json
+from common import RESULTS, environment, import_pack, kernel_self_times, write_json
 
 import_pack()
 from sagetriton.kernels import sageattn, sparse_attn, sparse_launch  # noqa: E402
@@ -83,19 +83,7 @@ def rel_rows(out, exact, rows) -> float:
 
 def routing_share(call) -> dict:
     """GPU time of one call by kernel (profiler): the share outside the quantization and attention kernels."""
-    from torch.profiler import ProfilerActivity, profile
-
-    call()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        call()
-        torch.cuda.synchronize()
-    times = {}
-    for e in prof.key_averages():
-        t = getattr(e, "self_device_time_total", None)
-        t = e.self_cuda_time_total if t is None else t
-        if t:
-            times[e.key] = times.get(e.key, 0.0) + t / 1000.0
+    times = kernel_self_times(call)
     total = sum(times.values())
     rest = sum(t for name, t in times.items() if not any(n in name for n in NOT_ROUTING))
     top = sorted(times.items(), key=lambda kv: -kv[1])[:8]

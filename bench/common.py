@@ -49,5 +49,27 @@ def write_json(path: Path, payload: dict) -> None:
     print(f"wrote {path}")
 
 
+def kernel_self_times(fn, calls: int = 1, warm: int = 1) -> dict:
+    """{kernel name: GPU milliseconds per call} of ``fn`` from the profiler's self device time (after ``warm``
+    calls, over ``calls``), the longest first."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    times = {}
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", None)
+        t = e.self_cuda_time_total if t is None else t
+        if t:
+            times[e.key] = times.get(e.key, 0.0) + t / 1000.0 / calls
+    return dict(sorted(times.items(), key=lambda kv: -kv[1]))
+
+
 __all__ = ["import_pack", "find_comfyui", "environment", "cosine", "rel_l1", "write_json", "kitchen_attention",
-           "RESULTS"]
+           "kernel_self_times", "RESULTS"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 from common import cosine
+from lse_check import _qkv  # the same inputs as the LSE checks: K with a large mean
 from sagetriton.kernels import api, failures, hopper_host, replay, tail_split
 from sagetriton.kernels import reference as ref
 from sagetriton.kernels.arch import default_config, detect_arch
@@ -20,15 +21,6 @@ WHOLE_MIN_AGREE = 0.99995  # Gluon against portable, whole CTAs (gpu_check.share
 SPLIT_MIN_AGREE = 0.9995  # key shares round P to fp8 against their own row max (gpu_check.SPLIT_MIN_AGREE)
 RESIDUAL_MIN_COS = 0.9995  # fp8+residual against fp64 (gpu_check.RESIDUAL_MIN_COS)
 LSE_AGREE = 0.02  # natural-log units, against the portable kernel's LSE (lse_check.LSE_AGREE)
-
-
-def _qkv(B, H, LQ, LK=None, HKV=None, D=128):
-    LK, HKV = LK or LQ, HKV or H
-    q = torch.randn(B, H, LQ, D, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(B, HKV, LK, D, device="cuda", dtype=torch.bfloat16) + 2 * torch.randn(D, device="cuda",
-                                                                                           dtype=torch.bfloat16)
-    v = torch.randn(B, HKV, LK, D, device="cuda", dtype=torch.bfloat16)
-    return q, k, v
 
 
 def _plan(q, k):
