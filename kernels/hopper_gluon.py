@@ -139,7 +139,8 @@ if AVAILABLE:
         else:
             shift = m_use
             alpha = gl.exp2(m_i - m_use)
-        arg = tile_arg(x, m, shift - P_LOG2, s.type.layout, MASKED, K_COLS)
+        s_layout: gl.constexpr = s.type.layout
+        arg = tile_arg(x, m, shift - P_LOG2, s_layout, MASKED, K_COLS)
         if PV_INT8:
             p8 = round_p_offset_int8(gl.exp2(arg))  # P - 128
         else:
