@@ -7,10 +7,10 @@ from typing import Optional
 import torch
 
 from . import devices, failures, footprint, hopper_gluon, hopper_lse, launch, tail_split
-from .hopper_logits import K_PER_GROUP, K_PER_KEY, K_PER_TILE
 from .arch import KernelConfig, interpreter_enabled
 from .build_errors import root_cause
 from .footprint import head_dim_padded
+from .hopper_logits import K_PER_GROUP, K_PER_KEY, K_PER_TILE
 from .launch import _launch, _pdl_launch
 from .log import logger
 from .triton_compat import sm90_ptxas_scope
