@@ -4,7 +4,7 @@ SageAttention's sm90 groups (one scale per tile and MMA column group, ``K_GROUPS
 kernel: registers, spill instructions inside and outside the key loops, and per key loop (the innermost loops
 that hold an MMA, one per warpgroup) its instructions and the per-logit opcodes that differ between layouts.
 
-    python bench/kcols_xc.py [--length 8192] [--out bench/results/sm90_kcols_xc.json] [--sass DIR]
+    python bench/kcols_xc.py [--length 8192] [--pv fp8] [--out bench/results/sm90_kcols_xc.json] [--sass DIR]
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import_pack()
 import torch  # noqa: E402
 from lse_cost_xc import instructions, loops, sass_of  # noqa: E402
 from sagetriton.installer import crosscompile as cc  # noqa: E402
-from sagetriton.kernels import api, hopper_gluon, replay, tail_split  # noqa: E402
+from sagetriton.kernels import api, hopper_gluon, hopper_host, replay, tail_split  # noqa: E402
 from sagetriton.kernels.arch import resolve_config  # noqa: E402
 
 # Opcodes counted per key loop (a 128-key tile: 64 logits per thread).
@@ -70,7 +70,9 @@ def main() -> None:
     args = ap.parse_args()
     target = cc.parse_target("sm90")
     rows = []
-    for gran in args.grans.split(","):
+    runs = [(g, ks) for g in args.grans.split(",") for ks in ((True, False) if g == "per_thread" else (True,))]
+    for gran, groups in runs:
+        hopper_host.TUNING["k_groups"] = groups  # per_thread: SageAttention's sm90 groups, then per key
         for lse in (False, True):
             for spec in record(gran, args.length, lse, args.pv):
                 c = spec["constexprs"]

@@ -42,7 +42,8 @@ if gluon is not None:
         if K_COLS == GROUP:
             ROWS: gl.constexpr = s.type.shape[0]
             s4 = gl.reshape(s, [ROWS, BN // 8, 4, 2])  # key 8j + 2t + e: lane t of each quad holds group t
-            g_max = gl.max(gl.max(s4, axis=3), axis=1)  # each thread's own columns: no shuffle
+            # each thread's own 32 columns as one axis: one three-input integer max tree, no shuffle
+            g_max = gl.max(gl.reshape(gl.permute(s4, (0, 2, 1, 3)), [ROWS, 4, BN // 4]), axis=2)
             lay: gl.constexpr = g_max.type.layout
             grp = gl.arange(0, 4, layout=gl.SliceLayout(0, lay))
             if MASKED:
@@ -50,7 +51,8 @@ if gluon is not None:
             else:
                 ks = gl.load(ks_base + i * BN + 2 * grp)  # the group's first key holds its scale
             m = gl.convert_layout(qs, gl.SliceLayout(1, lay))[:, None] * ks[None, :]
-            m4 = gl.expand_dims(gl.expand_dims(m, 1), 3)
+            g4: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(3, s4.type.layout))  # (rows, 4) of the 4-D view
+            m4 = gl.expand_dims(gl.expand_dims(gl.convert_layout(m, g4), 1), 3)
             if MASKED:
                 cols = gl.arange(0, BN, layout=gl.SliceLayout(0, s.type.layout))
                 x = gl.convert_layout(gl.reshape(s4.to(gl.float32) * m4, [ROWS, BN]), s.type.layout)
