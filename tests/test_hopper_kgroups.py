@@ -179,3 +179,16 @@ def test_grouped_k_kernels_keep_the_per_tile_key_loop(variant):
             assert mine["local"] == 0 and mine["FMUL"] <= theirs["FMUL"] and mine["LDG"] <= 1, (name, mine)
             assert mine["instructions"] <= KGROUPS_LOOP_RATIO * theirs["instructions"], (name, mine, theirs)
         assert per_key["loops"] and all(lp["FMUL"] >= 64 for lp in per_key["loops"]), (name, per_key)
+
+
+def test_rotated_k_is_grouped_the_same_way():
+    """With the Q/K rotation (``qk_rotation``) the rotated keys are grouped: scales and INT8 values as the
+    reference's rotation then groups."""
+    from sagetriton.kernels import api
+
+    k = _keys(spread=20.0)
+    k8, ks = api._quantize_qk(k, quant.K_SM90_GROUPS, 128, 64, 1.0, rotate=64, method="dot")
+    want_i, want_s = ref._quantize_groups(ref._rotated(k.float(), 64), quant.K_SM90_GROUPS)
+    assert torch.allclose(ks, want_s[0], rtol=1e-6, atol=0)
+    assert (k8[..., :64].float() != want_i[0]).sum() <= 2
+    assert (ks[:, :128].reshape(2, 16, 4, 2) == ks[:, :128].reshape(2, 16, 4, 2)[:, :1, :, :1]).all()
