@@ -69,6 +69,7 @@ def _rotate(x, Signs, D_PAD: tl.constexpr, BLOCK: tl.constexpr):
 # ``GROUP`` of K's scales as SageAttention's sm90 per_thread kernel groups keys: per 128-key tile, the keys whose
 # accumulator columns one thread of the MMA holds (key % 8 // 2 alike), 32 per scale (``hopper_logits``).
 K_SM90_GROUPS = 0
+K_SM90_GROUPS_C = tl.constexpr(K_SM90_GROUPS)  # as the kernels compare GROUP
 
 
 @triton.jit
@@ -377,7 +378,7 @@ def _quantize_rows(x, Out, Scale, bh, L, offs_l, row_ok, offs_d, tile, scale_mul
         # of the group stay exact.
         row_max = _reduce_nan(tl.abs(x), 1, True, INTERPRETER)
         row_bad = ~(row_max < float("inf"))
-        if GROUP == K_SM90_GROUPS:  # a bad key poisons its group: the Gluon kernel reads one scale per group
+        if GROUP == K_SM90_GROUPS_C:  # a bad key poisons its group: the Gluon kernel reads one scale per group
             amax = _mma_column_group_max(tl.where(row_bad, float("inf"), row_max), BLOCK)
             row_bad = ~(amax < float("inf"))
             amax = tl.where(row_bad, 0.0, amax)

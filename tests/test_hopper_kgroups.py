@@ -95,7 +95,7 @@ from sagetriton_import import import_pack
 import_pack()
 import torch, triton
 from sagetriton.installer import crosscompile as cc
-from sagetriton.kernels import api, hopper_gluon, hopper_host, replay, tail_split
+from sagetriton.kernels import api, hopper_gluon, hopper_host, replay, rotation, tail_split
 from sagetriton.kernels.arch import resolve_config
 target = cc.parse_target("sm90")
 nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
@@ -138,6 +138,12 @@ if hopper_gluon.AVAILABLE:
             with cc.record_launches() as specs:
                 api.attention_forward(q, q, q, "HND", False, None, None, lse, cfg, True, False)
             for spec in specs:
+                c = spec["constexprs"]
+                if spec["name"] == "quantize_int8_kernel" and c["GROUP"] == 0:  # K in the groups, as launched
+                    opts = {"maxnreg": rotation.TILED_MAXNREG} if c.get("ROTATE_TILES") else {}
+                    compiled = triton.compile(cc.launch_source(spec, target), target=target.gpu_target(),
+                                              options=opts)
+                    out["k_quant"] = dict(cc._resources(compiled, target), rotate=c.get("ROTATE_TILES"))
                 if not spec["name"].startswith("shared_kv"):
                     continue
                 with cc.sm90_ptxas_scope():
@@ -179,16 +185,20 @@ def test_grouped_k_kernels_keep_the_per_tile_key_loop(variant):
             assert mine["local"] == 0 and mine["FMUL"] <= theirs["FMUL"] and mine["LDG"] <= 1, (name, mine)
             assert mine["instructions"] <= KGROUPS_LOOP_RATIO * theirs["instructions"], (name, mine, theirs)
         assert per_key["loops"] and all(lp["FMUL"] >= 64 for lp in per_key["loops"]), (name, per_key)
+    # K's quantization launch in the groups builds for sm90 (Hopper's default: the tiled rotation) without spills.
+    assert r["k_quant"]["rotate"] and r["k_quant"]["spills"] == 0 and r["k_quant"]["registers"] > 0, r["k_quant"]
 
 
-def test_rotated_k_is_grouped_the_same_way():
-    """With the Q/K rotation (``qk_rotation``) the rotated keys are grouped: scales and INT8 values as the
-    reference's rotation then groups."""
+@pytest.mark.parametrize("method,D", [("dot", 64), ("tiled", 128)])
+def test_rotated_k_is_grouped_the_same_way(method, D):
+    """With the Q/K rotation (``qk_rotation``; "tiled" is Hopper's default) the rotated keys are grouped: scales and
+    INT8 values as the reference's rotation then groups."""
     from sagetriton.kernels import api
 
-    k = _keys(spread=20.0)
-    k8, ks = api._quantize_qk(k, quant.K_SM90_GROUPS, 128, 64, 1.0, rotate=64, method="dot")
-    want_i, want_s = ref._quantize_groups(ref._rotated(k.float(), 64), quant.K_SM90_GROUPS)
+    k = _keys(D=D, spread=20.0)
+    k8, ks = api._quantize_qk(k, quant.K_SM90_GROUPS, 128, D, 1.0, rotate=D, method=method)
+    rotated = (ref._rotated if method == "dot" else ref._rotated_exactly)(k.float(), D)
+    want_i, want_s = ref._quantize_groups(rotated, quant.K_SM90_GROUPS)
     assert torch.allclose(ks, want_s[0], rtol=1e-6, atol=0)
-    assert (k8[..., :64].float() != want_i[0]).sum() <= 2
+    assert (k8.float() != want_i[0]).sum() <= 2
     assert (ks[:, :128].reshape(2, 16, 4, 2) == ks[:, :128].reshape(2, 16, 4, 2)[:, :1, :, :1]).all()
