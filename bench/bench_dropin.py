@@ -2,6 +2,10 @@
 name by name, and what asking for the LSE costs, on a CUDA GPU.
 
     python bench/bench_dropin.py [--quick] [--out bench/results/sm90_dropin.json]
+    python bench/bench_dropin.py --names sageattn_qk_int8_pv_fp8_cuda_sm90 --k-scales groups,keys --no-lse
+
+``--k-scales``: per_thread's K scales on Hopper's Gluon kernel (``hopper_host.TUNING["k_groups"]``): SageAttention's
+sm90 groups, per key, or both in turn per shape (an A/B in one process; ``ours`` is the first).
 
 Each of the six names is called as the engines call it (yunchang: NHD, ``return_lse=True``, its
 ``pv_accum_dtype``; diffusers' varlen: two packed sequences) on ours and on the reference's same name,
@@ -68,7 +72,7 @@ def gluon_runs():
 
     def noting(*a, **kw):
         ok = real(*a, **kw)
-        ran.append(("gluon, K per key" if kw.get("k_cols") else "gluon, K per tile") if ok else "portable")
+        ran.append(f"gluon, K {('per tile', 'per key', 'per group')[kw.get('k_cols', 0)]}" if ok else "portable")
         return ok
 
     hopper_host.run_shared_kv = noting
@@ -76,6 +80,14 @@ def gluon_runs():
         yield ran
     finally:
         hopper_host.run_shared_kv = real
+
+
+def k_groups(choice: str) -> None:
+    """per_thread's K scales on the Gluon kernel from now on: "groups" or "keys" (calls are re-planned: the replay
+    key holds the choice)."""
+    from sagetriton.kernels import hopper_host
+
+    hopper_host.TUNING["k_groups"] = {"groups": True, "keys": False}[choice]
 
 
 def timed(fn, sets) -> float:
@@ -108,24 +120,39 @@ def one(fn, sets, exact, label) -> dict:
     return {"ms": round(ms, 4), "cos": round(c, 6)}
 
 
-def bench_names(shape, ref) -> list:
+def bench_names(shape, ref, names=None, k_scales=("groups",)) -> list:
     B, H, L, D = shape
     sets = [[torch.randn(B, L, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3)] for _ in range(SETS)]
     exact = exact_slice(*sets[0])
     rows = []
     for name, kw in CALLS.items():
+        if names and name not in names:
+            continue
         row = {"name": name, "shape": shape, "layout": "NHD", "return_lse": True, "kwargs": kw}
-        for who, mod in (("ours", ours), ("reference", ref)):
+        # ours under each K layout asked for (the first is "ours"; the others only where per_thread may take the
+        # Gluon kernel: fp8 P·V), then the reference
+        layouts = k_scales if "pv_fp8" in name else k_scales[:1]
+        whos = [("ours" if i == 0 else f"ours_k_{ks}", ours, ks) for i, ks in enumerate(layouts)]
+        for who, mod, ks in whos + [("reference", ref, None)]:
             if mod is None:
                 continue
             fn = getattr(mod, name)
+            if ks is not None:
+                k_groups(ks)
             with gluon_runs() as ran:
                 row[who] = one(lambda q, k, v, fn=fn, kw=kw: fn(q, k, v, tensor_layout="NHD", return_lse=True, **kw),
                                sets, exact, who)
-            if who == "ours":  # which kernel served the name (per_thread: the Gluon kernel's per-key variant)
+            if ks is not None:  # which kernel served the name (per_thread: the Gluon kernel's grouped or per-key K)
                 row[who]["kernel"] = ran[0] if ran else "portable"
+        k_groups(k_scales[0])
         rows.append(row)
         _print_row(row)
+        for who, _, _ in whos[1:]:
+            if "ms" in row[who] and "ms" in row["ours"]:
+                print(f"  {who}: {row[who]['ms']:.3f} ms [{row[who]['kernel']}] cos {row[who]['cos']:.5f}; "
+                      f"ours/{who} speed {row[who]['ms'] / row['ours']['ms']:.3f}x", flush=True)
+    if names and "sageattn_varlen" not in names:
+        return rows
     # diffusers' sage_varlen: the batch's sequences packed, two of L/2 tokens each.
     packed = [[t.reshape(B * L, H, D) for t in s] for s in sets]
     cu = torch.tensor([0, L // 2, L], dtype=torch.int32, device="cuda") if B == 1 else \
@@ -204,6 +231,11 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5, help="LSE: rounds of both timings, order swapped each round")
     ap.add_argument("--no-reference", action="store_true", help="time only this pack (no SageAttention import)")
     ap.add_argument("--out", type=Path, help="JSON results (default bench/results/<gpu>_dropin.json)")
+    ap.add_argument("--names", help="comma-separated names to time (default: all six)")
+    ap.add_argument("--shapes", help="B,H,L,D;... shapes of the names (default: 8K x 24, 16K x 24, 32K x 12)")
+    ap.add_argument("--k-scales", default="groups", help="groups, keys or groups,keys: per_thread's K on Hopper's "
+                                                          "Gluon kernel (the first is \"ours\")")
+    ap.add_argument("--no-lse", action="store_true", help="skip the LSE cost part")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("bench_dropin.py needs a CUDA GPU")
@@ -211,9 +243,15 @@ def main(argv=None) -> int:
     ref = None if args.no_reference else reference_module()
     env["reference"] = getattr(ref, "__file__", None)
     print(env)
-    names = [] if args.lse_only else [row for shape in (QUICK if args.quick else SHAPES)
-                                      for row in bench_names(shape, ref)]
-    lse = bench_lse([8192, 32768] if args.quick else LSE_LENGTHS, ref, max(1, args.rounds))
+    shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")] if args.shapes else \
+        (QUICK if args.quick else SHAPES)
+    k_scales = tuple(args.k_scales.split(","))
+    assert set(k_scales) <= {"groups", "keys"}, args.k_scales
+    env["k_scales"] = list(k_scales)
+    k_groups(k_scales[0])
+    names = [] if args.lse_only else [row for shape in shapes for row in bench_names(
+        shape, ref, args.names.split(",") if args.names else None, k_scales)]
+    lse = [] if args.no_lse else bench_lse([8192, 32768] if args.quick else LSE_LENGTHS, ref, max(1, args.rounds))
     slow = [r["name"] for r in names if r.get("speedup", 1) < 1]
     costly = [r["shape"][2] for r in lse if r.get("ours", {}).get("lse_cost", 0) > 0.02]
     print(f"names slower than the reference: {slow or 'none'}; LSE over 2 % at: {costly or 'none'}")

@@ -313,14 +313,15 @@ RESOLVED_LEAD = 0.1
 ROW_MATCH = 0.99
 
 
-def huge_logit_rows(out, q, k, v, cfg, mask=None):
+def huge_logit_rows(out, q, k, v, cfg, mask=None, k_group=None):
     """(ok, detail) for logits around 1e7 (q, k x3000), where every row is nearly one-hot. Every finite row
     must be the fp64 answer or the quantized method's (``quantized_reference``: INT8 rounding may pick a
     near-winner, which SDPA on the rounded inputs would pick too), never a third; rows with a lead INT8
     cannot reorder must be the fp64 answer (cosine >= 0.999 over them); a non-finite row is all NaN
-    (the one-FMA loop's overflow, for the guard)."""
+    (the one-FMA loop's overflow, for the guard). ``k_group``: K's grouping where the kernel's differs from
+    ``cfg``'s (``quant.K_SM90_GROUPS``: per_thread on Hopper's Gluon kernel)."""
     exact = ref.exact_attention(q, k, v, attn_mask=mask)[0]
-    method = ref.quantized_reference(q, k, v, cfg, attn_mask=mask)[0]
+    method = ref.quantized_reference(q, k, v, cfg, attn_mask=mask, k_group=k_group)[0]
     top = (q.double() @ k.double().transpose(-1, -2)).topk(2, dim=-1).values
     resolved = (top[..., 0] - top[..., 1]) > RESOLVED_LEAD * top[..., 0].abs()
     finite = torch.isfinite(out).all(-1)
@@ -340,7 +341,7 @@ def huge_logit_rows(out, q, k, v, cfg, mask=None):
                 f"NaN rows {int((~finite).sum())}")
 
 
-def hostile_results(cfg, d: int, lq: int = 300, lk: int = 333, masks: bool = True) -> dict:
+def hostile_results(cfg, d: int, lq: int = 300, lk: int = 333, masks: bool = True, k_group=None) -> dict:
     """The kernel with ``cfg`` on every hostile input; {case: (ok, detail)}.
     Expectations: fp64 SDPA (``exact_attention``), whose -finfo.max/-1e30 rows average V and whose
     fully masked rows are 0; NaN/Inf inputs give non-finite output wherever fp64 attention has it.
@@ -380,7 +381,8 @@ def hostile_results(cfg, d: int, lq: int = 300, lk: int = 333, masks: bool = Tru
         res["q, k x3000 (logits ~1e7), masked"] = huge_logit_rows(run(big_q, big_k, v, mask=zero), big_q, big_k, v,
                                                                  cfg, zero)
     # Unmasked: the one-FMA loop gives NaN rows beyond 2^16 (base 2), for the guard; never a finite wrong row.
-    res["q, k x3000 (logits ~1e7), unmasked"] = huge_logit_rows(run(big_q, big_k, v), big_q, big_k, v, cfg)
+    res["q, k x3000 (logits ~1e7), unmasked"] = huge_logit_rows(run(big_q, big_k, v), big_q, big_k, v, cfg,
+                                                                k_group=k_group)
     bq, bk, bv = (t.repeat(3, 1, 1, 1).clone() for t in (q, k, v))
     bq[0, 0, 3, 4] = float("nan")
     bk[1, 1, lk // 2, 2] = float("nan")

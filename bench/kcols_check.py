@@ -1,14 +1,18 @@
-"""``gpu_check.py --only kcols``: Hopper's long-sequence kernel with a K scale per key (``kernels/hopper_logits.py``).
+"""``gpu_check.py --only kcols``: Hopper's long-sequence kernel with per_thread K scales (``kernels/hopper_logits.py``).
 
-per_thread calls (per-token Q and K scales: the drop-in's ``sageattn_qk_int8_pv_fp8_cuda_sm90`` default) used to
-run on the portable kernel. Each case checks that the Gluon kernel ran with its per-key variant (``K_COLS``),
+per_thread calls (the drop-in's ``sageattn_qk_int8_pv_fp8_cuda_sm90`` default) used to run on the portable kernel.
+Their K scales are SageAttention's sm90 groups there (``K_PER_GROUP``; per key, ``K_PER_KEY``, with
+``hopper_host.TUNING["k_groups"]`` off; the drop-in cases run both). Each case checks that the Gluon kernel ran
+with that variant (``K_COLS``),
 whole CTAs and split last waves, with and without the LSE, fp8 and fp8+residual, lengths no multiple of 128;
-that it agrees with fp64 and with the portable kernel on the same per-token scales (cosine ≥ 0.99995 for whole
+that it agrees with fp64 and with the portable kernel on the same K scales (cosine ≥ 0.99995 for whole
 CTAs, as the per-tile kernel's check; ``SPLIT_MIN_AGREE`` where key shares round P against their own row max);
 that its LSE agrees with the portable kernel's; that a second call (replayed, ``kernels/replay.py``) gives the
 same bits; and the hostile inputs (huge logits, NaN/Inf) through it. Speed is bench/bench_dropin.py's.
 """
 from __future__ import annotations
+
+import itertools
 
 import torch
 from common import cosine
@@ -16,6 +20,7 @@ from lse_check import _qkv  # the same inputs as the LSE checks: K with a large 
 from sagetriton.kernels import api, failures, hopper_host, replay, tail_split
 from sagetriton.kernels import reference as ref
 from sagetriton.kernels.arch import default_config, detect_arch
+from sagetriton.kernels.hopper_logits import K_PER_GROUP, K_PER_KEY
 
 WHOLE_MIN_AGREE = 0.99995  # Gluon against portable, whole CTAs (gpu_check.shared_kv_cases)
 SPLIT_MIN_AGREE = 0.9995  # key shares round P to fp8 against their own row max (gpu_check.SPLIT_MIN_AGREE)
@@ -47,7 +52,7 @@ def kcols_cases() -> list:
 
     def noting(*a, **kw):
         ok = real(*a, **kw)
-        seen.append(ok and kw.get("k_cols") is True)
+        seen.append(ok and kw.get("k_cols") == (K_PER_GROUP if hopper_host.TUNING["k_groups"] else K_PER_KEY))
         return ok
 
     hopper_host.run_shared_kv = noting
@@ -79,8 +84,7 @@ def kcols_cases() -> list:
             rec = next(iter(failures.memory.replays.values()), None)
             replayed = rec is not None and rec.direct_calls == 1
             replay_ok = replayed == replay.worth_recording(q, k, v)
-            portable, portable_lse = api.attention_forward(q, k, v, "HND", False, None, None, lse,
-                                                           c_run.replace(shared_kv_min_len=0), True, smooth_v)
+            portable, portable_lse = _portable(q, k, v, lse, c_run, smooth_v)
             agree = cosine(out, portable)
             hq, hk = min(q.shape[1], 2), max(1, min(q.shape[1], 2) * k.shape[1] // q.shape[1])
             c = cosine(out[:, :hq], ref.exact_attention(q[:, :hq], k[:, :hk], v[:, :hk])[0])
@@ -89,7 +93,7 @@ def kcols_cases() -> list:
             ok = (ran and same and replay_ok and agree >= (SPLIT_MIN_AGREE if plan[1] > 1 else WHOLE_MIN_AGREE)
                   and c >= (RESIDUAL_MIN_COS if c_run.v_residual else 0.999) and lse_err <= LSE_AGREE
                   and not torch.isnan(out).any().item())
-            print(f"{'ok ' if ok else 'BAD'} {'Gluon per-token K: ' + name:60s} cos={c:.6f} ran={ran} "
+            print(f"{'ok ' if ok else 'BAD'} {'Gluon per_thread K: ' + name:60s} cos={c:.6f} ran={ran} "
                   f"deterministic={same} replayed={replayed} cos to portable={agree:.7f} lse vs portable={lse_err:.5f} "
                   f"(whole CTAs, shares) = {plan}", flush=True)
             results.append(ok)
@@ -101,17 +105,32 @@ def kcols_cases() -> list:
     return results
 
 
+def _portable(q, k, v, lse, cfg, smooth_v):
+    """The portable kernel on the K scales the Gluon call took (it reads SageAttention's groups as per-key scales)."""
+    real = hopper_host.k_layout
+    hopper_host.k_layout = lambda c, plan: real(c, plan if plan is not None else ("as the Gluon call",))
+    try:
+        return api.attention_forward(q, k, v, "HND", False, None, None, lse, cfg.replace(shared_kv_min_len=0), True,
+                                     smooth_v)
+    finally:
+        hopper_host.k_layout = real
+
+
 def _hostile(cfg, n: int, seen: list) -> list:
     """gpu_check's hostile inputs (unmasked: huge logits, NaN/Inf in q, k, v, a negative scale) through the
     per-token kernel."""
     from gpu_check import hostile_results
 
     seen.clear()
-    found = hostile_results(cfg, 128, lq=n + 77, lk=n + 129, masks=False)
+    from sagetriton.kernels import quant
+
+    # the quantized reference of huge logits with the K groups the kernel took
+    found = hostile_results(cfg, 128, lq=n + 77, lk=n + 129, masks=False,
+                            k_group=quant.K_SM90_GROUPS if hopper_host.TUNING["k_groups"] else None)
     used = bool(seen) and all(seen)
     results = []
     for case_name, (ok, detail) in found.items():
-        print(f"{'ok ' if ok and used else 'BAD'} {'Gluon per-token K: ' + case_name:60s} {detail} ran={used}",
+        print(f"{'ok ' if ok and used else 'BAD'} {'Gluon per_thread K: ' + case_name:60s} {detail} ran={used}",
               flush=True)
         results.append(ok and used)
     return results
@@ -124,15 +143,20 @@ def _dropin(n: int, seen: list) -> list:
     results = []
     q, k, v = (t.transpose(1, 2) for t in _qkv(1, 8, n + 77))
     exact_out, exact_lse = ref.exact_attention(q, k, v, layout="NHD")
-    for name in ("sageattn_qk_int8_pv_fp8_cuda_sm90", "sageattn_qk_int8_pv_fp8_cuda"):
-        seen.clear()
-        replay.clear()  # the second name's call would replay the first's launches, never reaching the launcher
-        out, lse = getattr(sa, name)(q, k, v, tensor_layout="NHD", return_lse=True, pv_accum_dtype="fp32+fp32")
-        ran = bool(seen) and all(seen)
-        error = (lse.double() - exact_lse).abs().max().item()
-        c = cosine(out, exact_out)
-        ok = ran and error <= 0.05 and c >= 0.999
-        print(f"{'ok ' if ok else 'BAD'} {'Gluon per-token K: drop-in ' + name:60s} cos={c:.6f} ran={ran} "
-              f"lse err={error:.5f}", flush=True)
-        results.append(ok)
+    grouped = hopper_host.TUNING["k_groups"]
+    try:
+        for hopper_host.TUNING["k_groups"], name in itertools.product(
+                (True, False), ("sageattn_qk_int8_pv_fp8_cuda_sm90", "sageattn_qk_int8_pv_fp8_cuda")):
+            seen.clear()
+            replay.clear()  # the second name's call would replay the first's launches, never reaching the launcher
+            out, lse = getattr(sa, name)(q, k, v, tensor_layout="NHD", return_lse=True, pv_accum_dtype="fp32+fp32")
+            ran = bool(seen) and all(seen)
+            error = (lse.double() - exact_lse).abs().max().item()
+            c = cosine(out, exact_out)
+            ok = ran and error <= 0.05 and c >= 0.999
+            label = f"Gluon K {'groups' if hopper_host.TUNING['k_groups'] else 'per key'}: drop-in {name}"
+            print(f"{'ok ' if ok else 'BAD'} {label:60s} cos={c:.6f} ran={ran} lse err={error:.5f}", flush=True)
+            results.append(ok)
+    finally:
+        hopper_host.TUNING["k_groups"] = grouped
     return results

@@ -54,7 +54,7 @@ try:
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .hopper_logits import tile_logits
+    from .hopper_logits import KEY, tile_arg, tile_logits
     from .hopper_rows import out_rows, qbias_rows, store_lse  # one warpgroup's rows out
     from .triton_compat import TRITON_VERSION, partition_barrier, tma_load  # what differs between Tritons
 
@@ -139,10 +139,8 @@ if AVAILABLE:
         else:
             shift = m_use
             alpha = gl.exp2(m_i - m_use)
-        if MASKED and not K_COLS:
-            arg = x - (shift - P_LOG2)[:, None]
-        else:
-            arg = x.to(gl.float32) * m[:, None] - (shift - P_LOG2)[:, None]
+        s_layout: gl.constexpr = s.type.layout
+        arg = tile_arg(x, m, shift - P_LOG2, s_layout, MASKED, K_COLS)
         if PV_INT8:
             p8 = round_p_offset_int8(gl.exp2(arg))  # P - 128
         else:
@@ -268,7 +266,7 @@ if AVAILABLE:
         if v_smem.dtype == gl.int8:  # INT8 P's shift margin holds below HOT_LOGIT_LIMIT: NaN beyond, for the guard
             l_i = gl.where(gl.convert_layout((gl.abs(m_i) >= HOT_LOGIT_LIMIT) & (m_i > float("-inf")), row_o),
                            float("nan"), l_i)
-        elif K_COLS:  # logits rounded once before the exp2's FMA (``hopper_logits``): 2^-6 of P at 2^18, NaN beyond
+        elif K_COLS == KEY:  # logits rounded once before the exp2's FMA: 2^-6 of P at 2^18, NaN beyond
             l_i = gl.where(gl.convert_layout((gl.abs(m_i) >= HOT_LOGIT_LIMIT_FP8) & (m_i > float("-inf")), row_o),
                            float("nan"), l_i)
         if not SPLIT and LSE == LSE_STORE_QBIAS:

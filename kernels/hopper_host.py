@@ -10,6 +10,7 @@ from . import devices, failures, footprint, hopper_gluon, hopper_lse, launch, ta
 from .arch import KernelConfig, interpreter_enabled
 from .build_errors import root_cause
 from .footprint import head_dim_padded
+from .hopper_logits import K_PER_GROUP, K_PER_KEY, K_PER_TILE
 from .launch import _launch, _pdl_launch
 from .log import logger
 from .triton_compat import sm90_ptxas_scope
@@ -28,6 +29,21 @@ def uses_long_sequence_kernel(cfg: KernelConfig, q_len: int, head_dim: int, mask
                 and cfg.use_tma and d_pad == hopper_gluon.HEAD_DIM and head_dim % 8 == 0
                 and cfg.block_n == hopper_gluon.BLOCK_N and cfg.block_m == hopper_gluon.ROWS)
 
+
+
+# per_thread calls on the Gluon kernel: K quantized in SageAttention's sm90 groups (a scale per 128-key tile and
+# MMA column group, ``hopper_logits.K_PER_GROUP``) or, False, per token (``K_PER_KEY``, 22 % slower at 8K on
+# the H200). A switch for bench/bench_dropin.py's A/B (``--k-scales``); calls in flight keep what they planned.
+TUNING = {"k_groups": True}
+
+
+def k_layout(cfg: KernelConfig, shared_kv) -> int:
+    """How a call's K scales are laid out (``hopper_logits.K_PER_*``): per tile where the granularity has one
+    per tile, per SageAttention's groups where per-token K runs on the Gluon kernel (``shared_kv``: its plan),
+    else per key."""
+    if cfg.group_sizes()[1] == cfg.block_n:
+        return K_PER_TILE
+    return K_PER_GROUP if shared_kv is not None and TUNING["k_groups"] else K_PER_KEY
 
 
 # Why the Gluon kernel could not run here (then never tried again), and the same for its LSE twins alone (calls
@@ -67,12 +83,13 @@ def shared_kv_plan(n_heads: int, LQ: int, LK: int, device):
 
 
 def run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, v_tile_bias, oh, dims, p_log2: float, v_residual: bool, plan,
-                   pdl: bool = False, lse=None, qbias=None, k_cols: bool = False) -> bool:
+                   pdl: bool = False, lse=None, qbias=None, k_cols: int = K_PER_TILE) -> bool:
     """Hopper's Gluon kernel on the quantized tensors, split last wave as ``plan`` (``shared_kv_plan``);
     False (and the portable kernel from then on, logged once) if this Triton cannot build or launch it.
     With ``pdl`` the whole CTAs may start while the V conversion ends (they wait for its output). ``lse``:
-    the (B, H, LQ) LSE to write (its kernels' twins), plus ``qbias`` where K was smoothed. ``k_cols``: ``ks``
-    holds a scale per key (B·H_KV, LK), not per 128-key tile."""
+    the (B, H, LQ) LSE to write (its kernels' twins), plus ``qbias`` where K was smoothed. ``k_cols``: how ``ks``
+    is laid out (``k_layout``): per 128-key tile (B·H_KV, tiles), or per key (B·H_KV, LK), equal over each
+    tile's column groups with ``K_PER_GROUP``."""
     H, H_KV, LQ, LK, D = dims
     # The kernel tells the compiler its output rows are 16-byte aligned with contiguous channels.
     assert oh.stride(3) == 1 and D % 8 == 0, "the Gluon kernel writes only our own (.., D % 8 == 0) outputs"
@@ -84,7 +101,7 @@ def run_shared_kv(q8, qs, k8, ks, v_t, v_scale, v_mean, v_tile_bias, oh, dims, p
     v_tile_bias = v_tile_bias if v_tile_bias is not None else qs
     args = (*g.descriptors(q8, k8, v_t), qs, ks, v_scale, v_mean, v_tile_bias, oh, *oh.stride()[:3], H, H_KV, LQ, LK, D)
     consts = dict(P_LOG2=p_log2, STAGES=g.STAGES, **flags, REGISTERS=g.REGISTERS, V_RES=v_residual,
-                  K_COLS=bool(k_cols))
+                  K_COLS=int(k_cols))
     whole, split, lse_args = g.shared_kv_attention_kernel, g.shared_kv_split_kernel, ()
     if lse is not None:
         whole, split, lse_args = hopper_lse.shared_kv_attention_lse_kernel, hopper_lse.shared_kv_split_lse_kernel, (

@@ -15,6 +15,7 @@ from .arch import KernelConfig, interpreter_enabled
 from .checks import _as_bhld, _check_inputs, _check_scale, _check_shapes, _out_shape, _prepare_mask, check_config
 from .devices import device_scope, wrapped
 from .footprint import head_dim_padded
+from .hopper_logits import K_PER_GROUP
 from .host_quant import _kv_stats, _prepare_v, _quantize_qk, _v_range, _v_stats_needed
 from .launch import _cdiv, _launch, _pdl_launch
 from .rotation import ROTATION_BLOCK
@@ -39,6 +40,7 @@ class _CallPlan:
     out_layout: str = "HND"
     dtype: torch.dtype = torch.float16
     mask_view: Optional[torch.Tensor] = None  # the mask as the attention launch got it (``replay`` slot)
+    k_layout: int = 0  # how K's scales are laid out (``hopper_host.k_layout``)
 
 
 @dataclass
@@ -113,7 +115,7 @@ def _run_on_device(inputs: list, layout, is_causal, sm_scale, attn_mask, return_
     if launch.hook is None and replay.worth_recording(*inputs) and not (
             isinstance(sm_scale, (int, float)) and sm_scale < 0):
         key = replay.call_key(*inputs, attn_mask, cfg, (layout, out_layout, is_causal, sm_scale, return_lse,
-                                                        smooth_k, smooth_v))
+                                                        smooth_k, smooth_v, hopper_host.TUNING["k_groups"]))
     if key is None or replay.refused(key):
         plan = _forward(inputs, layout, is_causal, sm_scale, attn_mask, return_lse, cfg, smooth_k, smooth_v,
                         out_layout, release=release, checked=checked)
@@ -166,7 +168,7 @@ def _forward(inputs: list, layout, is_causal, sm_scale, attn_mask, return_lse, c
         if hopper_host.run_shared_kv(qz.q8, qz.qs, qz.k8, qz.ks, qz.v_op, qz.v_scale, qz.v_mean, qz.v_tile_bias,
                                      plan.oh, (H, H_KV, LQ, LK, D), math.log2(qz.p_scale), cfg.v_residual,
                                      plan.shared_kv, plan.pdl, lse=plan.lse if return_lse else None, qbias=qz.qbias,
-                                     k_cols=not plan.k_scalar):
+                                     k_cols=plan.k_layout):
             return plan
     _launch_attention(plan, qz, cfg, is_causal, attn_mask, return_lse)
     return plan
@@ -206,7 +208,7 @@ def _plan_call(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, cfg:
         shared_kv = hopper_host.shared_kv_plan(B * H, LQ, LK, q.device)
     return _CallPlan(qh, kh, vh, out, oh, lse, (B, H, H_KV, LQ, LK, D), head_dim_padded(D), sm_scale,
                      cfg.group_sizes()[1] == cfg.block_n, cfg.pdl and not interpreter_enabled(), shared_kv,
-                     out_layout, q.dtype)
+                     out_layout, q.dtype, k_layout=hopper_host.k_layout(cfg, shared_kv))
 
 
 def _allocate_out(plan: _CallPlan) -> None:
@@ -254,6 +256,8 @@ def _quantize(plan: _CallPlan, cfg: KernelConfig, smooth_k: bool, smooth_v: bool
         del parts
     if release:
         qh = plan.qh = None
+    if plan.k_layout == K_PER_GROUP:  # a scale per key, equal over SageAttention's sm90 groups (hopper_logits)
+        k_group = quant.K_SM90_GROUPS
     k8, ks = _quantize_qk(kh, k_group, cfg.block_n, d_pad, 1.0, quant.MEAN_SUBTRACT if smooth_k else quant.MEAN_NONE,
                           stats, per_block=plan.k_scalar, pdl=pdl, rotate=rotate, method=method)
     if release:

@@ -58,7 +58,7 @@ def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, 
                  bias=None, bias_mult=1.0, per_block=False, finalize=None, pdl=False, after=True, rotate=0,
                  method="dot"):
     """INT8 copy (B*H, L, D_PAD) and scales: one per block with ``per_block`` (group == block), else
-    one per token (the group's scale repeated).
+    one per token (the group's scale repeated; ``quant.K_SM90_GROUPS``: SageAttention's sm90 K groups).
 
     ``stats``: ``_kv_stats``'s partials, the key count, the keys K's sum covers, and the (3, B*H_KV, D)
     K mean / V scale / V mean buffer.
@@ -70,6 +70,7 @@ def _quantize_qk(x, group, block, d_pad, scale_mult, mean_mode=quant.MEAN_NONE, 
     (``rotation.METHOD``).
     """
     B, H, L, D = x.shape
+    assert group != quant.K_SM90_GROUPS or block % 128 == 0, "SageAttention's sm90 K groups tile 128 keys"
     out = torch.empty((B * H, L, d_pad), dtype=torch.int8, device=x.device)
     scale = torch.empty((B * H, _cdiv(L, block) if per_block else L), dtype=torch.float32, device=x.device)
     parts, n_parts, l_kv, k_tokens, final = stats if stats is not None else (scale, 0, 0, 0, scale)

@@ -66,6 +66,19 @@ def _rotate(x, Signs, D_PAD: tl.constexpr, BLOCK: tl.constexpr):
     return y * (r * (1.0 / tl.sqrt(BLOCK * 1.0)))[:, None]
 
 
+# ``GROUP`` of K's scales as SageAttention's sm90 per_thread kernel groups keys: per 128-key tile, the keys whose
+# accumulator columns one thread of the MMA holds (key % 8 // 2 alike), 32 per scale (``hopper_logits``).
+K_SM90_GROUPS = 0
+K_SM90_GROUPS_C = tl.constexpr(K_SM90_GROUPS)  # as the kernels compare GROUP
+
+
+@triton.jit
+def _mma_column_group_max(row_max, BLOCK: tl.constexpr):
+    """Max over the keys 8j + 2t + e (j < 16, e < 2) of each 128-key tile for each t < 4, broadcast back."""
+    g = tl.max(tl.max(tl.reshape(row_max, (BLOCK // 128, 16, 4, 2)), axis=3), axis=1)
+    return tl.reshape(tl.broadcast_to(g[:, None, :, None], (BLOCK // 128, 16, 4, 2)), (BLOCK,))
+
+
 @triton.jit
 def _group_max(row_max, BLOCK: tl.constexpr, GROUP: tl.constexpr):
     """Max over consecutive groups of GROUP rows, broadcast back to every row of the group."""
@@ -365,7 +378,12 @@ def _quantize_rows(x, Out, Scale, bh, L, offs_l, row_ok, offs_d, tile, scale_mul
         # of the group stay exact.
         row_max = _reduce_nan(tl.abs(x), 1, True, INTERPRETER)
         row_bad = ~(row_max < float("inf"))
-        amax = _group_max(tl.where(row_bad, 0.0, row_max), BLOCK, GROUP)
+        if GROUP == K_SM90_GROUPS_C:  # a bad key poisons its group: the Gluon kernel reads one scale per group
+            amax = _mma_column_group_max(tl.where(row_bad, float("inf"), row_max), BLOCK)
+            row_bad = ~(amax < float("inf"))
+            amax = tl.where(row_bad, 0.0, amax)
+        else:
+            amax = _group_max(tl.where(row_bad, 0.0, row_max), BLOCK, GROUP)
         scale = tl.where(amax > 0, amax / 127.0, 1.0)
         tl.store(out_ptrs, round_to_int8(x * (1.0 / scale)[:, None]), mask=row_ok[:, None])
         tl.store(Scale + bh.to(tl.int64) * L + offs_l, tl.where(row_bad, float("nan"), scale * scale_mult),

@@ -44,17 +44,33 @@ def _expand_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
     return t.repeat_interleave(heads // t.shape[1], dim=1)
 
 
+def _sm90_k_groups(row_max: torch.Tensor) -> tuple:
+    """(group max, bad) per token of (B, H, L) row maxima, L a multiple of 128, in SageAttention's sm90 K groups
+    (``quant.K_SM90_GROUPS``: per 128-key tile, the keys 8j + 2t + e alike in t); a NaN/Inf token makes its whole
+    group bad."""
+    B, H, L = row_max.shape
+    bad = ~torch.isfinite(row_max)
+    g = torch.where(bad, float("inf"), row_max).reshape(B, H, L // 128, 16, 4, 2).amax(dim=(3, 5), keepdim=True)
+    g = g.expand(B, H, L // 128, 16, 4, 2).reshape(B, H, L)
+    return torch.where(torch.isfinite(g), g, 0.0), ~torch.isfinite(g)
+
+
 def _quantize_groups(x: torch.Tensor, group: int):
-    """INT8 values and per-token scales with one scale per ``group`` consecutive tokens."""
+    """INT8 values and per-token scales with one scale per ``group`` consecutive tokens (or SageAttention's sm90
+    K groups, ``quant.K_SM90_GROUPS``)."""
     B, H, L, D = x.shape
-    pad = (-L) % group
+    tokens = 128 if group == quant.K_SM90_GROUPS else group
+    pad = (-L) % tokens
     xp = torch.nn.functional.pad(x, (0, 0, 0, pad))
     # As the kernels: a token holding NaN/Inf gets a NaN scale and is left out of its group's max.
     row_max = xp.abs().amax(dim=-1)
-    bad = ~torch.isfinite(row_max)
-    amax = torch.where(bad, 0.0, row_max).reshape(B, H, -1, group).amax(dim=-1)
+    if group == quant.K_SM90_GROUPS:
+        amax, bad = _sm90_k_groups(row_max)
+    else:
+        bad = ~torch.isfinite(row_max)
+        amax = torch.where(bad, 0.0, row_max).reshape(B, H, -1, group).amax(dim=-1)
+        amax = amax.repeat_interleave(group, dim=-1)
     scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
-    scale = scale.repeat_interleave(group, dim=-1)
     scale = torch.where(bad, float("nan"), scale)[..., :L]
     # Multiplied by 1/scale as the kernel does: dividing rounds near-ties differently (a whole INT8
     # step, which can move a row's LSE by a few 1e-2 nats when it hits the row's largest logit).
@@ -158,8 +174,9 @@ def _int8_pv(s2: torch.Tensor, m: torch.Tensor, vc: torch.Tensor, tile: int, hea
 
 
 def quantized_reference(q, k, v, cfg: KernelConfig, layout="HND", is_causal=False, sm_scale=None,
-                        attn_mask=None, smooth_k=True, smooth_v=False):
-    """The kernel's quantized arithmetic in plain torch (fp32 softmax). Returns (out, lse)."""
+                        attn_mask=None, smooth_k=True, smooth_v=False, k_group: Optional[int] = None):
+    """The kernel's quantized arithmetic in plain torch (fp32 softmax). Returns (out, lse). ``k_group``: K's
+    group instead of ``cfg``'s (``quant.K_SM90_GROUPS``: what per_thread calls on Hopper's Gluon kernel take)."""
     qh, kh, vh = (to_bhld(t, layout).float() for t in (q, k, v))
     B, H, LQ, D = qh.shape
     scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
@@ -172,7 +189,7 @@ def quantized_reference(q, k, v, cfg: KernelConfig, layout="HND", is_causal=Fals
         rotate = _rotated_exactly if tiled else _rotated
         qr, kr = (rotate(torch.nn.functional.pad(t, (0, d_pad - D)), min(d_pad, ROTATION_BLOCK)) for t in (qr, kr))
     qi, qs = _quantize_groups(qr, qg)
-    ki, ks = _quantize_groups(kr, kg)
+    ki, ks = _quantize_groups(kr, kg if k_group is None else k_group)
     qs = qs * scale * math.log2(math.e)
     s2 = (qi.double() @ _expand_kv(ki, H).double().transpose(-1, -2)).float()
     s2 = s2 * qs[..., None] * _expand_kv(ks, H)[..., None, :]

@@ -7,6 +7,7 @@ import pytest
 from compile_child import compile_in_child
 from sagetriton.kernels.arch import ArchInfo, resolve_config
 from sagetriton.kernels.hopper_host import uses_long_sequence_kernel
+from sagetriton.kernels.hopper_logits import K_PER_GROUP, K_PER_KEY, K_PER_TILE
 
 HOPPER = ArchInfo("nvidia", "sm90", "hopper", fp8="e4m3fn")
 
@@ -62,21 +63,23 @@ print(json.dumps(out))
 
 def test_dropin_per_thread_names_launch_the_per_token_gluon_kernels():
     """The drop-in's per_thread names, called as yunchang calls them on an H200 (NHD, with and without the LSE),
-    launch the Gluon kernel's whole and split CTAs with a K scale per key (B·H_KV, LK); ``sageattn`` (per_warp)
-    keeps one per 128-key tile. Recorded on meta tensors in a child without the interpreter (nothing is run)."""
+    launch the Gluon kernel's whole and split CTAs with a K scale per key (B·H_KV, LK), equal over SageAttention's
+    sm90 groups (``K_PER_GROUP``, tests/test_hopper_kgroups.py); ``sageattn`` (per_warp) keeps one per 128-key
+    tile. Recorded on meta tensors in a child without the interpreter (nothing is run)."""
     r = compile_in_child(_ROUTE_SCRIPT, timeout=300)
     if not r["gluon"]:
         pytest.skip("this Triton has no Gluon")
     heads, n = r["heads"], r["n"]
     per_key, per_tile = [heads, n], [heads, -(-n // 128)]
     for name in ("sageattn_qk_int8_pv_fp8_cuda_sm90", "sageattn_qk_int8_pv_fp8_cuda"):
-        assert r[name] == [["shared_kv_attention_kernel", True, per_key], ["shared_kv_split_kernel", True, per_key]]
-        assert r[name + "/lse"] == [["shared_kv_attention_lse_kernel", True, per_key],
-                                    ["shared_kv_split_lse_kernel", True, per_key]]
-    assert r["sageattn"] == [["shared_kv_attention_kernel", False, per_tile],
-                             ["shared_kv_split_kernel", False, per_tile]]
-    assert r["sageattn/lse"] == [["shared_kv_attention_lse_kernel", False, per_tile],
-                                 ["shared_kv_split_lse_kernel", False, per_tile]]
+        assert r[name] == [["shared_kv_attention_kernel", K_PER_GROUP, per_key],
+                           ["shared_kv_split_kernel", K_PER_GROUP, per_key]]
+        assert r[name + "/lse"] == [["shared_kv_attention_lse_kernel", K_PER_GROUP, per_key],
+                                    ["shared_kv_split_lse_kernel", K_PER_GROUP, per_key]]
+    assert r["sageattn"] == [["shared_kv_attention_kernel", K_PER_TILE, per_tile],
+                             ["shared_kv_split_kernel", K_PER_TILE, per_tile]]
+    assert r["sageattn/lse"] == [["shared_kv_attention_lse_kernel", K_PER_TILE, per_tile],
+                                 ["shared_kv_split_lse_kernel", K_PER_TILE, per_tile]]
 
 
 _BUILD_SCRIPT = """
@@ -85,9 +88,10 @@ from sagetriton_import import import_pack
 import_pack()
 import torch
 from sagetriton.installer import crosscompile as cc
-from sagetriton.kernels import api, hopper_gluon, tail_split
+from sagetriton.kernels import api, hopper_gluon, hopper_host, tail_split
 from sagetriton.kernels.arch import resolve_config
 target = cc.parse_target("sm90")
+hopper_host.TUNING["k_groups"] = False  # the per-key kernels (the grouped ones: tests/test_hopper_kgroups.py)
 out = {"gluon": hopper_gluon.AVAILABLE}
 if hopper_gluon.AVAILABLE:
     for variant in sys.argv[1:]:
@@ -131,7 +135,7 @@ def test_per_token_gluon_kernels_build_for_sm90_in_registers(kcols_builds, varia
     assert set(r) == {"shared_kv_attention_kernel", "shared_kv_split_kernel", "shared_kv_attention_lse_kernel",
                       "shared_kv_split_lse_kernel"}, sorted(r)
     for name, use in r.items():
-        assert use["k_cols"] is True, name
+        assert use["k_cols"] == K_PER_KEY, name
         # INT8 Q·Kᵀ and fp8 P·V on the warpgroup tensor cores, 168 registers (three warpgroups per SM).
         assert any(re.search(r"^wgmma\.mma_async.*\.s8\.s8", i) for i in use["mma"]), (name, use["mma"])
         assert any(re.search(r"^wgmma\.mma_async.*\.e4m3\.e4m3", i) for i in use["mma"]), (name, use["mma"])
@@ -160,9 +164,10 @@ def test_a_failing_per_token_build_leaves_the_per_tile_kernel_on(monkeypatch):
     plan = (1, 1, 0, None, None)
     args = (t, t, t, t, t, None, None, None, torch.zeros(1, 1, 8, 8), (1, 1, 8, 8, 8), 8.0, False, plan)
     for lse, kernel in ((None, "shared_kv_attention_kernel"), (torch.zeros(1, 1, 8), "shared_kv_attention_lse_kernel")):
-        assert hopper_host.run_shared_kv(*args, lse=lse, k_cols=True) is False
-        assert failures.memory.gluon_kcols.endswith(f"cannot build {kernel} K_COLS=True")
-        assert failures.memory.gluon is None and failures.memory.gluon_lse is None
+        for layout in (K_PER_KEY, K_PER_GROUP):
+            assert hopper_host.run_shared_kv(*args, lse=lse, k_cols=layout) is False
+            assert failures.memory.gluon_kcols.endswith(f"cannot build {kernel} K_COLS={layout}")
+            assert failures.memory.gluon is None and failures.memory.gluon_lse is None
 
     # Where the plan is made: per_thread calls no longer choose the Gluon kernel, per_warp calls still do.
     chosen = []
