@@ -121,10 +121,11 @@ def main() -> None:
         lps = loops(sass)
         inner = [{"instructions": lp["instructions"], **counts(
             [o for o in ops_of_loop(sass, lp["label"])])} for lp in lps[:2]]
-        row = {"kernel": label, "grid": grid, "options": spec.get("options"), **res, "instructions": len(ops), **counts(ops),
-               "loops": inner}
+        row = {"kernel": label, "grid": grid, "options": spec.get("options"), **res, "instructions": len(ops),
+               **counts(ops), "loops": inner}
         rows.append(row)
-        print(f"{label:90} grid {grid} warps {spec['options']['num_warps']}\n    regs {res.get('registers', '?'):>3} spills {res.get('spills', '?'):>3} "
+        print(f"{label:90} grid {grid} warps {spec['options']['num_warps']}\n"
+              f"    regs {res.get('registers', '?'):>3} spills {res.get('spills', '?'):>3} "
               f"smem {res.get('shared_bytes', 0):>6} instr {len(ops):5} "
               + " ".join(f"{k} {row[k]}" for k in CLASSES), flush=True)
         for lp in inner:

@@ -32,7 +32,7 @@ K_SAMPLE = 16
 # Knobs the A/B benchmark (bench/sparse_ab.py) flips; the defaults are what it measured fastest on the H200
 # (bench/results/sm90_sparse_ab.json; None: the config's own choice). bench/NOTES.md, "Sparse attention".
 TUNING = {"pool_stages": 1, "attn_stages": None, "attn_tma": True, "attn_maxnreg": None, "route_prec": None,
-          "route_tiles": None, "route_warps": 8, "attn_pairs": None}
+          "route_tiles": None, "route_warps": 8, "attn_pairs": None, "quant_mma_sums": True}
 _TOPK_SLICE_BYTES = 256 << 20  # the top-k scores are worked out this many bytes of heads at a time
 # The top-k threshold is backed off this much (relative) below the k-th score torch finds: the router's
 # TF32 scores differ from torch's fp32 ones by about that, and a tie kept costs one block, a block lost
@@ -190,14 +190,16 @@ def run(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, r
     # the router's tail into the kernel's frame, and with the LSE q·centre·scale, which moves the kernel's
     # LSE into the frame of q·k·scale.
     k8, ks, kbar, _, _ = quantize_with_means(kh, k_group, cfg.block_n, d_pad, 1.0, k_centre, subtract=True,
-                                             per_block=k_scalar, rotate=rotate, method=method)
+                                             per_block=k_scalar, rotate=rotate, method=method,
+                                             mma_sums=TUNING["quant_mma_sums"])
     kvar, mu = torch.var_mean(kbar, dim=1, correction=0)  # (B*H_KV, d_pad) each
     # Centred here, not in the router: subtracting mu there spilled (sm90: 45 -> 85 local loads and stores).
     kc = kbar - mu[:, None]
     q_block = rotation.q_rows(method, cfg.block_m) if rotate else cfg.block_m
     q8, qs, cen, tail_off, qbias = quantize_with_means(qh, q_group, q_block, d_pad, log2s, centre, mu=mu,
                                                       off_mult=log2s, bias_mult=scale if return_lse else None,
-                                                      kv_div=H // H_KV, rotate=rotate, method=method)
+                                                      kv_div=H // H_KV, rotate=rotate, method=method,
+                                                      mma_sums=TUNING["quant_mma_sums"])
     v_op, v_strides, v_scale, _, pv_mode, p_scale, tile_bias = api._prepare_v(vh, cfg, False, d_pad, final)
 
     lists, count, tail_m, tail_l, tail_acc = route(cen, kc, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q,

@@ -1,0 +1,81 @@
+"""``sparse_quant.quantize_with_means`` (through the interpreter): the block means and per-row dots it writes
+beside the INT8 copy, from small MMAs of the 16-bit rows (``mma_sums``, the default) or fp32 reductions, against
+fp64, and the INT8 copy and scales the same bits either way (issue 54, the routing share)."""
+import pytest
+import torch
+from sagetriton.kernels import api, rotation, sparse_launch, sparse_quant
+from sagetriton.kernels.sparse_reference import BLOCK
+
+
+def inputs(T, H, D, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(1, T, H, D, generator=g) * 2 + torch.randn(D, generator=g)).to(dtype)
+    centre = torch.randn(H, D, generator=g) * 0.5
+    mu = centre + torch.randn(H, D, generator=g) * 0.1
+    return x.permute(0, 2, 1, 3), centre, mu  # (B, H, L, D) strided view of an NHD tensor
+
+
+def run(x, centre, mu, method, rows, mma, bias=True):
+    D = x.shape[-1]
+    rotate = 64 if method else 0
+    signs = api._rotation_signs(D, rotate, x.device, x.dtype) if method == "tiled" else None
+    k_centre = centre @ signs.float() if signs is not None else centre
+    k = sparse_quant.quantize_with_means(x, BLOCK, rows, D, 1.0, k_centre, subtract=True, per_block=True,
+                                         rotate=rotate, method=method or "dot", mma_sums=mma)
+    q = sparse_quant.quantize_with_means(x, 1, rows, D, 0.7, centre, mu=mu, off_mult=0.3,
+                                         bias_mult=0.2 if bias else None, rotate=rotate, method=method or "dot",
+                                         mma_sums=mma)
+    return k, q
+
+
+@pytest.mark.parametrize("T,dtype,method,rows", [(200, torch.bfloat16, "tiled", 64), (130, torch.float16, "tiled", 64),
+                                                 (300, torch.bfloat16, "dot", 128), (70, torch.float16, None, 128),
+                                                 (1, torch.bfloat16, "tiled", 64)])
+def test_block_means_and_row_dots_from_mmas_are_fp32_sums(T, dtype, method, rows):
+    x, centre, mu = inputs(T, 2, 64, dtype, seed=T)
+    (k8, ks, kbar, _, _), (q8, qs, cen, off, bias) = run(x, centre, mu, method, rows, mma=True)
+    xd = x.double()
+    nb = -(-T // BLOCK)
+    pad = torch.nn.functional.pad(xd, (0, 0, 0, nb * BLOCK - T))
+    n_live = torch.tensor([min(BLOCK, T - i * BLOCK) for i in range(nb)], dtype=torch.float64)
+    means = (pad.reshape(2, nb, BLOCK, 64).sum(2) / n_live[:, None]).float()
+    for got in (kbar, cen):
+        torch.testing.assert_close(got, means, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(off, (xd[0] @ ((mu - centre).double() * 0.3)[:, :, None])[..., 0].float().reshape(2, T),
+                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(bias, (xd[0] @ (centre.double() * 0.2)[:, :, None])[..., 0].float().reshape(2, T),
+                               rtol=1e-5, atol=1e-5)
+    # The INT8 copy and its scales do not depend on how the sums are made.
+    (k8r, ksr, kbar_r, _, _), (q8r, qsr, cen_r, off_r, bias_r) = run(x, centre, mu, method, rows, mma=False)
+    assert torch.equal(k8, k8r) and torch.equal(q8, q8r)
+    assert torch.equal(ks, ksr) and torch.equal(qs, qsr)
+    torch.testing.assert_close(kbar, kbar_r, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(off, off_r, rtol=1e-5, atol=1e-5)
+
+
+def test_a_non_finite_shift_makes_every_row_dot_nan():
+    x, centre, mu = inputs(90, 1, 64, torch.bfloat16, seed=3)
+    mu[0, 5] = float("inf")
+    _, (_, _, _, off, _) = run(x, centre, mu, "tiled", 64, mma=True, bias=False)
+    assert torch.isnan(off).all()
+
+
+def test_the_sparse_call_takes_the_tuning_choice():
+    """``TUNING["quant_mma_sums"]`` reaches both quantization launches of a call (the A/B switch)."""
+    from sagetriton.installer import crosscompile as cc
+    from sagetriton.kernels.arch import CPU_ARCH, default_config
+
+    q = torch.empty((1, 200, 2, 64), dtype=torch.bfloat16, device="meta")
+    seen = {}
+    for choice in (True, False):
+        old = sparse_launch.TUNING["quant_mma_sums"]
+        sparse_launch.TUNING["quant_mma_sums"] = choice
+        try:
+            with cc.record_launches() as rec:
+                sparse_launch.run(q, q, q, 1.3, "NHD", 0.125, None, None, 0.0, 0, False, False, "NHD",
+                                  default_config(CPU_ARCH, 64))
+        finally:
+            sparse_launch.TUNING["quant_mma_sums"] = old
+        seen[choice] = [s["constexprs"]["MMA_SUMS"] for s in rec if s["name"] == "sparse_quantize_int8_kernel"]
+    assert seen == {True: [True, True], False: [False, False]}
+    assert rotation.PIPE_STAGES >= 1
