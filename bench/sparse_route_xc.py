@@ -3,7 +3,8 @@ launches of one ``sparse_attn`` call and one dense ``sageattn`` call of the same
 (132 SMs, an H200's) and cross-compiled without a GPU: per kernel its grid, registers, spills, instructions,
 global/shared accesses and tensor-core instructions, and per loop the same. Runs on a CPU-only machine.
 
-    python bench/sparse_route_xc.py [--shape 103950x56] [--out bench/results/sm90_sparse_route_xc.json] [--sass DIR]
+    python bench/sparse_route_xc.py [--shape 103950x56] [--tuning '{"route_tiles": [64, 32], "route_warps": 4}']
+                                    [--only route,pool] [--out bench/results/sm90_sparse_route_xc.json] [--sass DIR]
 """
 from __future__ import annotations
 
@@ -68,6 +69,8 @@ def as_on_cuda(spec: dict) -> dict:
     c, o = spec["constexprs"], spec.setdefault("options", {})
     if spec["name"] == "route_kernel":
         c.update(SCORE_PREC="tf32", TAIL_PREC="tf32")
+        if sparse_launch.TUNING.get("route_maxnreg"):  # set only on a CUDA device
+            o.setdefault("maxnreg", sparse_launch.TUNING["route_maxnreg"])
     if spec["name"] in ("sparse_quantize_int8_kernel", "quantize_int8_kernel") and c.get("ROTATE_TILES"):
         if spec["name"] == "sparse_quantize_int8_kernel":
             from sagetriton.kernels import sparse_quant
@@ -99,13 +102,16 @@ def main() -> None:
     ap.add_argument("--shape", default="103950x56")
     ap.add_argument("--out")
     ap.add_argument("--sass")
+    ap.add_argument("--tuning", default="{}", help="JSON: sparse_launch.TUNING entries to set first")
+    ap.add_argument("--only", default="", help="comma-separated substrings of the kernels to build")
     args = ap.parse_args()
+    sparse_launch.TUNING.update(json.loads(args.tuning))
     T, H = (int(x) for x in args.shape.split("x"))
     target = cc.parse_target("sm90")
     rows = []
     for path, spec, grid in record(T, H):
         name = spec["name"]
-        if name in SKIP or "convert_v" in name:
+        if name in SKIP or "convert_v" in name or (args.only and not any(o in name for o in args.only.split(","))):
             continue
         c = spec["constexprs"]
         label = f"{path}:{name}"

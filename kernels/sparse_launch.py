@@ -32,7 +32,9 @@ K_SAMPLE = 16
 # Knobs the A/B benchmark (bench/sparse_ab.py) flips; the defaults are what it measured fastest on the H200
 # (bench/results/sm90_sparse_ab.json; None: the config's own choice). bench/NOTES.md, "Sparse attention".
 TUNING = {"pool_stages": 1, "attn_stages": None, "attn_tma": True, "attn_maxnreg": None, "route_prec": None,
-          "route_tiles": None, "route_warps": 8, "attn_pairs": None, "quant_mma_sums": True}
+          "route_tiles": None, "route_warps": 8, "attn_pairs": None, "quant_mma_sums": True,
+          "route_scan_mma": True, "route_stages": None, "route_maxnreg": None,
+          "pool_mma_sums": True}
 _TOPK_SLICE_BYTES = 256 << 20  # the top-k scores are worked out this many bytes of heads at a time
 # The top-k threshold is backed off this much (relative) below the k-th score torch finds: the router's
 # TF32 scores differ from torch's fp32 ones by about that, and a tie kept costs one block, a block lost
@@ -87,7 +89,8 @@ def _pool_v(vh, kh, L, d_pad, nb, absmax):
     ksum = torch.empty((B * H_KV, progs, d_pad), dtype=torch.float32, device=vh.device)
     api._launch(pool_kernel, (progs, B * H_KV), (vh, *vh.stride(), out, amax, kh, *kh.stride(), ksum, H_KV, L, D, nb,
                                                  POOL_BLOCKS),
-                dict(D_PAD=d_pad, ABSMAX=absmax, K_SAMPLE=K_SAMPLE, INTERPRETER=interpreter_enabled()), num_warps=4,
+                dict(D_PAD=d_pad, ABSMAX=absmax, K_SAMPLE=K_SAMPLE, INTERPRETER=interpreter_enabled(),
+                     MMA_SUMS=TUNING["pool_mma_sums"] and vh.dtype in (torch.float16, torch.bfloat16)), num_warps=4,
                 num_stages=TUNING["pool_stages"])
     return out, amax, ksum
 
@@ -156,8 +159,11 @@ def route(cen, kc, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q, topk_r
     api._launch(route_kernel, (-(-nb // qb), B * H), (
         cen, kc, vsum, kvar, thr, lists, count, tail_m, tail_l, tail_acc,
         H, H_KV, nb, float(L - (nb - 1) * BLOCK), float(tau), log2s, min(s0, nb), min(s1, nb), min(q0, nb), min(q1, nb),
-    ), dict(QB=qb, KB=kb, D_PAD=d_pad, HAS_THR=bool(topk_ratio), SCORE_PREC=score_prec, TAIL_PREC=tail_prec),
-        num_warps=TUNING["route_warps"], num_stages=stages)
+    ), dict(QB=qb, KB=kb, D_PAD=d_pad, HAS_THR=bool(topk_ratio), SCORE_PREC=score_prec, TAIL_PREC=tail_prec,
+            SCAN_MMA=TUNING["route_scan_mma"], INTERPRETER=interpreter_enabled()),
+        num_warps=TUNING["route_warps"], num_stages=TUNING["route_stages"] or stages,
+        **({"maxnreg": TUNING["route_maxnreg"]} if TUNING["route_maxnreg"] and dev.type == "cuda"
+           and torch.version.hip is None else {}))
     return lists, count, tail_m, tail_l, tail_acc
 
 

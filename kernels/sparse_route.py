@@ -29,6 +29,7 @@ def pool_kernel(
     KSum,  # fp32 (B*H, n_progs, D_PAD): the sum of this program's K_SAMPLE sampled keys (K_SAMPLE > 0)
     H, L, D, NB, blocks_per_prog,
     D_PAD: tl.constexpr, ABSMAX: tl.constexpr, K_SAMPLE: tl.constexpr, INTERPRETER: tl.constexpr,
+    MMA_SUMS: tl.constexpr = False,
 ):
     prog = tl.program_id(0)
     bh = tl.program_id(1)
@@ -48,16 +49,24 @@ def pool_kernel(
     # max |v| kept in V's own dtype (exact): half the registers of fp32 for 16-bit V (sm90: 95 instead of 164
     # a thread, 5 programs per SM instead of 3)
     amax = tl.zeros((64, D_PAD), X.dtype.element_ty)
+    if MMA_SUMS:
+        ones = tl.full((16, 64), 1.0, tl.float32).to(X.dtype.element_ty)  # (the interpreter has no bf16 full)
     for i in range(0, blocks_per_prog):
         blk = prog * blocks_per_prog + i
         offs_l = blk * 64 + rows
         ok = offs_l < L
         xr = tl.load(base + offs_l[:, None].to(tl.int64) * stride_xl + offs_d[None, :] * stride_xd,
                      mask=ok[:, None] & d_ok[None, :], other=0.0)
-        x = xr.to(tl.float32)
+        if MMA_SUMS:  # 16-bit V: the column sums as ones times the rows on the tensor cores (exact products, fp32
+            # sums; every row of the product the same, so the max picks one exactly), not a cross-warp reduction
+            if INTERPRETER:
+                total = tl.max(tl.dot(ones.to(tl.float32), xr.to(tl.float32)), axis=0)
+            else:
+                total = tl.max(tl.dot(ones, xr), axis=0)
+        else:
+            total = tl.sum(xr.to(tl.float32), axis=0)
         # The mask as a tensor: Triton 3.9's interpreter refuses a scalar one.
-        tl.store(Out + (bh.to(tl.int64) * NB + blk) * D_PAD + offs_d, tl.sum(x, axis=0),
-                 mask=(offs_d * 0 + blk) < NB)
+        tl.store(Out + (bh.to(tl.int64) * NB + blk) * D_PAD + offs_d, total, mask=(offs_d * 0 + blk) < NB)
         if ABSMAX:
             amax = tl.maximum(amax, tl.abs(xr), propagate_nan=tl.PropagateNan.ALL).to(xr.dtype)
     if ABSMAX:
@@ -118,7 +127,8 @@ def route_kernel(
     TailAcc,  # fp32 (B*H, NB, D_PAD): its P·V
     H, H_KV, NB, last_len, tau, log2s, s0, s1, q0, q1,
     QB: tl.constexpr, KB: tl.constexpr, D_PAD: tl.constexpr, HAS_THR: tl.constexpr,
-    SCORE_PREC: tl.constexpr, TAIL_PREC: tl.constexpr,
+    SCORE_PREC: tl.constexpr, TAIL_PREC: tl.constexpr, SCAN_MMA: tl.constexpr = False,
+    INTERPRETER: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
@@ -143,6 +153,9 @@ def route_kernel(
     kc_base = KC + kvh.to(tl.int64) * NB * D_PAD
     vs_base = VSum + kvh.to(tl.int64) * NB * D_PAD
     list_rows = List + (bh.to(tl.int64) * NB + offs_i) * NB
+    if SCAN_MMA:  # tri[a, b] = 1 where a <= b: row times it is the inclusive prefix sum (a where: see sparse_quant)
+        kk = tl.arange(0, KB)
+        tri = tl.where(kk[:, None] <= kk[None, :], 1.0, 0.0).to(tl.float16)
     for j0 in range(0, NB, KB):
         offs_j = j0 + tl.arange(0, KB)
         j_ok = offs_j < NB
@@ -157,7 +170,15 @@ def route_kernel(
         exact = exact & j_ok[None, :]
         # the exact blocks' indices, compacted: a running count per row plus this tile's prefix sum
         e32 = exact.to(tl.int32)
-        pos = cnt[:, None] + tl.cumsum(e32, axis=1) - 1
+        if SCAN_MMA:  # the prefix sum as 0/1 times a triangle of ones on the tensor cores (exact up to 2048)
+            ef = tl.where(exact, 1.0, 0.0).to(tl.float16)
+            if INTERPRETER:
+                incl = tl.dot(ef.to(tl.float32), tri.to(tl.float32))
+            else:
+                incl = tl.dot(ef, tri)
+            pos = cnt[:, None] + incl.to(tl.int32) - 1
+        else:
+            pos = cnt[:, None] + tl.cumsum(e32, axis=1) - 1
         tl.store(list_rows[:, None] + pos, offs_j[None, :].to(List.dtype.element_ty),
                  mask=exact & i_ok[:, None])
         cnt += tl.sum(e32, axis=1)

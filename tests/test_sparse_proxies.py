@@ -1,6 +1,8 @@
-"""``sparse_quant.quantize_with_means`` (through the interpreter): the block means and per-row dots it writes
-beside the INT8 copy, from small MMAs of the 16-bit rows (``mma_sums``, the default) or fp32 reductions, against
-fp64, and the INT8 copy and scales the same bits either way (issue 54, the routing share)."""
+"""The router's inputs and lists made on the tensor cores (issue 54, the routing share), through the interpreter:
+``sparse_quant.quantize_with_means``'s block means and per-row dots from small MMAs of the 16-bit rows (``mma_sums``,
+the default) or fp32 reductions, against fp64, with the INT8 copy and scales the same bits either way; the V pool's
+block sums likewise (``TUNING["pool_mma_sums"]``); the router's prefix sum as an MMA (``TUNING["route_scan_mma"]``):
+the same lists, counts and tails as ``tl.cumsum``'s."""
 import pytest
 import torch
 from sagetriton.kernels import api, rotation, sparse_launch, sparse_quant
@@ -79,3 +81,51 @@ def test_the_sparse_call_takes_the_tuning_choice():
         seen[choice] = [s["constexprs"]["MMA_SUMS"] for s in rec if s["name"] == "sparse_quantize_int8_kernel"]
     assert seen == {True: [True, True], False: [False, False]}
     assert rotation.PIPE_STAGES >= 1
+
+
+@pytest.fixture
+def tuning():
+    saved = dict(sparse_launch.TUNING)
+    yield sparse_launch.TUNING
+    sparse_launch.TUNING.clear()
+    sparse_launch.TUNING.update(saved)
+
+
+@pytest.mark.parametrize("T,dtype", [(300, torch.bfloat16), (65, torch.float16), (1, torch.bfloat16)])
+def test_the_pool_s_block_sums_from_mmas_are_fp32_sums(tuning, T, dtype):
+    x, _, _ = inputs(T, 2, 64, dtype, seed=T + 1)
+    nb = -(-T // BLOCK)
+    res = {}
+    for mma in (True, False):
+        tuning["pool_mma_sums"] = mma
+        res[mma] = sparse_launch._pool_v(x, x, T, 64, nb, absmax=True)
+    pad = torch.nn.functional.pad(x.double(), (0, 0, 0, nb * BLOCK - T))
+    torch.testing.assert_close(res[True][0], pad.reshape(2, nb, BLOCK, 64).sum(2).float(), rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(res[True][0], res[False][0], rtol=1e-6, atol=1e-5)
+    assert torch.equal(res[True][1], res[False][1]) and torch.equal(res[True][2], res[False][2])
+
+
+@pytest.mark.parametrize("tiles,kw", [((32, 16), dict(tau=0.5)), ((64, 32), dict(tau=0.0, sinks=(1, 2))),
+                                      ((32, 32), dict(tau=-1e9)), ((32, 16), dict(topk_ratio=0.3))])
+def test_the_router_s_prefix_sum_as_an_mma_lists_what_cumsum_lists(tuning, tiles, kw):
+    g = torch.Generator().manual_seed(5)
+    nb, d, H = 70, 64, 2  # three key tiles of 32, the last ragged
+    cen = torch.randn(H, nb, d, generator=g)
+    kbar = torch.randn(H, nb, d, generator=g) * 0.3 + torch.linspace(0, 1, nb)[None, :, None]
+    kvar, mu = torch.var_mean(kbar, dim=1, correction=0)
+    vsum = torch.randn(H, nb, d, generator=g)
+    res = {}
+    for mma in (True, False):
+        tuning["route_scan_mma"] = mma
+        res[mma] = sparse_launch.route(cen, kbar - mu[:, None], vsum, kvar, 1, H, H, nb * 64 - 5, kw.get("tau", 1.0),
+                                       0.18, kw.get("sinks"), None, kw.get("topk_ratio", 0.0), tiles=tiles)
+    lists, count = res[True][0], res[True][1]
+    assert torch.equal(count, res[False][1])
+    assert 0 < int(count.sum()) <= H * nb * nb
+    for h in range(H):
+        for i in range(nb):
+            c = int(count[h, i])
+            assert torch.equal(lists[h, i, :c], res[False][0][h, i, :c])
+            assert bool((lists[h, i, 1:c] > lists[h, i, :c - 1]).all())  # ascending, no repeats
+    for a, b in zip(res[True][2:], res[False][2:], strict=True):
+        assert torch.equal(a, b)
