@@ -31,10 +31,14 @@ POOL_BLOCKS = 4  # 64-token blocks per pool program
 K_SAMPLE = 16
 # Knobs the A/B benchmark (bench/sparse_ab.py) flips; the defaults are what it measured fastest on the H200
 # (bench/results/sm90_sparse_ab.json; None: the config's own choice). bench/NOTES.md, "Sparse attention".
+# The pre-attention launches' tensor-core sums (fourth session, chosen on sm90 SASS, not yet timed): block means
+# and row dots in the Q/K quantization (quant_mma_sums) and V's block sums in the pool (pool_mma_sums), on for
+# 16-bit inputs everywhere (no spill or occupancy change cross-compiled on sm80/sm90/sm120/gfx942/gfx1100); the
+# router's prefix sum (route_scan_mma; None: Hopper only, where it drops the router's spills, 45 -> 0; sm86-sm120
+# spill 4 with it). route_stages / route_maxnreg: None, the config's pipelining and no cap.
 TUNING = {"pool_stages": 1, "attn_stages": None, "attn_tma": True, "attn_maxnreg": None, "route_prec": None,
-          "route_tiles": None, "route_warps": 8, "attn_pairs": None, "quant_mma_sums": True,
-          "route_scan_mma": True, "route_stages": None, "route_maxnreg": None,
-          "pool_mma_sums": True}
+          "route_tiles": None, "route_warps": 8, "attn_pairs": None, "quant_mma_sums": True, "pool_mma_sums": True,
+          "route_scan_mma": None, "route_stages": None, "route_maxnreg": None}
 _TOPK_SLICE_BYTES = 256 << 20  # the top-k scores are worked out this many bytes of heads at a time
 # The top-k threshold is backed off this much (relative) below the k-th score torch finds: the router's
 # TF32 scores differ from torch's fp32 ones by about that, and a tie kept costs one block, a block lost
@@ -130,12 +134,13 @@ def _topk_threshold(cen, kc, kv_of, nb, ratio, log2s, sinks):
 
 
 def route(cen, kc, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q, topk_ratio, stages: int = 1,
-          tiles=None):
+          tiles=None, scan_mma: bool = False):
     """The router on the block proxies (fp32: centroids (B*H, nb, d_pad), centred K block means and V
     block sums (B*H_KV, nb, d_pad), K's per-channel block variance (B*H_KV, d_pad)). Returns the exact
     key blocks per query block (B*H, nb, nb; the first ``count`` of each row, ascending), ``count``
     (B*H, nb) and the pooled tail's max, sum (B*H, nb) and P·V (B*H, nb, d_pad). ``stages``: software
-    pipelining of its loop (Hopper's shared memory takes 2); ``tiles``: (query blocks, key blocks) per step."""
+    pipelining of its loop (Hopper's shared memory takes 2); ``tiles``: (query blocks, key blocks) per step;
+    ``scan_mma``: the lists' prefix sum as an MMA (``TUNING["route_scan_mma"]`` overrides it)."""
     nb, d_pad, dev = cen.shape[1], cen.shape[2], cen.device
     thr = torch.empty((1,), dtype=torch.float32, device=dev)
     if topk_ratio:  # the key/value head of each query head (batch-major), for the top-k scores
@@ -160,7 +165,8 @@ def route(cen, kc, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q, topk_r
         cen, kc, vsum, kvar, thr, lists, count, tail_m, tail_l, tail_acc,
         H, H_KV, nb, float(L - (nb - 1) * BLOCK), float(tau), log2s, min(s0, nb), min(s1, nb), min(q0, nb), min(q1, nb),
     ), dict(QB=qb, KB=kb, D_PAD=d_pad, HAS_THR=bool(topk_ratio), SCORE_PREC=score_prec, TAIL_PREC=tail_prec,
-            SCAN_MMA=TUNING["route_scan_mma"], INTERPRETER=interpreter_enabled()),
+            SCAN_MMA=scan_mma if TUNING["route_scan_mma"] is None else TUNING["route_scan_mma"],
+            INTERPRETER=interpreter_enabled()),
         num_warps=TUNING["route_warps"], num_stages=TUNING["route_stages"] or stages,
         **({"maxnreg": TUNING["route_maxnreg"]} if TUNING["route_maxnreg"] and dev.type == "cuda"
            and torch.version.hip is None else {}))
@@ -210,7 +216,8 @@ def run(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, r
 
     lists, count, tail_m, tail_l, tail_acc = route(cen, kc, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q,
                                                    topk_ratio, stages=2 if cfg.use_tma else 1,
-                                                   tiles=(128, 32) if cfg.use_tma and d_pad <= 128 else None)
+                                                   tiles=(128, 32) if cfg.use_tma and d_pad <= 128 else None,
+                                                   scan_mma=cfg.use_tma)
 
     if extra_tokens:  # the tail becomes per-token centroid terms; the extra tokens are merged in below
         extra_idx, n_extra = sparse_extra.retail(qh, kh, vh, cen, mu, lists, count, tail_m, tail_l, tail_acc,
