@@ -38,7 +38,7 @@ K_SAMPLE = 16
 # spill 4 with it). route_stages / route_maxnreg: None, the config's pipelining and no cap.
 TUNING = {"pool_stages": 1, "attn_stages": None, "attn_tma": True, "attn_maxnreg": None, "route_prec": None,
           "route_tiles": None, "route_warps": 8, "attn_pairs": None, "quant_mma_sums": True, "pool_mma_sums": True,
-          "route_scan_mma": None, "route_stages": None, "route_maxnreg": None}
+          "route_scan_mma": None, "route_fixed_frame": None, "route_stages": None, "route_maxnreg": None}
 _TOPK_SLICE_BYTES = 256 << 20  # the top-k scores are worked out this many bytes of heads at a time
 # The top-k threshold is backed off this much (relative) below the k-th score torch finds: the router's
 # TF32 scores differ from torch's fp32 ones by about that, and a tie kept costs one block, a block lost
@@ -166,6 +166,7 @@ def route(cen, kc, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q, topk_r
         H, H_KV, nb, float(L - (nb - 1) * BLOCK), float(tau), log2s, min(s0, nb), min(s1, nb), min(q0, nb), min(q1, nb),
     ), dict(QB=qb, KB=kb, D_PAD=d_pad, HAS_THR=bool(topk_ratio), SCORE_PREC=score_prec, TAIL_PREC=tail_prec,
             SCAN_MMA=scan_mma if TUNING["route_scan_mma"] is None else TUNING["route_scan_mma"],
+            FIXED_FRAME=scan_mma if TUNING["route_fixed_frame"] is None else TUNING["route_fixed_frame"],
             INTERPRETER=interpreter_enabled()),
         num_warps=TUNING["route_warps"], num_stages=TUNING["route_stages"] or stages,
         **({"maxnreg": TUNING["route_maxnreg"]} if TUNING["route_maxnreg"] and dev.type == "cuda"

@@ -5,7 +5,7 @@ block sums likewise (``TUNING["pool_mma_sums"]``); the router's prefix sum as an
 the same lists, counts and tails as ``tl.cumsum``'s."""
 import pytest
 import torch
-from sagetriton.kernels import api, rotation, sparse_launch, sparse_quant
+from sagetriton.kernels import api, rotation, sparse_launch, sparse_quant, sparse_route
 from sagetriton.kernels.sparse_reference import BLOCK
 
 
@@ -129,3 +129,40 @@ def test_the_router_s_prefix_sum_as_an_mma_lists_what_cumsum_lists(tuning, tiles
             assert bool((lists[h, i, 1:c] > lists[h, i, :c - 1]).all())  # ascending, no repeats
     for a, b in zip(res[True][2:], res[False][2:], strict=True):
         assert torch.equal(a, b)
+
+
+def _route_inputs(nb=70, H=2, d=64, seed=5, cen_scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    cen = torch.randn(H, nb, d, generator=g) * cen_scale
+    kbar = torch.randn(H, nb, d, generator=g) * 0.3 + torch.linspace(0, 1, nb)[None, :, None]
+    kvar, mu = torch.var_mean(kbar, dim=1, correction=0)
+    return cen, kbar - mu[:, None], torch.randn(H, nb, d, generator=g), kvar
+
+
+@pytest.mark.parametrize("tiles,kw,scale", [((32, 16), dict(tau=0.5), 1.0), ((64, 32), dict(tau=1.3, sinks=(1, 2)), 1.0),
+                                            ((32, 16), dict(topk_ratio=0.3), 1.0), ((32, 32), dict(tau=-1e9), 1.0),
+                                            ((32, 16), dict(tau=8.0), 60.0)])
+def test_the_router_s_tail_in_the_threshold_s_frame_is_the_online_tail(tuning, tiles, kw, scale):
+    """``route_kernel``'s FIXED_FRAME: the same lists, counts and pooled maxima, the sums and P·V within
+    rounding; at tau 8 on large scores the pooled maxima lie far below the thresholds and the tiles redo their
+    tails online: the same bits as the online router."""
+    cen, kc, vsum, kvar = _route_inputs(cen_scale=scale)
+    nb, H = cen.shape[1], cen.shape[0]
+    res = {}
+    for fixed in (True, False):
+        tuning["route_fixed_frame"] = fixed
+        res[fixed] = sparse_launch.route(cen, kc, vsum, kvar, 1, H, H, nb * 64 - 5, kw.get("tau", 1.0), 0.18,
+                                         kw.get("sinks"), None, kw.get("topk_ratio", 0.0), tiles=tiles)
+    (lists, count, m, lsum, acc), (lists0, count0, m0, lsum0, acc0) = res[True], res[False]
+    assert torch.equal(count, count0) and torch.equal(m, m0)
+    for h in range(H):
+        for i in range(nb):
+            assert torch.equal(lists[h, i, :count[h, i]], lists0[h, i, :count[h, i]])
+    torch.testing.assert_close(lsum, lsum0, rtol=1e-5, atol=0)
+    torch.testing.assert_close(acc, acc0, rtol=1e-5, atol=1e-5 * float(acc0.abs().max()))
+    if scale > 1:  # every row's pooled max far below its threshold: the online redo, bit for bit
+        thr = kw["tau"] * torch.sqrt((cen * cen * kvar[:, None, :]).sum(-1) * 0.18 ** 2 + 1e-6)
+        assert bool(((thr - m) > sparse_route.FRAME_SPAN.value).any())
+        assert torch.equal(lsum, lsum0) and torch.equal(acc, acc0)
+    if kw.get("tau") == -1e9:  # every block exact: no tail
+        assert bool((m == float("-inf")).all()) and not lsum.any() and not acc.any()
