@@ -221,14 +221,14 @@ def route_kernel(
         vs = tl.load(vs_base + offs_j[:, None] * D_PAD + offs_d[None, :], mask=j_ok[:, None], other=0.0)
         if FIXED_FRAME:
             m = tl.maximum(m, tl.max(sp, axis=1))
-            p = tl.math.exp2(tl.where(sp > float("-inf"), sp - thr[:, None], float("-inf")))
+            p = tl.math.exp2(tl.where(sp == float("-inf"), float("-inf"), sp - thr[:, None]))  # NaN stays NaN
             lsum += tl.sum(p * w[None, :], axis=1)
             acc = tl.dot(p, vs, acc, input_precision=TAIL_PREC)
         else:
             m, lsum, acc = _online_step(m, lsum, acc, sp, w, vs, TAIL_PREC)
     if FIXED_FRAME:
         gap = thr - m
-        ok = (m == float("-inf")) | ((gap >= 0.0) & (gap <= FRAME_SPAN))
+        ok = ((m == float("-inf")) | ((gap >= 0.0) & (gap <= FRAME_SPAN))) & (lsum == lsum)  # NaN: online
         if tl.max((i_ok & ~ok).to(tl.int32), axis=0) > 0:  # rare: this tile's tails online, as FIXED_FRAME off
             m = tl.full((QB,), float("-inf"), tl.float32)
             lsum = tl.zeros((QB,), tl.float32)
