@@ -8,7 +8,7 @@ Every variant must route as the default does (same density) and give its answer 
                                     [--variants default,before,...] [--out bench/results/sparse_route_ab.json]
 
 "before": the fp32 reductions the fourth session replaced (block means, row dots, V's block sums, the router's
-prefix sum), i.e. the kernels as they were, in this tree.
+prefix sum) and the router's online tail, i.e. the kernels as they were, in this tree.
 """
 from __future__ import annotations
 
@@ -24,14 +24,15 @@ from common import RESULTS, environment, kernel_self_times, write_json
 from sagetriton.kernels import sageattn, sparse_attn, sparse_launch
 
 BASE = dict(sparse_launch.TUNING)
-FP32_SUMS = dict(quant_mma_sums=False, pool_mma_sums=False, route_scan_mma=False)
+BEFORE = dict(quant_mma_sums=False, pool_mma_sums=False, route_scan_mma=False, route_fixed_frame=False)
 VARIANTS = {
     "default": {},
-    "before": FP32_SUMS,
+    "before": BEFORE,
     "quant fp32 sums": dict(quant_mma_sums=False),
     "pool fp32 sums": dict(pool_mma_sums=False),
     "pool 2 stages": dict(pool_stages=2),
     "route cumsum": dict(route_scan_mma=False),
+    "route online tail": dict(route_fixed_frame=False),
     "route 128x32 w8 1 stage": dict(route_tiles=(128, 32), route_warps=8, route_stages=1),
     "route 64x32 w4 1 stage": dict(route_tiles=(64, 32), route_warps=4, route_stages=1),
     "route 64x32 w4": dict(route_tiles=(64, 32), route_warps=4),
