@@ -2,7 +2,8 @@
 ``kernels.sparse_launch.TUNING`` variant below profiled in one process, variants alternating round by round,
 per kernel (pool, Q/K quantization, router, small torch ops) and as the routing share bench_sparse.py reports
 (``bench_sparse.routing_split``: beyond the dense path's launches on the same inputs, profiled in the same run).
-Every variant must route as the default does (same density) and give its answer within INT8 rounding of it.
+Every variant must route as the default does (the same density, to 1e-6: sums in another order may flip a block
+within ~1e-7 of its threshold) and give its answer within rounding of it.
 
     python bench/sparse_route_ab.py [--shapes 103950x56] [--families video,local_sinks] [--rounds 2]
                                     [--variants default,before,...] [--out bench/results/sparse_route_ab.json]
@@ -66,7 +67,10 @@ def run_variants(q, k, v, names: list, rounds: int, calls: int, tag: str) -> dic
                     if ref is None:
                         ref = (out, float(density))
                     diff = float((out.float() - ref[0].float()).norm() / ref[0].float().norm())
-                    checks[n] = {"density": round(float(density), 6), "density_same": float(density) == ref[1],
+                    # the proxies' sums in another order may flip a block within ~1e-7 of its threshold: a few
+                    # of the 148M at 103,950 x 56; more than 1e-6 of them is a routing change
+                    checks[n] = {"density": float(density), "density_delta": float(density) - ref[1],
+                                 "density_same": abs(float(density) - ref[1]) <= 1e-6,
                                  "rel_diff_vs_first": float(f"{diff:.3g}")}
                     del out
                 times = kernel_self_times(lambda: sparse_attn(q, k, v, 1.3), calls=calls)
@@ -93,8 +97,9 @@ def run_variants(q, k, v, names: list, rounds: int, calls: int, tag: str) -> dic
             m = c["median"]
             print(f"  {n:26s} before attention {m['before_attention']:7.3f}  pool {m['pool']:6.3f}  quant "
                   f"{m['quant']:6.3f}  route {m['route']:6.3f}  torch {m['torch_ops']:6.3f}  routing "
-                  f"{m['routing_ms']:6.3f} ({m['routing_share']:.2%})  density {c['density']} "
-                  f"({'same' if c['density_same'] else 'DIFFERS'}), answer {c['rel_diff_vs_first']:.1e} "
+                  f"{m['routing_ms']:6.3f} ({m['routing_share']:.2%})  density {c['density']:.6f} "
+                  f"({'same' if c['density_same'] else 'DIFFERS'}: {c['density_delta']:+.1e}), answer "
+                  f"{c['rel_diff_vs_first']:.1e} "
                   "from the first variant's", flush=True)
     return case
 
