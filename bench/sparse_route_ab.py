@@ -31,7 +31,7 @@ VARIANTS = {
     "before": BEFORE,
     "quant fp32 sums": dict(quant_mma_sums=False),
     "pool fp32 sums": dict(pool_mma_sums=False),
-    "pool 2 stages": dict(pool_stages=2),
+    "pool 1 stage": dict(pool_stages=1),
     "route cumsum": dict(route_scan_mma=False),
     "route online tail": dict(route_fixed_frame=False),
     "route 128x32 w8 1 stage": dict(route_tiles=(128, 32), route_warps=8, route_stages=1),

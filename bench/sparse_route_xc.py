@@ -67,6 +67,8 @@ def as_on_cuda(spec: dict) -> dict:
     """The options and constexprs the launch takes on an NVIDIA GPU, where the meta recording differs: the
     router's TF32 products (``sparse_launch.dot_precisions``) and the quantization's register caps."""
     c, o = spec["constexprs"], spec.setdefault("options", {})
+    if spec["name"] == "pool_kernel" and sparse_launch.TUNING["pool_stages"] is None:  # NVIDIA's default
+        o["num_stages"] = 2
     if spec["name"] == "route_kernel":
         c.update(SCORE_PREC="tf32", TAIL_PREC="tf32")
         if sparse_launch.TUNING.get("route_maxnreg"):  # set only on a CUDA device

@@ -35,8 +35,11 @@ K_SAMPLE = 16
 # and row dots in the Q/K quantization (quant_mma_sums) and V's block sums in the pool (pool_mma_sums), on for
 # 16-bit inputs everywhere (no spill or occupancy change cross-compiled on sm80/sm90/sm120/gfx942/gfx1100); the
 # router's prefix sum (route_scan_mma; None: Hopper only, where it drops the router's spills, 45 -> 0; sm86-sm120
-# spill 4 with it). route_stages / route_maxnreg: None, the config's pipelining and no cap.
-TUNING = {"pool_stages": 1, "attn_stages": None, "attn_tma": True, "attn_maxnreg": None, "route_prec": None,
+# spill 4 with it) and its tail in the threshold's frame (route_fixed_frame; None: Hopper only, as the scan).
+# route_stages / route_maxnreg: None, the config's pipelining and no cap. pool_stages: None, 2 on NVIDIA (with the
+# MMA sums V goes through shared memory anyway: sm90 96 instead of 124 registers, 2 barriers a block instead of
+# 4), 1 elsewhere (gfx942: 88 -> 124 VGPRs with 2); 1 was measured fastest before the MMA sums.
+TUNING = {"pool_stages": None, "attn_stages": None, "attn_tma": True, "attn_maxnreg": None, "route_prec": None,
           "route_tiles": None, "route_warps": 8, "attn_pairs": None, "quant_mma_sums": True, "pool_mma_sums": True,
           "route_scan_mma": None, "route_fixed_frame": None, "route_stages": None, "route_maxnreg": None}
 _TOPK_SLICE_BYTES = 256 << 20  # the top-k scores are worked out this many bytes of heads at a time
@@ -95,7 +98,7 @@ def _pool_v(vh, kh, L, d_pad, nb, absmax):
                                                  POOL_BLOCKS),
                 dict(D_PAD=d_pad, ABSMAX=absmax, K_SAMPLE=K_SAMPLE, INTERPRETER=interpreter_enabled(),
                      MMA_SUMS=TUNING["pool_mma_sums"] and vh.dtype in (torch.float16, torch.bfloat16)), num_warps=4,
-                num_stages=TUNING["pool_stages"])
+                num_stages=TUNING["pool_stages"] or (2 if vh.is_cuda and torch.version.hip is None else 1))
     return out, amax, ksum
 
 
