@@ -31,8 +31,17 @@ POOL_BLOCKS = 4  # 64-token blocks per pool program
 K_SAMPLE = 16
 # Knobs the A/B benchmark (bench/sparse_ab.py) flips; the defaults are what it measured fastest on the H200
 # (bench/results/sm90_sparse_ab.json; None: the config's own choice). bench/NOTES.md, "Sparse attention".
-TUNING = {"pool_stages": 1, "attn_stages": None, "attn_tma": True, "attn_maxnreg": None, "route_prec": None,
-          "route_tiles": None, "route_warps": 8, "attn_pairs": None}
+# The pre-attention launches' tensor-core sums (fourth session, chosen on sm90 SASS, not yet timed): block means
+# and row dots in the Q/K quantization (quant_mma_sums) and V's block sums in the pool (pool_mma_sums), on for
+# 16-bit inputs everywhere (no spill or occupancy change cross-compiled on sm80/sm90/sm120/gfx942/gfx1100); the
+# router's prefix sum (route_scan_mma; None: Hopper only, where it drops the router's spills, 45 -> 0; sm86-sm120
+# spill 4 with it) and its tail in the threshold's frame (route_fixed_frame; None: Hopper only, as the scan).
+# route_stages / route_maxnreg: None, the config's pipelining and no cap. pool_stages: None, 2 on NVIDIA (with the
+# MMA sums V goes through shared memory anyway: sm90 96 instead of 124 registers, 2 barriers a block instead of
+# 4), 1 elsewhere (gfx942: 88 -> 124 VGPRs with 2); 1 was measured fastest before the MMA sums.
+TUNING = {"pool_stages": None, "attn_stages": None, "attn_tma": True, "attn_maxnreg": None, "route_prec": None,
+          "route_tiles": None, "route_warps": 8, "attn_pairs": None, "quant_mma_sums": True, "pool_mma_sums": True,
+          "route_scan_mma": None, "route_fixed_frame": None, "route_stages": None, "route_maxnreg": None}
 _TOPK_SLICE_BYTES = 256 << 20  # the top-k scores are worked out this many bytes of heads at a time
 # The top-k threshold is backed off this much (relative) below the k-th score torch finds: the router's
 # TF32 scores differ from torch's fp32 ones by about that, and a tie kept costs one block, a block lost
@@ -87,8 +96,9 @@ def _pool_v(vh, kh, L, d_pad, nb, absmax):
     ksum = torch.empty((B * H_KV, progs, d_pad), dtype=torch.float32, device=vh.device)
     api._launch(pool_kernel, (progs, B * H_KV), (vh, *vh.stride(), out, amax, kh, *kh.stride(), ksum, H_KV, L, D, nb,
                                                  POOL_BLOCKS),
-                dict(D_PAD=d_pad, ABSMAX=absmax, K_SAMPLE=K_SAMPLE, INTERPRETER=interpreter_enabled()), num_warps=4,
-                num_stages=TUNING["pool_stages"])
+                dict(D_PAD=d_pad, ABSMAX=absmax, K_SAMPLE=K_SAMPLE, INTERPRETER=interpreter_enabled(),
+                     MMA_SUMS=TUNING["pool_mma_sums"] and vh.dtype in (torch.float16, torch.bfloat16)), num_warps=4,
+                num_stages=TUNING["pool_stages"] or (2 if vh.is_cuda and torch.version.hip is None else 1))
     return out, amax, ksum
 
 
@@ -127,12 +137,13 @@ def _topk_threshold(cen, kc, kv_of, nb, ratio, log2s, sinks):
 
 
 def route(cen, kc, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q, topk_ratio, stages: int = 1,
-          tiles=None):
+          tiles=None, scan_mma: bool = False):
     """The router on the block proxies (fp32: centroids (B*H, nb, d_pad), centred K block means and V
     block sums (B*H_KV, nb, d_pad), K's per-channel block variance (B*H_KV, d_pad)). Returns the exact
     key blocks per query block (B*H, nb, nb; the first ``count`` of each row, ascending), ``count``
     (B*H, nb) and the pooled tail's max, sum (B*H, nb) and P·V (B*H, nb, d_pad). ``stages``: software
-    pipelining of its loop (Hopper's shared memory takes 2); ``tiles``: (query blocks, key blocks) per step."""
+    pipelining of its loop (Hopper's shared memory takes 2); ``tiles``: (query blocks, key blocks) per step;
+    ``scan_mma``: the lists' prefix sum as an MMA (``TUNING["route_scan_mma"]`` overrides it)."""
     nb, d_pad, dev = cen.shape[1], cen.shape[2], cen.device
     thr = torch.empty((1,), dtype=torch.float32, device=dev)
     if topk_ratio:  # the key/value head of each query head (batch-major), for the top-k scores
@@ -156,8 +167,13 @@ def route(cen, kc, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q, topk_r
     api._launch(route_kernel, (-(-nb // qb), B * H), (
         cen, kc, vsum, kvar, thr, lists, count, tail_m, tail_l, tail_acc,
         H, H_KV, nb, float(L - (nb - 1) * BLOCK), float(tau), log2s, min(s0, nb), min(s1, nb), min(q0, nb), min(q1, nb),
-    ), dict(QB=qb, KB=kb, D_PAD=d_pad, HAS_THR=bool(topk_ratio), SCORE_PREC=score_prec, TAIL_PREC=tail_prec),
-        num_warps=TUNING["route_warps"], num_stages=stages)
+    ), dict(QB=qb, KB=kb, D_PAD=d_pad, HAS_THR=bool(topk_ratio), SCORE_PREC=score_prec, TAIL_PREC=tail_prec,
+            SCAN_MMA=scan_mma if TUNING["route_scan_mma"] is None else TUNING["route_scan_mma"],
+            FIXED_FRAME=scan_mma if TUNING["route_fixed_frame"] is None else TUNING["route_fixed_frame"],
+            INTERPRETER=interpreter_enabled()),
+        num_warps=TUNING["route_warps"], num_stages=TUNING["route_stages"] or stages,
+        **({"maxnreg": TUNING["route_maxnreg"]} if TUNING["route_maxnreg"] and dev.type == "cuda"
+           and torch.version.hip is None else {}))
     return lists, count, tail_m, tail_l, tail_acc
 
 
@@ -190,19 +206,22 @@ def run(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, r
     # the router's tail into the kernel's frame, and with the LSE q·centre·scale, which moves the kernel's
     # LSE into the frame of q·k·scale.
     k8, ks, kbar, _, _ = quantize_with_means(kh, k_group, cfg.block_n, d_pad, 1.0, k_centre, subtract=True,
-                                             per_block=k_scalar, rotate=rotate, method=method)
+                                             per_block=k_scalar, rotate=rotate, method=method,
+                                             mma_sums=TUNING["quant_mma_sums"])
     kvar, mu = torch.var_mean(kbar, dim=1, correction=0)  # (B*H_KV, d_pad) each
     # Centred here, not in the router: subtracting mu there spilled (sm90: 45 -> 85 local loads and stores).
     kc = kbar - mu[:, None]
     q_block = rotation.q_rows(method, cfg.block_m) if rotate else cfg.block_m
     q8, qs, cen, tail_off, qbias = quantize_with_means(qh, q_group, q_block, d_pad, log2s, centre, mu=mu,
                                                       off_mult=log2s, bias_mult=scale if return_lse else None,
-                                                      kv_div=H // H_KV, rotate=rotate, method=method)
+                                                      kv_div=H // H_KV, rotate=rotate, method=method,
+                                                      mma_sums=TUNING["quant_mma_sums"])
     v_op, v_strides, v_scale, _, pv_mode, p_scale, tile_bias = api._prepare_v(vh, cfg, False, d_pad, final)
 
     lists, count, tail_m, tail_l, tail_acc = route(cen, kc, vsum, kvar, B, H, H_KV, L, tau, log2s, sinks, sinks_q,
                                                    topk_ratio, stages=2 if cfg.use_tma else 1,
-                                                   tiles=(128, 32) if cfg.use_tma and d_pad <= 128 else None)
+                                                   tiles=(128, 32) if cfg.use_tma and d_pad <= 128 else None,
+                                                   scan_mma=cfg.use_tma)
 
     if extra_tokens:  # the tail becomes per-token centroid terms; the extra tokens are merged in below
         extra_idx, n_extra = sparse_extra.retail(qh, kh, vh, cen, mu, lists, count, tail_m, tail_l, tail_acc,

@@ -31,6 +31,49 @@ __all__ = ["sparse_quantize_int8_kernel", "quantize_with_means"]
 # cross-compiled), at 168 none.
 TILED_4WARP_MAXNREG = 168
 
+# Columns of the small MMAs below: the smallest N of a tensor-core product in Triton.
+SUMS_COLS = tl.constexpr(16)
+
+
+@triton.jit
+def _mma(a, b, INTERPRETER: tl.constexpr):
+    """a @ b in fp32; the interpreter's 16-bit dot reads the bits as integers: the same exact values in fp32."""
+    if INTERPRETER:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32))
+    return tl.dot(a, b)
+
+
+@triton.jit
+def _split3(v, dtype: tl.constexpr):
+    """fp32 ``v`` as three ``dtype`` parts whose sum is ``v`` (24 bits: fp32's), so 16-bit rows times them on the
+    tensor cores are exact products; non-finite ``v``: NaN parts."""
+    hi = v.to(dtype).to(tl.float32)
+    mid = (v - hi).to(dtype).to(tl.float32)
+    lo = (v - hi - mid).to(dtype).to(tl.float32)
+    return hi, mid, lo
+
+
+@triton.jit
+def _row_dots_operand(shift, centre, dtype: tl.constexpr, ROW_DOTS: tl.constexpr, D_PAD: tl.constexpr):
+    """(D_PAD, SUMS_COLS): columns 0-2 ``shift`` split in three (``_split3``), 3-5 ``centre`` (ROW_DOTS == 2)."""
+    c = tl.arange(0, SUMS_COLS)[None, :]
+    op = tl.zeros((D_PAD, SUMS_COLS), tl.float32)
+    if ROW_DOTS > 0:
+        hi, mid, lo = _split3(shift, dtype)
+        op = tl.where(c == 0, hi[:, None], tl.where(c == 1, mid[:, None], tl.where(c == 2, lo[:, None], op)))
+    if ROW_DOTS == 2:
+        hi, mid, lo = _split3(centre, dtype)
+        op = tl.where(c == 3, hi[:, None], tl.where(c == 4, mid[:, None], tl.where(c == 5, lo[:, None], op)))
+    return op.to(dtype)
+
+
+@triton.jit
+def _store_mean(Means, total, bh, blk, L, NB, d, D_PAD: tl.constexpr):
+    """Block ``blk``'s mean (its column sums over its live rows); a tile's blocks past the last are skipped."""
+    n_live = tl.minimum(L - blk * 64, 64).to(tl.float32)
+    # The mask as a tensor: Triton 3.9's interpreter refuses a scalar one.
+    tl.store(Means + (bh.to(tl.int64) * NB + blk) * D_PAD + d, total / n_live, mask=(d * 0 + blk) < NB)
+
 
 @triton.jit
 def sparse_quantize_int8_kernel(
@@ -45,7 +88,7 @@ def sparse_quantize_int8_kernel(
     H, H_KV_DIV, L, D, NB, scale_mult, off_mult, bias_mult,
     BLOCK_ROWS: tl.constexpr, GROUP: tl.constexpr, D_PAD: tl.constexpr, SCALE_PER_BLOCK: tl.constexpr,
     SUBTRACT: tl.constexpr, ROW_DOTS: tl.constexpr, ROTATE: tl.constexpr, ROTATE_TILES: tl.constexpr,
-    STAGES: tl.constexpr, INTERPRETER: tl.constexpr,
+    STAGES: tl.constexpr, INTERPRETER: tl.constexpr, MMA_SUMS: tl.constexpr = False,
 ):
     """TILES (ROTATE_TILES, else 1) consecutive tiles of BLOCK_ROWS rows per program, each as the dense launch
     does it: "tiled" (``quant._quantize_rotated_tiles``: the 16-bit rows times the signs, the rotated centre
@@ -58,6 +101,7 @@ def sparse_quantize_int8_kernel(
     first = tl.program_id(0) * TILES
     rows = tl.arange(0, BLOCK_ROWS)
     d = tl.arange(0, D_PAD)
+    cols = tl.arange(0, SUMS_COLS)
     if ROTATE_TILES > 0:
         signs = tl.load(Signs + d[:, None] * D_PAD + d[None, :])
     if SUBTRACT or ROW_DOTS > 0:
@@ -66,26 +110,43 @@ def sparse_quantize_int8_kernel(
         shift = tl.load(Mu + kvh.to(tl.int64) * D_PAD + d) - centre
         # A non-finite K mean (a NaN/Inf key off the sample) makes every row NaN, as a non-finite centre does.
         shift = tl.where(tl.abs(shift) < float("inf"), shift, float("nan")) * off_mult
+    if MMA_SUMS:  # the per-row dots' operand, once per program
+        dots_op = _row_dots_operand(shift if ROW_DOTS > 0 else None, centre if ROW_DOTS == 2 else None,
+                                    X.dtype.element_ty, ROW_DOTS, D_PAD)
     for i in tl.range(0, TILES, num_stages=STAGES):
         tile = first + i
         offs_l = tile * BLOCK_ROWS + rows
         row_ok, _, x = _load_rows(X, stride_xb, stride_xh, stride_xl, stride_xd, bh, H, offs_l, L, D, D_PAD,
-                                  X.dtype.element_ty if ROTATE_TILES > 0 else tl.float32)
+                                  X.dtype.element_ty if ROTATE_TILES > 0 or MMA_SUMS else tl.float32)
         xf = x.to(tl.float32)
-        for s in tl.static_range(SUB):  # the block means (rows past L load as 0)
-            blk = tile * SUB + s
-            if SUB == 1:
-                total = tl.sum(xf, axis=0)
-            else:
-                total = tl.sum(tl.where((rows // 64 == s)[:, None], xf, 0.0), axis=0)
-            n_live = tl.minimum(L - blk * 64, 64).to(tl.float32)
-            # The mask as a tensor: Triton 3.9's interpreter refuses a scalar one.
-            tl.store(Means + (bh.to(tl.int64) * NB + blk) * D_PAD + d, total / n_live, mask=(d * 0 + blk) < NB)
-        if ROW_DOTS > 0:
-            tl.store(Offset + bh.to(tl.int64) * L + offs_l, tl.sum(xf * shift[None, :], axis=1), mask=row_ok)
-        if ROW_DOTS == 2:
-            tl.store(Bias + bh.to(tl.int64) * L + offs_l, tl.sum(xf * centre[None, :], axis=1) * bias_mult,
-                     mask=row_ok)
+        if MMA_SUMS:  # column sums and row dots as small MMAs of the 16-bit rows (exact products, fp32 sums)
+            # row c of the product: block (c % SUB)'s column sums, every row filled so the max picks it exactly
+            # (a where, not a cast of the bool: the interpreter turns True into bf16 0)
+            sel = tl.where((cols % SUB)[:, None] == (rows // 64)[None, :], 1.0, 0.0).to(x.dtype)
+            sums = _mma(sel, x, INTERPRETER)
+            for s in tl.static_range(SUB):
+                _store_mean(Means, tl.max(tl.where((cols % SUB == s)[:, None], sums, float("-inf")), axis=0), bh,
+                            tile * SUB + s, L, NB, d, D_PAD)
+            if ROW_DOTS > 0:
+                r = _mma(x, dots_op, INTERPRETER)
+                tl.store(Offset + bh.to(tl.int64) * L + offs_l, tl.sum(tl.where(cols[None, :] < 3, r, 0.0), 1),
+                         mask=row_ok)
+            if ROW_DOTS == 2:
+                tl.store(Bias + bh.to(tl.int64) * L + offs_l,
+                         tl.sum(tl.where((cols[None, :] >= 3) & (cols[None, :] < 6), r, 0.0), 1) * bias_mult,
+                         mask=row_ok)
+        else:  # fp32 rows: fp32 sums on the CUDA cores
+            for s in tl.static_range(SUB):  # the block means (rows past L load as 0)
+                if SUB == 1:
+                    total = tl.sum(xf, axis=0)
+                else:
+                    total = tl.sum(tl.where((rows // 64 == s)[:, None], xf, 0.0), axis=0)
+                _store_mean(Means, total, bh, tile * SUB + s, L, NB, d, D_PAD)
+            if ROW_DOTS > 0:
+                tl.store(Offset + bh.to(tl.int64) * L + offs_l, tl.sum(xf * shift[None, :], axis=1), mask=row_ok)
+            if ROW_DOTS == 2:
+                tl.store(Bias + bh.to(tl.int64) * L + offs_l, tl.sum(xf * centre[None, :], axis=1) * bias_mult,
+                         mask=row_ok)
         if ROTATE_TILES > 0:
             if INTERPRETER:  # its bf16 dot reads the bits as integers: the same exact values in fp32
                 y = tl.dot(xf, signs.to(tl.float32))
@@ -106,12 +167,15 @@ def sparse_quantize_int8_kernel(
 
 def quantize_with_means(x, group: int, rows: int, d_pad: int, scale_mult: float, centre=None, subtract=False,
                         mu=None, off_mult=1.0, bias_mult=None, kv_div: int = 1, per_block: bool = False,
-                        rotate: int = 0, method: str = "dot"):
+                        rotate: int = 0, method: str = "dot", mma_sums: bool = True):
     """INT8 copy (B*H, L, D_PAD) and scales of a (B, H, L, D) view, as ``host_quant._quantize_qk`` makes them
     (``rows`` per tile, scale ``group``, one per tile with ``per_block``), plus the fp32 block means
     (B*H, nb, D_PAD) of the raw rows. ``centre`` (B*H_KV, D_PAD): K's centre, subtracted before rounding with
     ``subtract`` (with ``method`` "tiled" pass it times the rotation's signs). With ``mu`` (B*H_KV, D_PAD) also
-    per row x·(mu - centre)·off_mult and, with ``bias_mult``, x·centre·bias_mult (each (B*H, L)).
+    per row x·(mu - centre)·off_mult and, with ``bias_mult``, x·centre·bias_mult (each (B*H, L)). ``mma_sums``:
+    for 16-bit ``x`` those sums as small MMAs of the rows as loaded (exact products, fp32 sums), not fp32
+    reductions across the tile's rows, which cost the launch 60-70 % more instructions and several times
+    the barriers of the plain launch (sm90 SASS, bench/sparse_route_xc.py).
     Returns (int8, scales, means, offsets or None, biases or None)."""
     B, H, L, D = x.shape
     nb = _cdiv(L, BLOCK)
@@ -135,6 +199,6 @@ def quantize_with_means(x, group: int, rows: int, d_pad: int, scale_mult: float,
         scale_mult, float(off_mult), float(bias_mult or 0.0),
     ), dict(BLOCK_ROWS=rows, GROUP=group, D_PAD=d_pad, SCALE_PER_BLOCK=per_block, SUBTRACT=subtract,
             ROW_DOTS=row_dots, ROTATE=rotate, ROTATE_TILES=tiles, STAGES=rotation.PIPE_STAGES if tiles else 1,
-            INTERPRETER=interpreter_enabled()),
+            INTERPRETER=interpreter_enabled(), MMA_SUMS=mma_sums and x.dtype in (torch.float16, torch.bfloat16)),
         num_warps=warps, **({"maxnreg": regs} if tiles and x.is_cuda and torch.version.hip is None else {}))
     return out, scale, means, offset, bias

@@ -29,6 +29,7 @@ def pool_kernel(
     KSum,  # fp32 (B*H, n_progs, D_PAD): the sum of this program's K_SAMPLE sampled keys (K_SAMPLE > 0)
     H, L, D, NB, blocks_per_prog,
     D_PAD: tl.constexpr, ABSMAX: tl.constexpr, K_SAMPLE: tl.constexpr, INTERPRETER: tl.constexpr,
+    MMA_SUMS: tl.constexpr = False,
 ):
     prog = tl.program_id(0)
     bh = tl.program_id(1)
@@ -48,16 +49,24 @@ def pool_kernel(
     # max |v| kept in V's own dtype (exact): half the registers of fp32 for 16-bit V (sm90: 95 instead of 164
     # a thread, 5 programs per SM instead of 3)
     amax = tl.zeros((64, D_PAD), X.dtype.element_ty)
+    if MMA_SUMS:
+        ones = tl.full((16, 64), 1.0, tl.float32).to(X.dtype.element_ty)  # (the interpreter has no bf16 full)
     for i in range(0, blocks_per_prog):
         blk = prog * blocks_per_prog + i
         offs_l = blk * 64 + rows
         ok = offs_l < L
         xr = tl.load(base + offs_l[:, None].to(tl.int64) * stride_xl + offs_d[None, :] * stride_xd,
                      mask=ok[:, None] & d_ok[None, :], other=0.0)
-        x = xr.to(tl.float32)
+        if MMA_SUMS:  # 16-bit V: the column sums as ones times the rows on the tensor cores (exact products, fp32
+            # sums; every row of the product the same, so the max picks one exactly), not a cross-warp reduction
+            if INTERPRETER:
+                total = tl.max(tl.dot(ones.to(tl.float32), xr.to(tl.float32)), axis=0)
+            else:
+                total = tl.max(tl.dot(ones, xr), axis=0)
+        else:
+            total = tl.sum(xr.to(tl.float32), axis=0)
         # The mask as a tensor: Triton 3.9's interpreter refuses a scalar one.
-        tl.store(Out + (bh.to(tl.int64) * NB + blk) * D_PAD + offs_d, tl.sum(x, axis=0),
-                 mask=(offs_d * 0 + blk) < NB)
+        tl.store(Out + (bh.to(tl.int64) * NB + blk) * D_PAD + offs_d, total, mask=(offs_d * 0 + blk) < NB)
         if ABSMAX:
             amax = tl.maximum(amax, tl.abs(xr), propagate_nan=tl.PropagateNan.ALL).to(xr.dtype)
     if ABSMAX:
@@ -105,6 +114,45 @@ def pool_finish_kernel(
         tl.store(VScale + kvh.to(tl.int64) * D + d, scale, mask=d < D)
 
 
+# Fixed-frame tail (``route_kernel``'s FIXED_FRAME): where a row's pooled max lies within this many powers of two
+# below its threshold, every term that matters (within 2^-24 of the max) is a normal fp32 number in the
+# threshold's frame; otherwise the row's tile redoes its tail online.
+FRAME_SPAN = tl.constexpr(64.0)
+
+
+@triton.jit
+def _route_tile(cen, kc_base, offs_i, thr, row_sink, j0, NB, log2s, s0, s1, last_len, KB: tl.constexpr,
+                D_PAD: tl.constexpr, HAS_THR: tl.constexpr, SCORE_PREC: tl.constexpr):
+    """One tile of key blocks for the query blocks ``offs_i``: (key blocks, in range, exact, pooled scores
+    (-inf where exact), weights (block lengths))."""
+    offs_d = tl.arange(0, D_PAD)
+    offs_j = j0 + tl.arange(0, KB)
+    j_ok = offs_j < NB
+    kc = tl.load(kc_base + offs_j[:, None] * D_PAD + offs_d[None, :], mask=j_ok[:, None], other=0.0)
+    s = tl.dot(cen, tl.trans(kc), input_precision=SCORE_PREC) * log2s
+    if HAS_THR:
+        exact = s >= thr[:, None]
+    else:
+        exact = s > thr[:, None]
+    diff = offs_j[None, :] - offs_i[:, None]
+    exact = exact | ((diff <= 1) & (diff >= -1)) | ((offs_j >= s0) & (offs_j < s1))[None, :] | row_sink[:, None]
+    exact = exact & j_ok[None, :]
+    sp = tl.where(j_ok[None, :] & ~exact, s, float("-inf"))
+    return offs_j, j_ok, exact, sp, tl.where(offs_j == NB - 1, last_len, 64.0)
+
+
+@triton.jit
+def _online_step(m, lsum, acc, sp, w, vs, TAIL_PREC: tl.constexpr):
+    """The pooled terms of one tile into the online-softmax state (max, sum, P·V)."""
+    m_new = tl.maximum(m, tl.max(sp, axis=1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m - m_use)
+    p = tl.math.exp2(sp - m_use[:, None])
+    lsum = lsum * alpha + tl.sum(p * w[None, :], axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p, vs, input_precision=TAIL_PREC)
+    return m_new, lsum, acc
+
+
 @triton.jit
 def route_kernel(
     Cen,  # fp32 (B*H, NB, D_PAD): query centroids
@@ -118,8 +166,14 @@ def route_kernel(
     TailAcc,  # fp32 (B*H, NB, D_PAD): its P·V
     H, H_KV, NB, last_len, tau, log2s, s0, s1, q0, q1,
     QB: tl.constexpr, KB: tl.constexpr, D_PAD: tl.constexpr, HAS_THR: tl.constexpr,
-    SCORE_PREC: tl.constexpr, TAIL_PREC: tl.constexpr,
+    SCORE_PREC: tl.constexpr, TAIL_PREC: tl.constexpr, SCAN_MMA: tl.constexpr = False,
+    FIXED_FRAME: tl.constexpr = False, INTERPRETER: tl.constexpr = False,
 ):
+    """FIXED_FRAME: a pooled block's score never exceeds its row's threshold (it would be exact), so the tail
+    is summed in the threshold's frame: no running rescale of the sum and P·V per tile, and the P·V product
+    accumulates in place; at the end it moves to the pooled max's frame (the online answer up to rounding),
+    or, for a tile with a row whose pooled max lies more than FRAME_SPAN below its threshold (or anything
+    non-finite), the tail is redone online."""
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -143,36 +197,51 @@ def route_kernel(
     kc_base = KC + kvh.to(tl.int64) * NB * D_PAD
     vs_base = VSum + kvh.to(tl.int64) * NB * D_PAD
     list_rows = List + (bh.to(tl.int64) * NB + offs_i) * NB
+    if SCAN_MMA:  # tri[a, b] = 1 where a <= b: row times it is the inclusive prefix sum (a where: see sparse_quant)
+        kk = tl.arange(0, KB)
+        tri = tl.where(kk[:, None] <= kk[None, :], 1.0, 0.0).to(tl.float16)
     for j0 in range(0, NB, KB):
-        offs_j = j0 + tl.arange(0, KB)
-        j_ok = offs_j < NB
-        kc = tl.load(kc_base + offs_j[:, None] * D_PAD + offs_d[None, :], mask=j_ok[:, None], other=0.0)
-        s = tl.dot(cen, tl.trans(kc), input_precision=SCORE_PREC) * log2s
-        if HAS_THR:
-            exact = s >= thr[:, None]
-        else:
-            exact = s > thr[:, None]
-        diff = offs_j[None, :] - offs_i[:, None]
-        exact = exact | ((diff <= 1) & (diff >= -1)) | ((offs_j >= s0) & (offs_j < s1))[None, :] | row_sink[:, None]
-        exact = exact & j_ok[None, :]
+        offs_j, j_ok, exact, sp, w = _route_tile(cen, kc_base, offs_i, thr, row_sink, j0, NB, log2s, s0, s1,
+                                                 last_len, KB, D_PAD, HAS_THR, SCORE_PREC)
         # the exact blocks' indices, compacted: a running count per row plus this tile's prefix sum
         e32 = exact.to(tl.int32)
-        pos = cnt[:, None] + tl.cumsum(e32, axis=1) - 1
+        if SCAN_MMA:  # the prefix sum as 0/1 times a triangle of ones on the tensor cores (exact up to 2048)
+            ef = tl.where(exact, 1.0, 0.0).to(tl.float16)
+            if INTERPRETER:
+                incl = tl.dot(ef.to(tl.float32), tri.to(tl.float32))
+            else:
+                incl = tl.dot(ef, tri)
+            pos = cnt[:, None] + incl.to(tl.int32) - 1
+        else:
+            pos = cnt[:, None] + tl.cumsum(e32, axis=1) - 1
         tl.store(list_rows[:, None] + pos, offs_j[None, :].to(List.dtype.element_ty),
                  mask=exact & i_ok[:, None])
         cnt += tl.sum(e32, axis=1)
         # the rejected blocks' pooled terms: weight = block length, value = the block's summed V
-        pooled = j_ok[None, :] & ~exact
-        sp = tl.where(pooled, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(sp, axis=1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m - m_use)
-        p = tl.math.exp2(sp - m_use[:, None])
-        w = tl.where(offs_j == NB - 1, last_len, 64.0)
-        lsum = lsum * alpha + tl.sum(p * w[None, :], axis=1)
         vs = tl.load(vs_base + offs_j[:, None] * D_PAD + offs_d[None, :], mask=j_ok[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p, vs, input_precision=TAIL_PREC)
-        m = m_new
+        if FIXED_FRAME:
+            m = tl.maximum(m, tl.max(sp, axis=1))
+            p = tl.math.exp2(tl.where(sp == float("-inf"), float("-inf"), sp - thr[:, None]))  # NaN stays NaN
+            lsum += tl.sum(p * w[None, :], axis=1)
+            acc = tl.dot(p, vs, acc, input_precision=TAIL_PREC)
+        else:
+            m, lsum, acc = _online_step(m, lsum, acc, sp, w, vs, TAIL_PREC)
+    if FIXED_FRAME:
+        gap = thr - m
+        ok = ((m == float("-inf")) | ((gap >= 0.0) & (gap <= FRAME_SPAN))) & (lsum == lsum)  # NaN: online
+        if tl.max((i_ok & ~ok).to(tl.int32), axis=0) > 0:  # rare: this tile's tails online, as FIXED_FRAME off
+            m = tl.full((QB,), float("-inf"), tl.float32)
+            lsum = tl.zeros((QB,), tl.float32)
+            acc = tl.zeros((QB, D_PAD), tl.float32)
+            for j0 in range(0, NB, KB):
+                offs_j, j_ok, exact, sp, w = _route_tile(cen, kc_base, offs_i, thr, row_sink, j0, NB, log2s, s0, s1,
+                                                         last_len, KB, D_PAD, HAS_THR, SCORE_PREC)
+                vs = tl.load(vs_base + offs_j[:, None] * D_PAD + offs_d[None, :], mask=j_ok[:, None], other=0.0)
+                m, lsum, acc = _online_step(m, lsum, acc, sp, w, vs, TAIL_PREC)
+        else:
+            conv = tl.where(ok & (m > float("-inf")), tl.math.exp2(gap), 0.0)  # (rows past NB: not ok, unused)
+            lsum = lsum * conv
+            acc = acc * conv[:, None]
     tl.store(Count + bh.to(tl.int64) * NB + offs_i, cnt, mask=i_ok)
     tl.store(TailM + bh.to(tl.int64) * NB + offs_i, m, mask=i_ok)
     tl.store(TailL + bh.to(tl.int64) * NB + offs_i, lsum, mask=i_ok)
