@@ -31,15 +31,14 @@ POOL_BLOCKS = 4  # 64-token blocks per pool program
 K_SAMPLE = 16
 # Knobs the A/B benchmark (bench/sparse_ab.py) flips; the defaults are what it measured fastest on the H200
 # (bench/results/sm90_sparse_ab.json; None: the config's own choice). bench/NOTES.md, "Sparse attention".
-# The pre-attention launches' tensor-core sums (fourth session, chosen on sm90 SASS, not yet timed): block means
-# and row dots in the Q/K quantization (quant_mma_sums) and V's block sums in the pool (pool_mma_sums), on for
-# 16-bit inputs everywhere (no spill or occupancy change cross-compiled on sm80/sm90/sm120/gfx942/gfx1100); the
-# router's prefix sum (route_scan_mma; None: Hopper only, where it drops the router's spills, 45 -> 0; sm86-sm120
-# spill 4 with it) and its tail in the threshold's frame (route_fixed_frame; None: Hopper only, as the scan).
-# route_stages / route_maxnreg: None, the config's pipelining and no cap. pool_stages: None, 2 on NVIDIA (with the
-# MMA sums V goes through shared memory anyway: sm90 96 instead of 124 registers, 2 barriers a block instead of
-# 4), 1 elsewhere (gfx942: 88 -> 124 VGPRs with 2); 1 was measured fastest before the MMA sums.
-TUNING = {"pool_stages": None, "attn_stages": None, "attn_tma": True, "attn_maxnreg": None, "route_prec": None,
+# The pre-attention launches' tensor-core sums, timed on the H200 (bench/results/sm90_sparse_route_ab.json, 103,950
+# x 56): block means and row dots in the Q/K quantization (quant_mma_sums: 2.49 -> 1.75 ms) and V's block sums in
+# the pool (pool_mma_sums), on for 16-bit inputs everywhere (no spill or occupancy change cross-compiled on
+# sm80/sm90/sm120/gfx942/gfx1100); the router's prefix sum (route_scan_mma; None: Hopper only, where it drops the
+# router's spills, 45 -> 0; sm86-sm120 spill 4 with it) and its tail in the threshold's frame (route_fixed_frame;
+# None: Hopper only, as the scan): router 1.70 -> 1.38 ms. route_stages / route_maxnreg: None, the config's
+# pipelining and no cap. pool_stages 1: 0.61 ms against 0.89 with 2 stages (None: 2 on NVIDIA, 1 elsewhere).
+TUNING = {"pool_stages": 1, "attn_stages": None, "attn_tma": True, "attn_maxnreg": None, "route_prec": None,
           "route_tiles": None, "route_warps": 8, "attn_pairs": None, "quant_mma_sums": True, "pool_mma_sums": True,
           "route_scan_mma": None, "route_fixed_frame": None, "route_stages": None, "route_maxnreg": None}
 _TOPK_SLICE_BYTES = 256 << 20  # the top-k scores are worked out this many bytes of heads at a time
