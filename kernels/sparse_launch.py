@@ -32,7 +32,7 @@ K_SAMPLE = 16
 # Knobs the A/B benchmark (bench/sparse_ab.py) flips; the defaults are what it measured fastest on the H200
 # (bench/results/sm90_sparse_ab.json; None: the config's own choice). bench/NOTES.md, "Sparse attention".
 TUNING = {"pool_stages": 1, "attn_stages": None, "attn_tma": True, "attn_maxnreg": None, "route_prec": None,
-          "route_tiles": None, "route_warps": 8, "attn_pairs": None}
+          "route_tiles": None, "route_warps": 8, "attn_pairs": None, "int8_k_tokens": True}
 _TOPK_SLICE_BYTES = 256 << 20  # the top-k scores are worked out this many bytes of heads at a time
 # The top-k threshold is backed off this much (relative) below the k-th score torch finds: the router's
 # TF32 scores differ from torch's fp32 ones by about that, and a tie kept costs one block, a block lost
@@ -46,6 +46,16 @@ def sparse_config(cfg: KernelConfig) -> KernelConfig:
     return cfg.replace(block_m=BLOCK, block_n=BLOCK, num_warps=4, pdl=False, shared_kv_min_len=0)
 
 
+def k_group_size(cfg: KernelConfig) -> int:
+    """Keys per K scale: the config's, but one per token with INT8 P·V (``TUNING["int8_k_tokens"]``), the
+    accurate choice: on the video-like input (bench/sparse_inputs.py, fp64 simulation of the kernel) K's
+    rounding is 70 % of INT8's error and per-token scales take a fifth of it off; P's and V's rounding
+    move little (bench/NOTES.md, "Sparse INT8 error"). The kernel pays one multiply per logit."""
+    if cfg.pv_precision == "int8" and TUNING["int8_k_tokens"]:
+        return 1
+    return cfg.group_sizes()[1]
+
+
 def exact_pairs(cfg: KernelConfig, k_scalar: bool) -> bool:
     """Whether the attention kernel runs its listed blocks two per step (``sparse_tile.attn_pair``):
     ``TUNING``'s choice, else Hopper with one K scale per block and 8-bit P·V, where the 128-key step
@@ -53,7 +63,7 @@ def exact_pairs(cfg: KernelConfig, k_scalar: bool) -> bool:
     spill there). Elsewhere not measured: bench/NOTES.md, "Sparse attention", "Pairs, second form"."""
     if TUNING["attn_pairs"] is not None:
         return bool(TUNING["attn_pairs"])
-    return cfg.use_tma and k_scalar and cfg.pv_precision in ("fp8", "int8")
+    return cfg.use_tma and (k_scalar or cfg.pv_precision == "int8") and cfg.pv_precision in ("fp8", "int8")
 
 
 def dot_precisions(device) -> tuple[str, str]:
@@ -183,7 +193,7 @@ def run(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, r
     # "tiled" subtracts K's centre after the product: the centre times the rotation's signs
     centre, k_centre, final = _finish_pool(vmax, ksum, L, cfg, D, api._rotation_signs(d_pad, rotate, dev, kh.dtype)
                                            if method == "tiled" else None)
-    q_group, k_group = cfg.group_sizes()
+    q_group, k_group = cfg.group_sizes()[0], k_group_size(cfg)
     k_scalar = k_group == cfg.block_n
     # K's and Q's quantization, each also writing its block means (the router's proxies: K's centred by their
     # mean ``mu``, the method's centre). Q's launch writes per row q·(mu - centre)·scale·log2 e, which moves
