@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from .attention import (
+    HOT_LOGIT_LIMIT,
     INT8_SHIFT_FLOOR,
     PV_16BIT_C,
     PV_16BIT_TILE_C,
@@ -94,9 +95,11 @@ def attn_pair(
         m_use = tl.where(m_new == float("-inf"), -3.0e38, m_new)
         if PV_MODE == PV_INT8_C:
             # The FMA's logit is exact where t_max is its rounded product: raised by a few of its ulps (as
-            # ``int8_p_shift``), so the largest weight never rounds past 255.
+            # ``int8_p_shift``), so the largest weight never rounds past 255; past the hot loop's limit, where
+            # that costs P its bits, the row is made NaN (as the hot loop's rows), never wrong.
             tgt = tl.maximum(t_max, m_use - INT8_SHIFT_FLOOR, propagate_nan=tl.PropagateNan.ALL)
             base = exact_p_base(tgt + tl.abs(tgt) * 4.0e-7, P_LOG2)
+            base = tl.where(tl.abs(tgt) < HOT_LOGIT_LIMIT, base, float("nan"))
             alpha = tl.math.exp2(sh_i - base)
         else:
             base = exact_p_base(m_use, P_LOG2)
