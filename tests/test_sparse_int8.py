@@ -13,8 +13,9 @@ import sagetriton.kernels as kernels
 import torch
 from sagetriton.kernels import sparse_launch
 from sagetriton.kernels import sparse_reference as sref
-from sagetriton_import import PACK_DIR
 from test_sparse import gpu_config, rel
+
+from sagetriton_import import PACK_DIR
 
 # Hopper's choices on the interpreter: one Q scale per 16 rows, the rotation by tiles, INT8 P·V.
 HOPPER_INT8 = gpu_config("per_warp", "int8", "tiles")
