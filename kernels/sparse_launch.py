@@ -58,9 +58,10 @@ def k_group_size(cfg: KernelConfig) -> int:
 
 def exact_pairs(cfg: KernelConfig, k_scalar: bool) -> bool:
     """Whether the attention kernel runs its listed blocks two per step (``sparse_tile.attn_pair``):
-    ``TUNING``'s choice, else Hopper with one K scale per block and 8-bit P·V, where the 128-key step
-    cross-compiles in its 168 registers (its MMAs read K and V from shared memory; per-token K scales
-    spill there). Elsewhere not measured: bench/NOTES.md, "Sparse attention", "Pairs, second form"."""
+    ``TUNING``'s choice, else Hopper with 8-bit P·V and one K scale per block, or per token with INT8 P·V,
+    where the 128-key step cross-compiles in its 168 registers (its MMAs read K and V from shared memory;
+    fp8 with per-token K scales spills there). Elsewhere not measured: bench/NOTES.md, "Sparse attention",
+    "Pairs, second form", and "Sparse INT8 error"."""
     if TUNING["attn_pairs"] is not None:
         return bool(TUNING["attn_pairs"])
     return cfg.use_tma and (k_scalar or cfg.pv_precision == "int8") and cfg.pv_precision in ("fp8", "int8")

@@ -13,7 +13,7 @@ import sagetriton.kernels as kernels
 import torch
 from sagetriton.kernels import sparse_launch
 from sagetriton.kernels import sparse_reference as sref
-from test_sparse import gpu_config, rel
+from test_sparse import budget, gpu_config, rel, smooth_qkv
 
 from sagetriton_import import PACK_DIR
 
@@ -76,3 +76,14 @@ def test_huge_logits_in_the_pairs_step_are_right_or_nan(mult, monkeypatch):
         assert rows.all()
     if rows.any():  # x 3000: logits past 2^21, NaN rows allowed
         assert rel(outs[0][rows], outs[1][rows]) < 0.01, (mult, rows.float().mean())
+
+
+def test_int8_with_one_k_scale_per_block_still_runs_when_asked(monkeypatch, pairs):
+    """``TUNING["int8_k_tokens"] = False`` (the A/B's other side): one K scale per 64-key block, the hot loop."""
+    monkeypatch.setitem(sparse_launch.TUNING, "int8_k_tokens", False)
+    assert sparse_launch.k_group_size(sparse_launch.sparse_config(HOPPER_INT8)) == 64
+    q, k, v = smooth_qkv(460, H=2, H_KV=1, seed=9, dtype=torch.bfloat16)
+    out, lse = kernels.sparse_attn(q, k, v, 0.7, config=HOPPER_INT8, return_lse=True)
+    ref, ref_lse = sref.sparse_reference(q, k, v, 0.7, return_lse=True)
+    assert rel(out, ref) <= budget(q, k, v, config=HOPPER_INT8)
+    torch.testing.assert_close(lse, ref_lse, atol=0.05, rtol=0)
