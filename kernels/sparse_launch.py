@@ -32,7 +32,7 @@ K_SAMPLE = 16
 # Knobs the A/B benchmark (bench/sparse_ab.py) flips; the defaults are what it measured fastest on the H200
 # (bench/results/sm90_sparse_ab.json; None: the config's own choice). bench/NOTES.md, "Sparse attention".
 TUNING = {"pool_stages": 1, "attn_stages": None, "attn_tma": True, "attn_maxnreg": None, "route_prec": None,
-          "route_tiles": None, "route_warps": 8, "attn_pairs": None, "int8_k_tokens": True}
+          "route_tiles": None, "route_warps": 8, "attn_pairs": None}
 _TOPK_SLICE_BYTES = 256 << 20  # the top-k scores are worked out this many bytes of heads at a time
 # The top-k threshold is backed off this much (relative) below the k-th score torch finds: the router's
 # TF32 scores differ from torch's fp32 ones by about that, and a tie kept costs one block, a block lost
@@ -47,11 +47,12 @@ def sparse_config(cfg: KernelConfig) -> KernelConfig:
 
 
 def k_group_size(cfg: KernelConfig) -> int:
-    """Keys per K scale: the config's, but one per token with INT8 P·V (``TUNING["int8_k_tokens"]``), the
-    accurate choice: on the video-like input (bench/sparse_inputs.py, fp64 simulation of the kernel) K's
-    rounding is 70 % of INT8's error and per-token scales take a fifth of it off; P's and V's rounding
-    move little (bench/NOTES.md, "Sparse INT8 error"). The kernel pays one multiply per logit."""
-    if cfg.pv_precision == "int8" and TUNING["int8_k_tokens"]:
+    """Keys per K scale: the config's, but one per token with INT8 P·V, the accurate choice (the A/B's other
+    side: ``TUNING["int8_k_tokens"] = False``). On the video-like input (bench/sparse_inputs.py, the kernel's
+    roundings simulated in fp64) K's is ~80 % of INT8's squared error, and per-token scales take 16 % off the
+    error; Q's, P's and V's matter less (bench/NOTES.md, "Sparse INT8 error"). The kernel pays one multiply
+    per logit."""
+    if cfg.pv_precision == "int8" and TUNING.get("int8_k_tokens", True):
         return 1
     return cfg.group_sizes()[1]
 
