@@ -54,14 +54,26 @@ def sparse_config(cfg: KernelConfig) -> KernelConfig:
     return cfg.replace(block_m=BLOCK, block_n=BLOCK, num_warps=4, pdl=False, shared_kv_min_len=0)
 
 
+def k_group_size(cfg: KernelConfig) -> int:
+    """Keys per K scale: the config's, but one per token with INT8 P·V, the accurate choice (the A/B's other
+    side: ``TUNING["int8_k_tokens"] = False``). On the video-like input (bench/sparse_inputs.py, the kernel's
+    roundings simulated in fp64) K's is ~80 % of INT8's squared error, and per-token scales take 16 % off the
+    error; Q's, P's and V's matter less (bench/NOTES.md, "Sparse INT8 error"). The kernel pays one multiply
+    per logit."""
+    if cfg.pv_precision == "int8" and TUNING.get("int8_k_tokens", True):
+        return 1
+    return cfg.group_sizes()[1]
+
+
 def exact_pairs(cfg: KernelConfig, k_scalar: bool) -> bool:
     """Whether the attention kernel runs its listed blocks two per step (``sparse_tile.attn_pair``):
-    ``TUNING``'s choice, else Hopper with one K scale per block and 8-bit P·V, where the 128-key step
-    cross-compiles in its 168 registers (its MMAs read K and V from shared memory; per-token K scales
-    spill there). Elsewhere not measured: bench/NOTES.md, "Sparse attention", "Pairs, second form"."""
+    ``TUNING``'s choice, else Hopper with 8-bit P·V and one K scale per block, or per token with INT8 P·V,
+    where the 128-key step cross-compiles in its 168 registers (its MMAs read K and V from shared memory;
+    fp8 with per-token K scales spills there). Elsewhere not measured: bench/NOTES.md, "Sparse attention",
+    "Pairs, second form", and "Sparse INT8 error"."""
     if TUNING["attn_pairs"] is not None:
         return bool(TUNING["attn_pairs"])
-    return cfg.use_tma and k_scalar and cfg.pv_precision in ("fp8", "int8")
+    return cfg.use_tma and (k_scalar or cfg.pv_precision == "int8") and cfg.pv_precision in ("fp8", "int8")
 
 
 def dot_precisions(device) -> tuple[str, str]:
@@ -198,7 +210,7 @@ def run(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, r
     # "tiled" subtracts K's centre after the product: the centre times the rotation's signs
     centre, k_centre, final = _finish_pool(vmax, ksum, L, cfg, D, api._rotation_signs(d_pad, rotate, dev, kh.dtype)
                                            if method == "tiled" else None)
-    q_group, k_group = cfg.group_sizes()
+    q_group, k_group = cfg.group_sizes()[0], k_group_size(cfg)
     k_scalar = k_group == cfg.block_n
     # K's and Q's quantization, each also writing its block means (the router's proxies: K's centred by their
     # mean ``mu``, the method's centre). Q's launch writes per row q·(mu - centre)·scale·log2 e, which moves

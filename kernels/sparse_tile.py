@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from .attention import (
+    HOT_LOGIT_LIMIT,
     INT8_SHIFT_FLOOR,
     PV_16BIT_C,
     PV_16BIT_TILE_C,
@@ -40,19 +41,26 @@ def _block_logits(q, qs, start_n, k_base, ks_base, k_desc, bhk, BLOCK_N: tl.cons
     if K_SCALAR:
         a = qs * tl.load(ks_base + start_n // BLOCK_N)
         t_max = tl.max(s, 1).to(tl.float32) * a  # scales are positive: the max on the integers
+    elif PV_MODE == PV_INT8_C:
+        # Per-token K scales with INT8 P: ``a`` is s times the key's scale only; the row's Q scale (positive)
+        # joins in ``_block_p``'s FMA, as the hot loop's one (one multiply per logit more than it, not two).
+        # A NaN/Inf key (NaN scale) needs no poisoning here: K's mean is then non-finite, so every row's
+        # tail offset, and with it the row, is NaN already (``sparse_attention_kernel``'s TailOff).
+        a = s.to(tl.float32) * tl.load(ks_base + offs_n)[None, :]
+        t_max = tl.max(a, 1) * qs
     else:
         ks = tl.load(ks_base + offs_n)
         a = s.to(tl.float32) * qs[:, None] * ks[None, :]
         t_max = tl.max(a, 1)
-        if PV_MODE == PV_INT8_C:  # a NaN key's scale poisons the row (INT8 P would round NaN to a number)
-            t_max += tl.sum(ks, 0) * 0.0
     return s, a, t_max
 
 
 @triton.jit
-def _block_p(s, a, base, K_SCALAR: tl.constexpr):
+def _block_p(s, a, qs, base, PV_MODE: tl.constexpr, K_SCALAR: tl.constexpr):
     if K_SCALAR:
         x = s.to(tl.float32) * a[:, None] - base[:, None]
+    elif PV_MODE == PV_INT8_C:
+        x = a * qs[:, None] - base[:, None]
     else:
         x = a - base[:, None]
     return tl.math.exp2(x)
@@ -86,14 +94,18 @@ def attn_pair(
     else:
         m_use = tl.where(m_new == float("-inf"), -3.0e38, m_new)
         if PV_MODE == PV_INT8_C:
-            base = exact_p_base(tl.maximum(t_max, m_use - INT8_SHIFT_FLOOR, propagate_nan=tl.PropagateNan.ALL),
-                                P_LOG2)
+            # The FMA's logit is exact where t_max is its rounded product: raised by a few of its ulps (as
+            # ``int8_p_shift``), so the largest weight never rounds past 255; past the hot loop's limit, where
+            # that costs P its bits, the row is made NaN (as the hot loop's rows), never wrong.
+            tgt = tl.maximum(t_max, m_use - INT8_SHIFT_FLOOR, propagate_nan=tl.PropagateNan.ALL)
+            base = exact_p_base(tgt + tl.abs(tgt) * 4.0e-7, P_LOG2)
+            base = tl.where(tl.abs(tgt) < HOT_LOGIT_LIMIT, base, float("nan"))
             alpha = tl.math.exp2(sh_i - base)
         else:
             base = exact_p_base(m_use, P_LOG2)
             alpha = tl.math.exp2(m_i - m_use)
-    p0 = _block_p(s0, a0, base, K_SCALAR)
-    p1 = _block_p(s1, a1, base, K_SCALAR)
+    p0 = _block_p(s0, a0, qs, base, PV_MODE, K_SCALAR)
+    p1 = _block_p(s1, a1, qs, base, PV_MODE, K_SCALAR)
 
     if PV_MODE == PV_INT8_C:
         p80 = round_p_offset_int8(p0)  # P - 128
