@@ -17,7 +17,7 @@ import torch
 
 from . import api, quant, rotation, sparse_extra
 from . import attention as attn
-from .arch import KernelConfig, arch_for_device, interpreter_enabled
+from .arch import KernelConfig, arch_for_device, interpreter_enabled, sparse_default_pv
 from .footprint import head_dim_padded
 from .rotation import ROTATION_BLOCK
 from .sparse_attention import sparse_attention_kernel
@@ -46,6 +46,13 @@ _TOPK_SLICE_BYTES = 256 << 20  # the top-k scores are worked out this many bytes
 # TF32 scores differ from torch's fp32 ones by about that, and a tie kept costs one block, a block lost
 # the accuracy it was chosen for.
 TOPK_BACKOFF = 2e-3
+
+
+def default_config(device, head_dim: int, length: int) -> KernelConfig:
+    """The config of a call that left it to the GPU: the dense default, with the sparse P·V default of
+    ``arch.sparse_default_pv`` (INT8 on Hopper from ``SPARSE_INT8_FROM_TOKENS`` tokens)."""
+    arch = arch_for_device(device)
+    return api._resolved_config(arch, head_dim, None, sparse_default_pv(arch, length), None)
 
 
 def sparse_config(cfg: KernelConfig) -> KernelConfig:
@@ -196,7 +203,7 @@ def run(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, r
     if scale < 0:  # Q·Kᵀ·s = (-Q)·Kᵀ·|s|: the kernels' scales stay positive (as ``api._plan_call``)
         qh, scale = -qh, -scale
     if config is None:
-        config = api._resolved_config(arch_for_device(q.device), D, None, None, None)
+        config = default_config(q.device, D, L)
     cfg = sparse_config(api.check_config(config))
     d_pad = head_dim_padded(D)
     nb = -(-L // BLOCK)

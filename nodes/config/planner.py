@@ -7,10 +7,11 @@ crossover rule lives here only.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-from ...kernels.arch import ArchInfo, KernelConfig, resolve_config
+from ...kernels.arch import ArchInfo, KernelConfig, resolve_config, sparse_default_pv
 from ...kernels.log import logger
 from .install_report import CROSSOVER_BATCH, CROSSOVER_HEADS, NoReport
 from .settings import DEFAULT_SETTINGS, MIN_SEQ_LEN_MEASURED, SageSettings
@@ -61,6 +62,23 @@ class KernelPlanner:
         if plan is None:
             plan = self._plans[key] = self._resolve(arch, head_dim)
         return plan
+
+    def sparse_plan(self, arch: ArchInfo, head_dim: int, length: int) -> KernelPlan:
+        """The plan a sparse call of ``length`` tokens runs: the dense plan, with the P·V precision sparse calls
+        default to on this GPU (``arch.sparse_default_pv``) where the user left P·V on auto and that variant
+        passed install.py's self-test."""
+        plan = self.plan(arch, head_dim)
+        choices = self.settings.explicit_kernel_choices()
+        pv = sparse_default_pv(arch, length) if choices["pv_precision"] is None else None
+        if pv is None or plan.config is None or plan.config.pv_choice() == pv:
+            return plan
+        key = (arch, head_dim, "sparse", pv)
+        sparse = self._plans.get(key)
+        if sparse is None:
+            cfg, notes = resolve_config(arch, head_dim, **{**choices, "pv_precision": pv})
+            usable = cfg is not None and not notes and not self.report.variant_failed(arch, cfg)
+            sparse = self._plans[key] = dataclasses.replace(plan, config=cfg, pv_source="") if usable else plan
+        return sparse
 
     def forget(self) -> None:
         """Resolve plans again on their next use (install.py's report changed); notes stay, logged once."""
