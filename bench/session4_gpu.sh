@@ -28,10 +28,10 @@ case "${1:-}" in
        --k-scales groups,keys --no-lse --out "$DEST/sm90_dropin_kgroups.json" ;;
   final)  # the merged defaults: per_thread's K groups checked, sparse checked, the sparse table (INT8 and FP8 P·V)
     mkdir -p /tmp/ck && tar -xJf ../.ck/comfy_kitchen.tar.xz -C /tmp/ck && export PYTHONPATH="/tmp/ck${PYTHONPATH:+:$PYTHONPATH}"
-    TAIL=60 step sm90_sparse_bench_session4 timeout 270 python bench_sparse.py --shapes 32760x24,75600x24,103950x56 \
+    TAIL=60 step sm90_sparse_bench_session4 timeout 220 python bench_sparse.py --shapes 75600x24,103950x56,32760x24 \
        --families video,local_sinks --settings tau:1.0,tau:1.3,tau:1.5 --extra 0 --pv int8,fp8 --reps 2 \
        --out "$DEST/sm90_sparse_bench_session4.json"
-    TAIL=3 step sm90_gpu_check_kcols_groups timeout 70 python gpu_check.py --only kcols
-    TAIL=3 step sm90_gpu_check_sparse_session4 timeout 110 python gpu_check.py --only sparse ;;
+    TAIL=3 step sm90_gpu_check_kcols_groups timeout 60 python gpu_check.py --only kcols
+    TAIL=3 step sm90_gpu_check_sparse_session4 timeout 80 python gpu_check.py --only sparse ;;
   *) echo "usage: bash bench/session4_gpu.sh first|final"; exit 2 ;;
 esac
