@@ -350,13 +350,10 @@ def resolve_config(arch: ArchInfo, head_dim: int = 128, qk_quant_gran: Optional[
     return cfg, notes
 
 
-# Sparse calls left to this GPU's P·V default run INT8 on Hopper from this many tokens: there it meets
-# comfy-kitchen's error within 0.6x its time; FP8 (the dense default) does not meet the error on concentrated
-# inputs, and below this length INT8's time passes 0.6x comfy-kitchen's (docs/RESULTS.md, fourth session).
-SPARSE_INT8_FROM_TOKENS = 65_536
-
-
-def sparse_default_pv(arch: ArchInfo, length: int) -> Optional[str]:
-    """The P·V precision a sparse call of ``length`` tokens takes when its caller left it to the GPU: "int8" on
-    Hopper from ``SPARSE_INT8_FROM_TOKENS``, else None (the dense default)."""
-    return "int8" if arch.family == "hopper" and length >= SPARSE_INT8_FROM_TOKENS else None
+# Sparse calls left to this GPU's P·V default run INT8 on Hopper: with it they meet comfy-kitchen's error within
+# 0.55-0.61x its time at 32,760-103,950 tokens; FP8 (the dense default, 25 % faster there) does not meet the error
+# on concentrated inputs (docs/RESULTS.md, fourth session).
+def sparse_default_pv(arch: ArchInfo) -> Optional[str]:
+    """The P·V precision a sparse call takes when its caller left it to the GPU: "int8" on Hopper, else None
+    (the dense default)."""
+    return "int8" if arch.family == "hopper" else None

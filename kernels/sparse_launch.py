@@ -48,11 +48,11 @@ _TOPK_SLICE_BYTES = 256 << 20  # the top-k scores are worked out this many bytes
 TOPK_BACKOFF = 2e-3
 
 
-def default_config(device, head_dim: int, length: int) -> KernelConfig:
+def default_config(device, head_dim: int) -> KernelConfig:
     """The config of a call that left it to the GPU: the dense default, with the sparse P·V default of
-    ``arch.sparse_default_pv`` (INT8 on Hopper from ``SPARSE_INT8_FROM_TOKENS`` tokens)."""
+    ``arch.sparse_default_pv`` (INT8 on Hopper)."""
     arch = arch_for_device(device)
-    return api._resolved_config(arch, head_dim, None, sparse_default_pv(arch, length), None)
+    return api._resolved_config(arch, head_dim, None, sparse_default_pv(arch), None)
 
 
 def sparse_config(cfg: KernelConfig) -> KernelConfig:
@@ -203,7 +203,7 @@ def run(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, r
     if scale < 0:  # Q·Kᵀ·s = (-Q)·Kᵀ·|s|: the kernels' scales stay positive (as ``api._plan_call``)
         qh, scale = -qh, -scale
     if config is None:
-        config = default_config(q.device, D, L)
+        config = default_config(q.device, D)
     cfg = sparse_config(api.check_config(config))
     d_pad = head_dim_padded(D)
     nb = -(-L // BLOCK)

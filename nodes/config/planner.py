@@ -63,13 +63,13 @@ class KernelPlanner:
             plan = self._plans[key] = self._resolve(arch, head_dim)
         return plan
 
-    def sparse_plan(self, arch: ArchInfo, head_dim: int, length: int) -> KernelPlan:
-        """The plan a sparse call of ``length`` tokens runs: the dense plan, with the P·V precision sparse calls
+    def sparse_plan(self, arch: ArchInfo, head_dim: int) -> KernelPlan:
+        """The plan a sparse call runs: the dense plan, with the P·V precision sparse calls
         default to on this GPU (``arch.sparse_default_pv``) where the user left P·V on auto and that variant
         passed install.py's self-test."""
         plan = self.plan(arch, head_dim)
         choices = self.settings.explicit_kernel_choices()
-        pv = sparse_default_pv(arch, length) if choices["pv_precision"] is None else None
+        pv = sparse_default_pv(arch) if choices["pv_precision"] is None else None
         if pv is None or plan.config is None or plan.config.pv_choice() == pv:
             return plan
         key = (arch, head_dim, "sparse", pv)

@@ -148,7 +148,7 @@ class SparseRouter:
         if reason is None and self._failure_key(state, call) in self.failed:
             reason = FAILED
         if reason is None:
-            plan = state.planner.sparse_plan(state.arch_for(call.q.device), call.head_dim, call.q_len)
+            plan = state.planner.sparse_plan(state.arch_for(call.q.device), call.head_dim)
             if plan.config is not None:
                 return plan, sinks_for(call.transformer_options, call.q_len, self.settings.sink_conditioning)
             return None  # no kernel variant here: the dispatcher says so

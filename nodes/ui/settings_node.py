@@ -50,7 +50,7 @@ class SageTritonSettings:
                 "tooltip": "Precision of the P·V product. Relative error on random inputs: "
                            + ", ".join(f"{k} {v}" for k, v in PV_ERROR.items())
                            + " (lower is more accurate and slower). auto = the faster of fp8 and int8 on this GPU, "
-                           "as timed by install.py."}),
+                           "as timed by install.py; sparse calls on Hopper take int8."}),
             "pv_accum_dtype": (list(PV_ACCUM_DTYPE_CHOICES), {
                 "default": "auto",
                 "tooltip": "Accumulator of P·V. fp32 is safest; fp16+fp32 accumulates each tile in fp16 and sums "
