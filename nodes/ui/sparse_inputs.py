@@ -17,8 +17,7 @@ SPARSE_INPUTS = {
         "default": SPARSE_OFF.mode,
         "tooltip": "Block-sparse attention for long self-attention (long video): each 64-token block attends the "
                    "key blocks that matter exactly and the rest as one averaged term each. Faster, not exact: "
-                   "check results by eye. sol = per-row threshold (tau), top-k = a fixed share of blocks. With "
-                   "pv_precision auto, sparse calls on Hopper run INT8 P·V (comfy-kitchen's accuracy)."}),
+                   "check results by eye. sol = per-row threshold (tau), top-k = a fixed share of blocks."}),
     "sparse_tau": ("FLOAT", {
         "default": SPARSE_OFF.tau, "min": TAU_RANGE[0], "max": TAU_RANGE[1], "step": 0.05,
         "tooltip": "sol's threshold in standard deviations of a row's block scores. Higher is sparser and faster: "
