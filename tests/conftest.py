@@ -20,7 +20,7 @@ sys.path.append(str(Path(__file__).resolve().parent.parent))  # sagetriton_impor
 
 import pytest  # noqa: E402
 
-from sagetriton_import import find_comfyui, import_pack, prepare_comfyui_for_cpu  # noqa: E402
+from sagetriton_import import PACK_DIR, find_comfyui, import_pack, prepare_comfyui_for_cpu  # noqa: E402
 
 COMFYUI = find_comfyui()
 if COMFYUI is not None:
@@ -90,6 +90,20 @@ def comfyui_path():
     if COMFYUI is None:
         pytest.skip("ComfyUI not found (set COMFYUI_PATH, or clone it to ~/ComfyUI)")
     return COMFYUI
+
+
+@pytest.fixture(scope="module")
+def bench_script():
+    """``bench_script("gpu_check")``: a bench/ script imported as a module (bench/ on sys.path meanwhile, for the
+    script's own imports of its neighbours)."""
+    import importlib
+
+    folder = str(PACK_DIR / "bench")
+    sys.path.insert(0, folder)
+    try:
+        yield importlib.import_module
+    finally:
+        sys.path.remove(folder)
 
 
 @pytest.fixture(scope="session")

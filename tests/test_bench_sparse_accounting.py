@@ -2,12 +2,8 @@
 dense path would not run, so the sparse path's own Q and K quantization counts beyond what the dense path's
 quantization of the same inputs takes (until the fourth session it was left out by a name match), and the pool
 beyond the dense statistics launch it stands in for."""
-import importlib
-import sys
 
 import pytest
-
-from sagetriton_import import PACK_DIR
 
 pytestmark = pytest.mark.unit
 
@@ -21,12 +17,8 @@ DENSE = {"attention_kernel": 300.0, "quantize_int8_kernel": 1.48, "kv_stats_kern
 
 
 @pytest.fixture(scope="module")
-def bench_sparse():
-    sys.path.insert(0, str(PACK_DIR / "bench"))
-    try:
-        yield importlib.import_module("bench_sparse")
-    finally:
-        sys.path.remove(str(PACK_DIR / "bench"))
+def bench_sparse(bench_script):
+    return bench_script("bench_sparse")
 
 
 def test_the_sparse_launches_count_beyond_their_dense_counterparts(bench_sparse):

@@ -3,26 +3,18 @@
 At logits around 1e7 every row is nearly one-hot, and INT8 rounding of Q and K may reorder keys whose
 logits are within a few %: the check must pass the method's own answer and fp64's, and fail a row that is
 neither (or a partly NaN row), so that a GPU run cannot pass a wrong kernel or fail a right one."""
-import importlib
-import sys
 
 import pytest
 import torch
 from sagetriton.kernels import reference as ref
 from sagetriton.kernels.arch import CPU_ARCH, default_config
 
-from sagetriton_import import PACK_DIR
-
 pytestmark = pytest.mark.unit
 
 
 @pytest.fixture(scope="module")
-def gpu_check():
-    sys.path.insert(0, str(PACK_DIR / "bench"))
-    try:
-        yield importlib.import_module("gpu_check")
-    finally:
-        sys.path.remove(str(PACK_DIR / "bench"))
+def gpu_check(bench_script):
+    return bench_script("gpu_check")
 
 
 @pytest.fixture(scope="module")
