@@ -352,7 +352,7 @@ def resolve_config(arch: ArchInfo, head_dim: int = 128, qk_quant_gran: Optional[
 
 # Sparse calls left to this GPU's P·V default run INT8 on Hopper: with it they meet comfy-kitchen's error within
 # 0.55-0.61x its time at 32,760-103,950 tokens; FP8 (the dense default, 25 % faster there) does not meet the error
-# on concentrated inputs (docs/RESULTS.md, fourth session).
+# on concentrated inputs (docs/RESULTS.md, "the sparse table").
 def sparse_default_pv(arch: ArchInfo) -> Optional[str]:
     """The P·V precision a sparse call takes when its caller left it to the GPU: "int8" on Hopper, else None
     (the dense default)."""

@@ -40,7 +40,8 @@ K_SAMPLE = 16
 # pipelining and no cap. pool_stages 1: 0.61 ms against 0.89 with 2 stages (None: 2 on NVIDIA, 1 elsewhere).
 TUNING = {"pool_stages": 1, "attn_stages": None, "attn_tma": True, "attn_maxnreg": None, "route_prec": None,
           "route_tiles": None, "route_warps": 8, "attn_pairs": None, "quant_mma_sums": True, "pool_mma_sums": True,
-          "route_scan_mma": None, "route_fixed_frame": None, "route_stages": None, "route_maxnreg": None}
+          "route_scan_mma": None, "route_fixed_frame": None, "route_stages": None, "route_maxnreg": None,
+          "int8_k_tokens": True}
 _TOPK_SLICE_BYTES = 256 << 20  # the top-k scores are worked out this many bytes of heads at a time
 # The top-k threshold is backed off this much (relative) below the k-th score torch finds: the router's
 # TF32 scores differ from torch's fp32 ones by about that, and a tie kept costs one block, a block lost
@@ -67,7 +68,7 @@ def k_group_size(cfg: KernelConfig) -> int:
     roundings simulated in fp64) K's is ~80 % of INT8's squared error, and per-token scales take 16 % off the
     error; Q's, P's and V's matter less (bench/NOTES.md, "Sparse INT8 error"). The kernel pays one multiply
     per logit."""
-    if cfg.pv_precision == "int8" and TUNING.get("int8_k_tokens", True):
+    if cfg.pv_precision == "int8" and TUNING["int8_k_tokens"]:
         return 1
     return cfg.group_sizes()[1]
 
