@@ -18,3 +18,14 @@ def compile_in_child(script: str, args=(), timeout: int = 900) -> dict:
                           cwd=str(PACK_DIR), timeout=timeout, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def gluon_builds_in_child(script: str, args=(), timeout: int = 900) -> dict:
+    """``compile_in_child`` for a script that reports ``"gluon": False`` when this Triton has no Gluon: the
+    calling test is skipped then."""
+    import pytest
+
+    r = compile_in_child(script, args, timeout)
+    if not r["gluon"]:
+        pytest.skip("this Triton has no Gluon")
+    return r

@@ -4,7 +4,7 @@ sent to the Gluon kernel with a scale per key, and its per-token variant (plain 
 kernels) cross-compiles for sm90 with the plain kernels' registers and its own matrix instructions. The numbers
 are bench/gpu_check.py's (``--only kcols``) on an H200; the speed, bench/bench_dropin.py's."""
 import pytest
-from compile_child import compile_in_child
+from compile_child import gluon_builds_in_child
 from sagetriton.kernels.arch import ArchInfo, resolve_config
 from sagetriton.kernels.hopper_host import uses_long_sequence_kernel
 from sagetriton.kernels.hopper_logits import K_PER_GROUP, K_PER_KEY, K_PER_TILE
@@ -66,9 +66,7 @@ def test_dropin_per_thread_names_launch_the_per_token_gluon_kernels():
     launch the Gluon kernel's whole and split CTAs with a K scale per key (B·H_KV, LK), equal over SageAttention's
     sm90 groups (``K_PER_GROUP``, tests/test_hopper_kgroups.py); ``sageattn`` (per_warp) keeps one per 128-key
     tile. Recorded on meta tensors in a child without the interpreter (nothing is run)."""
-    r = compile_in_child(_ROUTE_SCRIPT, timeout=300)
-    if not r["gluon"]:
-        pytest.skip("this Triton has no Gluon")
+    r = gluon_builds_in_child(_ROUTE_SCRIPT, timeout=300)
     heads, n = r["heads"], r["n"]
     per_key, per_tile = [heads, n], [heads, -(-n // 128)]
     for name in ("sageattn_qk_int8_pv_fp8_cuda_sm90", "sageattn_qk_int8_pv_fp8_cuda"):
@@ -120,9 +118,7 @@ KCOLS_SPILL_STORES = 48
 
 @pytest.fixture(scope="module")
 def kcols_builds():  # (slow: cross-compiled in a child)
-    r = compile_in_child(_BUILD_SCRIPT, ["fp8", "fp8+residual"])
-    if not r["gluon"]:
-        pytest.skip("this Triton has no Gluon")
+    r = gluon_builds_in_child(_BUILD_SCRIPT, ["fp8", "fp8+residual"])
     return r
 
 

@@ -3,7 +3,7 @@ ask for the LSE (every ring-attention step) are sent to its LSE twins, which cro
 the plain kernels' registers, store the LSE, and leave the plain kernels as they were. The numbers are
 bench/gpu_check.py's (``--only lse``) on an H200; the cost against no LSE, bench/bench_dropin.py's."""
 import pytest
-from compile_child import compile_in_child
+from compile_child import compile_in_child, gluon_builds_in_child
 
 _SCRIPT = """
 import json, re, sys
@@ -43,9 +43,7 @@ STORES_ADDED = 8   # 16 / 8 stores in its split last wave, in the epilogue once 
 
 @pytest.fixture(scope="module")
 def lse_builds():  # (slow: cross-compiled in a child)
-    r = compile_in_child(_SCRIPT, ["fp8", "int8"])
-    if not r["gluon"]:
-        pytest.skip("this Triton has no Gluon")
+    r = gluon_builds_in_child(_SCRIPT, ["fp8", "int8"])
     return r
 
 
