@@ -49,9 +49,10 @@ def write_json(path: Path, payload: dict) -> None:
     print(f"wrote {path}")
 
 
-def kernel_self_times(fn, calls: int = 1, warm: int = 1) -> dict:
-    """{kernel name: GPU milliseconds per call} of ``fn`` from the profiler's self device time (after ``warm``
-    calls, over ``calls``), the longest first."""
+def kernel_self_times(fn, calls: int = 1, warm: int = 1, total: bool = False) -> dict:
+    """{profiler event: GPU milliseconds per call} of ``fn`` from the profiler's self device time (after ``warm``
+    calls, over ``calls``), the longest first. ``total``: each event's total device time instead, so that an
+    operator's entry also counts the kernels it launched."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -62,10 +63,11 @@ def kernel_self_times(fn, calls: int = 1, warm: int = 1) -> dict:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
+    field = "device_time_total" if total else "self_device_time_total"
     times = {}
     for e in prof.key_averages():
-        t = getattr(e, "self_device_time_total", None)
-        t = e.self_cuda_time_total if t is None else t
+        t = getattr(e, field, None)
+        t = getattr(e, field.replace("device", "cuda"), 0) if t is None else t
         if t:
             times[e.key] = times.get(e.key, 0.0) + t / 1000.0 / calls
     return dict(sorted(times.items(), key=lambda kv: -kv[1]))

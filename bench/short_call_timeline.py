@@ -13,7 +13,7 @@ import argparse
 import sys
 
 import torch
-from common import RESULTS, environment, import_pack, write_json
+from common import RESULTS, environment, import_pack, kernel_self_times, write_json
 
 import_pack()
 from sagetriton.installer.selftest import time_call  # noqa: E402
@@ -24,21 +24,8 @@ SHAPES = [(2, 24, n, d) for d in (128, 64) for n in (2048, 3072, 4096, 4608)]
 
 
 def kernel_times(fn, calls: int = 20) -> dict:
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    out = {}
-    for e in prof.key_averages():
-        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-        if t > 0:
-            out[e.key[:48]] = round(t / calls, 2)
-    return out
+    """{event (48 characters): µs per call}: each profiler event's total device time."""
+    return {name[:48]: round(ms * 1000.0, 2) for name, ms in kernel_self_times(fn, calls, warm=3, total=True).items()}
 
 
 def main(argv=None):
