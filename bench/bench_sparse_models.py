@@ -42,9 +42,10 @@ def sparse(min_tokens: int, **kw) -> SageSettings:
     return SageSettings(sparse=SparseSettings(min_tokens=min_tokens, **kw))
 
 
-def kitchen_sol_override(min_tokens: int, tau: float = 1.3):
+def kitchen_sol_override(min_tokens: int, tau: float = 1.3, token_aug: int = 0):
     """An override with core's Model Sparse Attention routing on comfy-kitchen's ``sol_attn`` (no sinks:
-    Wan's text is in cross-attention), or None where it does not run here (printed)."""
+    Wan's text is in cross-attention; ``token_aug``: core's extra_tokens, 256 by default in current core), or
+    None where it does not run here (printed)."""
     try:
         import comfy_kitchen as ck
 
@@ -61,7 +62,7 @@ def kitchen_sol_override(min_tokens: int, tau: float = 1.3):
                 or width // heads != 128):
             return func(q, k, v, heads, mask, *args, **kwargs)
         split = [t.view(b, n, heads, width // heads) for t in (q, k, v)]
-        return sol(*split, tau=tau, scale=kwargs.get("scale")).to(q.dtype).reshape(b, n, width)
+        return sol(*split, tau=tau, scale=kwargs.get("scale"), token_aug=token_aug).to(q.dtype).reshape(b, n, width)
 
     return override
 
@@ -70,10 +71,14 @@ def forward_variants(base, min_tokens: int) -> dict:
     variants = {"unpatched": base, "patched dense (defaults)": patch_model(base, SageSettings())}
     for tau in (1.0, 1.3, 1.5):
         variants[f"sparse sol tau {tau}"] = patch_model(base, sparse(min_tokens, mode="sol", tau=tau))
+    variants["sparse sol tau 1.3 +256 extra tokens"] = patch_model(base, sparse(min_tokens, mode="sol", tau=1.3,
+                                                                                extra_tokens=256))
     variants["sparse top-k 10 %"] = patch_model(base, sparse(min_tokens, mode="top-k", topk_ratio=0.1))
-    kitchen = kitchen_sol_override(min_tokens)
-    if kitchen is not None:
-        variants["comfy-kitchen sol_attn tau 1.3 (core's routing)"] = bm.with_override(base, kitchen)
+    for extra in (0, 256):  # core's node before and after its extra_tokens default became 256
+        kitchen = kitchen_sol_override(min_tokens, token_aug=extra)
+        if kitchen is not None:
+            name = "comfy-kitchen sol_attn tau 1.3 (core's routing)" + (f" +{extra} extra tokens" if extra else "")
+            variants[name] = bm.with_override(base, kitchen)
     return variants
 
 

@@ -5,9 +5,11 @@ copied), for the generic models (not MiniMax-H3's block patches):
 - one options object per patched model with ``dense_reason(transformer_options, tokens, block_index)``
   (the sigma window from ``percent_to_sigma``, ``min_tokens``, the dense blocks) and ``installed`` (the
   overrides it has put on the hook);
-- an attention override that runs comfy-kitchen's ``sol_attn`` on (B, T, H, 128) fp16/bf16 self-attention
-  without a mask, and hands every other call to the override that was on the hook before it (or to
-  ``func``): masks, its dense reasons, devices or GPUs without the kernel, other head sizes, cross-attention;
+- an attention override that runs comfy-kitchen's ``sol_attn`` on (B, T, H, 128) fp16/bf16/fp32 (fp32 cast to
+  bf16 first) self-attention without a mask, with the node's ``tau``, ``topk_ratio`` (its "sla" method) and
+  ``extra_tokens`` (``token_aug``, 256 by default in current core), and hands every other call to the override
+  that was on the hook before it (or to ``func``): masks, its dense reasons, devices or GPUs without the kernel,
+  other head sizes, cross-attention or GQA, mixed dtypes;
 - ``install``: puts a new override on top of whatever is on the hook unless one of its own is already
   there; core calls it when the node runs and again before every step (``ON_PREPARE_STATE`` with the
   sampler's model_options), so a node applied later cannot push it down.
@@ -34,8 +36,8 @@ class RecordingSol:
     def __init__(self):
         self.calls: list[tuple] = []
 
-    def __call__(self, q, k, v, tau=1.3, scale=None, **kwargs):
-        self.calls.append((tuple(q.shape), tau))
+    def __call__(self, q, k, v, tau=1.3, scale=None, topk_ratio=0.0, token_aug=0, **kwargs):
+        self.calls.append((tuple(q.shape), q.dtype, tau, topk_ratio, token_aug))
         out = torch.nn.functional.scaled_dot_product_attention(
             q.transpose(1, 2).float(), k.transpose(1, 2).float(), v.transpose(1, 2).float(), scale=scale)
         return out.transpose(1, 2).to(q.dtype)
@@ -50,8 +52,10 @@ def blocks_of(text: str) -> set:
 
 
 class CoreSparseOptions:
-    def __init__(self, kernel, sigma_start, sigma_end, min_tokens, dense_blocks, available):
+    def __init__(self, kernel, sigma_start, sigma_end, min_tokens, dense_blocks, available, tau=1.3, topk_ratio=0.0,
+                 extra_tokens=256):
         self.kernel = kernel
+        self.tau, self.topk_ratio, self.extra_tokens = tau, topk_ratio, extra_tokens
         self.sigma_start, self.sigma_end = sigma_start, sigma_end
         self.min_tokens = min_tokens
         self.dense_blocks = dense_blocks
@@ -93,9 +97,12 @@ def make_core_override(options: CoreSparseOptions, previous):
             b, d = q.shape[0], q.shape[-1] // heads
             qs, ks, vs = (t.view(b, -1, heads, d) for t in (q, k, v))
         if (not options.available(q.device) or q.dtype not in (torch.float16, torch.bfloat16, torch.float32)
-                or d != 128 or q.shape != k.shape or q.shape != v.shape):
+                or d != 128 or q.shape != k.shape or q.shape != v.shape or k.dtype != q.dtype or v.dtype != q.dtype):
             return declined()
-        out = options.kernel(qs, ks, vs, scale=kwargs.get("scale")).to(q.dtype)
+        if q.dtype == torch.float32:  # current core hands fp32 calls to the kernel in bf16
+            qs, ks, vs = (t.to(torch.bfloat16) for t in (qs, ks, vs))
+        out = options.kernel(qs, ks, vs, tau=options.tau, scale=kwargs.get("scale"), topk_ratio=options.topk_ratio,
+                             token_aug=options.extra_tokens).to(q.dtype)
         return out.transpose(1, 2) if skip_output_reshape else out.reshape(b, -1, heads * d)
 
     return override
@@ -111,14 +118,14 @@ def install(options: CoreSparseOptions, transformer_options: dict) -> None:
 
 
 def apply_core_sparse(model, kernel, start_percent=0.2, end_percent=1.0, min_tokens=12288, dense_blocks="",
-                      available=lambda device: True):
+                      available=lambda device: True, tau=1.3, topk_ratio=0.0, extra_tokens=256):
     """The node's execute: a clone of ``model`` (a ModelPatcher) with the sparse override installed."""
     import comfy.patcher_extension
 
     sampling = model.get_model_object("model_sampling")
     options = CoreSparseOptions(kernel, float(sampling.percent_to_sigma(start_percent)),
                                 float(sampling.percent_to_sigma(end_percent)), min_tokens, blocks_of(dense_blocks),
-                                available)
+                                available, tau, topk_ratio, extra_tokens)
     m = model.clone()
     install(options, m.model_options.setdefault("transformer_options", {}))
 
