@@ -1,4 +1,4 @@
-"""Where ``sparse_attn``'s INT8 error comes from, on the CPU: the sparse kernel's arithmetic simulated in fp64 on
+"""Where ``sparse_attn``'s INT8 and FP8 P·V errors come from, on the CPU: the sparse kernel's arithmetic simulated in fp64 on
 sampled query blocks of bench/sparse_inputs.py's families, one rounding at a time, against the fp64 method
 (``kernels.sparse_reference``: the same routing and pooled tail, no rounding).
 
@@ -9,7 +9,9 @@ Simulated as the kernel does it (Hopper's INT8 P·V config): Q rotated by the 12
 with one scale per 16 rows, K centred by its mean, rotated and rounded with one scale per 64-key block or per
 token; P rounded to 0..255 against the row max of each step (two listed key blocks per step, the pairs, or one)
 and at most 20 (base 2) below the running max; V rounded per channel (its max |v| / 127), or minus its channel
-mean first. The pooled tail stays fp64 here (the router's TF32 on the GPU). Prints, per variant, the relative L2
+mean first. FP8 P·V as that path does it: P = 2^(x - running max) · 448 in e4m3 (the row sums of the unrounded
+P), V in e4m3 per channel (max |v| / 448), optionally with its rounding residual in e4m3 too (``fp8+residual``),
+and a P in two e4m3 parts (hi + the rounding of P - hi), which no kernel has yet. The pooled tail stays fp64 here (the router's TF32 on the GPU). Prints, per variant, the relative L2
 of its output against the method's, i.e. the quantization error alone (bench/NOTES.md, "Sparse INT8 error").
 """
 from __future__ import annotations
@@ -35,6 +37,12 @@ VARIANTS = {
     "V only, minus its mean": dict(v="mean"),
     "all, K per block (old)": dict(qk="block", p=2, v="int8"),
     "all, K per token (new)": dict(qk="token", p=2, v="int8"),
+    "fp8: P only": dict(p=2, pf="fp8"),
+    "fp8: V only": dict(v="fp8"),
+    "fp8: all, K per block (fp8 now)": dict(qk="block", p=2, pf="fp8", v="fp8"),
+    "fp8: all, K per token": dict(qk="token", p=2, pf="fp8", v="fp8"),
+    "fp8: K per token, V + residual": dict(qk="token", p=2, pf="fp8", v="fp8res"),
+    "fp8: K per token, V + residual, P in 2 parts": dict(qk="token", p=2, pf="fp8x2", v="fp8res"),
 }
 
 
@@ -45,8 +53,14 @@ def rounded(x: torch.Tensor, rows: int) -> torch.Tensor:
     return (torch.round(g / s).clamp(-127, 127) * s).reshape(x.shape)
 
 
+def e4m3(x: torch.Tensor) -> torch.Tensor:
+    return x.float().to(torch.float8_e4m3fn).double()
+
+
 def head_operands(qh, kh, vh):
     rot = hadamard_block(128, 128)
+    v8s = (vh.abs().amax(0) / 448).clamp_min(1e-30)
+    v8 = e4m3(vh / v8s) * v8s
     kc = kh - kh.mean(0)
     vmax = vh.abs().amax(0) / 127
     vmean = vh.mean(0)
@@ -55,7 +69,8 @@ def head_operands(qh, kh, vh):
             "q": {"block": rounded(qh @ rot, 16), "token": rounded(qh @ rot, 16), "q": rounded(qh @ rot, 16)},
             "k": {"block": rounded(kc @ rot, 64), "token": rounded(kc @ rot, 1)},
             "v": {"none": vh, "int8": torch.round(vh / vmax) * vmax,
-                  "mean": torch.round((vh - vmean) / vmax_c) * vmax_c + vmean}}
+                  "mean": torch.round((vh - vmean) / vmax_c) * vmax_c + vmean,
+                  "fp8": v8, "fp8res": v8 + e4m3((vh - v8) / v8s) * v8s}}
 
 
 def block_rows(ops, qh, i, exact_i, scores_i, vsum, log2s, cfg) -> torch.Tensor:
@@ -81,14 +96,22 @@ def block_rows(ops, qh, i, exact_i, scores_i, vsum, log2s, cfg) -> torch.Tensor:
     for t in range(0, len(blocks), step or len(blocks)):
         cols = torch.cat([torch.arange(b * 64, b * 64 + 64) for b in blocks[t:t + (step or len(blocks))]])
         xt = xr[:, cols]
-        if step:
+        p_sum = None
+        if step and cfg.get("pf", "int8") != "int8":  # fp8 P against the running max, its sums unrounded
+            running = torch.maximum(running, xt.amax(1))
+            pe = torch.exp2(xt - running[:, None]) * 448
+            p8 = e4m3(pe)
+            if cfg["pf"] == "fp8x2":
+                p8 = p8 + e4m3(pe - p8)
+            p, p_sum = p8 * (torch.exp2(running) / 448)[:, None], torch.exp2(xt).sum(1)
+        elif step:
             t_max = xt.amax(1)
             shift = torch.maximum(t_max, running - 20)
             p = torch.round(255 * torch.exp2(xt - shift[:, None])).clamp(0, 255) * (torch.exp2(shift) / 255)[:, None]
             running = torch.maximum(running, t_max)
         else:
             p = torch.exp2(xt)
-        acc, den = acc + p @ vv[cols], den + p.sum(1)
+        acc, den = acc + p @ vv[cols], den + (p.sum(1) if p_sum is None else p_sum)
     return acc / den[:, None]
 
 
