@@ -224,8 +224,8 @@ def sparse_specs(cfg: KernelConfig, head_dim: int = 128, backend: str = "cuda", 
     seen: set = set()
     for spec in recorded:
         name = spec["name"]
-        if name not in ("pool_kernel", "pool_finish_kernel", "sparse_quantize_int8_kernel", "route_kernel",
-                        "sparse_attention_kernel", "extra_tail_kernel", "extra_merge_kernel"):
+        if name not in ("pool_kernel", "pool_finish_kernel", "centre_means_kernel", "sparse_quantize_int8_kernel",
+                        "route_kernel", "sparse_attention_kernel", "extra_tail_kernel", "extra_merge_kernel"):
             continue  # V's conversion: the dense specs build it
         key = (name, tuple(sorted((k, str(v)) for k, v in spec["constexprs"].items())))
         if key in seen:

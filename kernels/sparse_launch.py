@@ -23,7 +23,7 @@ from .rotation import ROTATION_BLOCK
 from .sparse_attention import sparse_attention_kernel
 from .sparse_quant import quantize_with_means
 from .sparse_reference import BLOCK, topk_count
-from .sparse_route import pool_finish_kernel, pool_kernel, route_kernel
+from .sparse_route import centre_means_kernel, pool_finish_kernel, pool_kernel, route_kernel
 
 POOL_BLOCKS = 4  # 64-token blocks per pool program
 # Keys per pool program summed for K's centre (1/16 of K): any centre gives the same logits up to a per-row
@@ -137,6 +137,19 @@ def _finish_pool(amax, ksum, L, cfg: KernelConfig, D, signs=None):
     return centre, k_centre, final
 
 
+def centre_means(kbar):
+    """K's block means (B*H_KV, nb, d_pad) less their mean ``mu`` per channel, ``mu`` and the means' variance
+    (B*H_KV, d_pad) each: ``sparse_route.centre_means_kernel``."""
+    n, nb, d_pad = kbar.shape
+    kc = torch.empty_like(kbar)
+    mu = torch.empty((n, d_pad), dtype=torch.float32, device=kbar.device)
+    kvar = torch.empty_like(mu)
+    ch = min(32, d_pad)
+    api._launch(centre_means_kernel, (d_pad // ch, n), (kbar, kc, mu, kvar, nb), dict(D_PAD=d_pad, CH=ch, CHUNK=64),
+                num_warps=4)
+    return kc, mu, kvar
+
+
 def _topk_threshold(cen, kc, kv_of, nb, ratio, log2s, sinks):
     """Per query block, the score of its k-th best non-sink key block (ties kept by ``>=``), backed off a
     few ulps since the kernel's product is not bit-identical; +inf where there is nothing to choose."""
@@ -227,9 +240,8 @@ def run(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, r
     k8, ks, kbar, _, _ = quantize_with_means(kh, k_group, cfg.block_n, d_pad, 1.0, k_centre, subtract=True,
                                              per_block=k_scalar, rotate=rotate, method=method,
                                              mma_sums=TUNING["quant_mma_sums"])
-    kvar, mu = torch.var_mean(kbar, dim=1, correction=0)  # (B*H_KV, d_pad) each
     # Centred here, not in the router: subtracting mu there spilled (sm90: 45 -> 85 local loads and stores).
-    kc = kbar - mu[:, None]
+    kc, mu, kvar = centre_means(kbar)
     q_block = rotation.q_rows(method, cfg.block_m) if rotate else cfg.block_m
     q8, qs, cen, tail_off, qbias = quantize_with_means(qh, q_group, q_block, d_pad, log2s, centre, mu=mu,
                                                       off_mult=log2s, bias_mult=scale if return_lse else None,

@@ -114,6 +114,38 @@ def pool_finish_kernel(
         tl.store(VScale + kvh.to(tl.int64) * D + d, scale, mask=d < D)
 
 
+@triton.jit
+def centre_means_kernel(
+    KBar,  # fp32 (B*H_KV, NB, D_PAD): K's block means (its quantization launch's)
+    KC,  # fp32 (B*H_KV, NB, D_PAD) out: the block means less their mean mu
+    Mu, KVar,  # fp32 (B*H_KV, D_PAD) out: mu and the block means' variance (population), per channel
+    NB,
+    D_PAD: tl.constexpr, CH: tl.constexpr, CHUNK: tl.constexpr,
+):
+    """One program per key/value head and CH channels: mu, the variance around it (two passes, as exact as
+    ``torch.var_mean``; NaN and Inf propagate the same way) and the centred means the router reads. One launch
+    for what were a strided torch reduction and a subtraction (25-35 % of the routing at 32K tokens)."""
+    kvh = tl.program_id(1)
+    c = tl.program_id(0) * CH + tl.arange(0, CH)
+    r = tl.arange(0, CHUNK)
+    base = kvh.to(tl.int64) * NB * D_PAD
+    total = tl.zeros((CHUNK, CH), tl.float32)
+    for b0 in range(0, NB, CHUNK):
+        ok = (b0 + r < NB)[:, None]
+        total += tl.load(KBar + base + (b0 + r[:, None]) * D_PAD + c[None, :], mask=ok, other=0.0)
+    mu = tl.sum(total, axis=0) / NB
+    mu = tl.where(tl.abs(mu) < float("inf"), mu, float("nan"))  # an Inf mean is NaN, as torch's Welford var_mean
+    sq = tl.zeros((CHUNK, CH), tl.float32)
+    for b0 in range(0, NB, CHUNK):
+        ok = (b0 + r < NB)[:, None]
+        offs = base + (b0 + r[:, None]) * D_PAD + c[None, :]
+        x = tl.load(KBar + offs, mask=ok, other=0.0) - mu[None, :]
+        tl.store(KC + offs, x, mask=ok)
+        sq += tl.where(ok, x * x, 0.0)
+    tl.store(Mu + kvh.to(tl.int64) * D_PAD + c, mu)
+    tl.store(KVar + kvh.to(tl.int64) * D_PAD + c, tl.sum(sq, axis=0) / NB)
+
+
 # Fixed-frame tail (``route_kernel``'s FIXED_FRAME): where a row's pooled max lies within this many powers of two
 # below its threshold, every term that matters (within 2^-24 of the max) is a normal fp32 number in the
 # threshold's frame; otherwise the row's tile redoes its tail online.

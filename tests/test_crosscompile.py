@@ -158,7 +158,8 @@ def test_sparse_kernels_compile_with_the_dense_matrix_instructions(check_targets
     r = check_targets_json[target]
     kernels = r["kernels"]
     assert {"route_kernel", "route_kernel_topk", "sparse_attention_kernel", "sparse_attention_kernel_nolse",
-            "extra_tail_kernel", "extra_merge_kernel", "pool_finish_kernel", "sparse_quantize_int8_kernel_k",
+            "extra_tail_kernel", "extra_merge_kernel", "pool_finish_kernel", "centre_means_kernel",
+            "sparse_quantize_int8_kernel_k",
             "sparse_quantize_int8_kernel_q1", "sparse_quantize_int8_kernel_q2"} <= set(kernels), sorted(kernels)
     assert {"pool_kernel", "pool_kernel_absmax"} & set(kernels), sorted(kernels)
     qk, pv = EXPECTED[target]

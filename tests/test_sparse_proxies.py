@@ -172,3 +172,28 @@ def test_the_router_s_tail_in_the_threshold_s_frame_is_the_online_tail(tuning, t
         assert torch.equal(lsum, lsum0) and torch.equal(acc, acc0)
     if kw.get("tau") == -1e9:  # every block exact: no tail
         assert bool((m == float("-inf")).all()) and not lsum.any() and not acc.any()
+
+
+@pytest.mark.parametrize("nb,d", [(70, 64), (1, 128), (200, 256), (64, 64)])
+def test_the_block_means_are_centred_in_one_launch_as_torch_var_mean_centres_them(nb, d):
+    """``sparse_launch.centre_means`` (``sparse_route.centre_means_kernel``): mu, the population variance and
+    kbar - mu as torch's var_mean and a subtraction give them (fp32, against fp64), for a single block, a ragged
+    last chunk and every padded head size; a NaN or Inf block mean makes its channel NaN (torch: NaN or Inf)."""
+    g = torch.Generator().manual_seed(nb)
+    kbar = torch.randn(3, nb, d, generator=g) * 0.3 + torch.randn(3, 1, d, generator=g) * 4.0
+    kc, mu, kvar = sparse_launch.centre_means(kbar)
+    var64, mu64 = torch.var_mean(kbar.double(), dim=1, correction=0)
+    torch.testing.assert_close(mu, mu64.float(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(kvar, var64.float(), rtol=1e-5, atol=1e-7)
+    # kbar - mu in fp32: within a few ulps of the means' magnitude (torch's own fp32 subtraction is, too)
+    ulps = 4 * torch.finfo(torch.float32).eps * float(kbar.abs().max())
+    torch.testing.assert_close(kc, (kbar.double() - mu64[:, None]).float(), rtol=0, atol=ulps)
+    if nb == 1:
+        assert torch.equal(kvar, torch.zeros_like(kvar)) and torch.equal(kc, torch.zeros_like(kc))
+    bad = kbar.clone()
+    bad[1, nb // 2, 3], bad[2, 0, 5] = float("nan"), float("inf")
+    kc, mu, kvar = sparse_launch.centre_means(bad)
+    poisoned = ~bad.isfinite().all(dim=1)  # (heads, channels) with a NaN or Inf block mean
+    assert int(poisoned.sum()) == 2
+    for x in (mu, kvar, kc.transpose(1, 2)):  # NaN in those channels (every block), finite elsewhere
+        assert x[poisoned].isnan().all() and x[~poisoned].isfinite().all()
