@@ -1,6 +1,6 @@
-"""Where ``sparse_attn``'s INT8 and FP8 P·V errors come from, on the CPU: the sparse kernel's arithmetic simulated in fp64 on
-sampled query blocks of bench/sparse_inputs.py's families, one rounding at a time, against the fp64 method
-(``kernels.sparse_reference``: the same routing and pooled tail, no rounding).
+"""Where ``sparse_attn``'s INT8 and FP8 P·V errors come from, on the CPU: the sparse kernel's arithmetic simulated
+in fp64 on sampled query blocks of bench/sparse_inputs.py's families, one rounding at a time, against the fp64
+method (``kernels.sparse_reference``: the same routing and pooled tail, no rounding).
 
     python bench/sparse_int8_sim.py [--tokens 16384] [--heads 4] [--families video,local_sinks] [--tau 1.3]
                                     [--stride 8]
@@ -11,8 +11,9 @@ token; P rounded to 0..255 against the row max of each step (two listed key bloc
 and at most 20 (base 2) below the running max; V rounded per channel (its max |v| / 127), or minus its channel
 mean first. FP8 P·V as that path does it: P = 2^(x - running max) · 448 in e4m3 (the row sums of the unrounded
 P), V in e4m3 per channel (max |v| / 448), optionally with its rounding residual in e4m3 too (``fp8+residual``),
-and a P in two e4m3 parts (hi + the rounding of P - hi), which no kernel has yet. The pooled tail stays fp64 here (the router's TF32 on the GPU). Prints, per variant, the relative L2
-of its output against the method's, i.e. the quantization error alone (bench/NOTES.md, "Sparse INT8 error").
+and a P in two e4m3 parts (hi + the rounding of P - hi), which no kernel has yet. The pooled tail stays fp64 here
+(the router's TF32 on the GPU). Prints, per variant, the relative L2 of its output against the method's, i.e. the
+quantization error alone (bench/NOTES.md, "Sparse INT8 error" and "Sparse FP8 P·V error").
 """
 from __future__ import annotations
 
