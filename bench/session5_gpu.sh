@@ -28,7 +28,10 @@ case "${1:-}" in
        --out "$DEST/sm90_sparse_bench_session5.json"
     TAIL=20 step sm90_sparse_extra_session5 timeout 150 python bench_sparse.py --shapes 103950x56 \
        --families video,local_sinks --settings tau:1.3 --extra 128,256 --pv int8 --reps 2 \
-       --out "$DEST/sm90_sparse_extra_session5.json" ;;
+       --out "$DEST/sm90_sparse_extra_session5.json"
+    # the router's tiles were tuned at 103,950 x 56; at 32,760 x 24 its 96 programs leave SMs idle
+    TAIL=30 step sm90_sparse_route_ab_32k timeout 120 python sparse_route_ab.py --shapes 32760x24 --rounds 2 \
+       --variants "default,route 64x32 w4,route 64x16 w4" --out "$DEST/sm90_sparse_route_ab_32k.json" ;;
   table160)
     kitchen
     TAIL=40 step sm90_sparse_bench_160k_session5 timeout 560 python bench_sparse.py --shapes 160000x40 \
