@@ -1,6 +1,7 @@
 """8-bit MMA operands, rounded without a float → int conversion: INT8 Q and K (``round_to_int8``), INT8 P
-(``round_p_offset_int8``), fp8 P and V (``to_fp8``), and the key order that lets P feed P·V without shuffles
-(``mma_operand_order``). Shared by the quantization launches and every attention kernel."""
+(``round_p_offset_int8``, with its row sums ``round_p_offset_int8_sums``), fp8 P and V (``to_fp8``), and the key
+order that lets P feed P·V without shuffles (``mma_operand_order``). Shared by the quantization launches and every
+attention kernel."""
 from __future__ import annotations
 
 import triton
@@ -18,6 +19,18 @@ P_OFFSET = tl.constexpr(128)
 def round_p_offset_int8(p):
     """P in 0..255 (fp32) rounded to the nearest integer (ties to even) and stored as P - P_OFFSET, int8."""
     return (p + (_ROUNDING_BIAS - P_OFFSET)).to(tl.int32, bitcast=True).to(tl.int8)
+
+
+@triton.jit
+def round_p_offset_int8_sums(p):
+    """``round_p_offset_int8(p)`` and P's row sums (int32, exact, the offset back in). The sums add the biased
+    floats' bits, 0x4B400000 + P - P_OFFSET each, as wrapping int32 and take the N biases off at the end: exact
+    mod 2^32, and the sum fits. Summing the int8 values instead sign-extends each byte first (one PRMT a logit)."""
+    bits = (p + (_ROUNDING_BIAS - P_OFFSET)).to(tl.int32, bitcast=True)
+    N: tl.constexpr = p.shape[1]
+    # N biases of 0x4B400000 (1.5·2²³'s bits) less each one's offset, wrapped to int32 as the sums wrap
+    BIASES: tl.constexpr = (N * (0x4B400000 - P_OFFSET) + 2**31) % 2**32 - 2**31
+    return bits.to(tl.int8), tl.sum(bits, 1) - BIASES
 
 
 @triton.jit

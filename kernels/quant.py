@@ -30,6 +30,7 @@ from .pv_operands import (  # noqa: F401 - re-exported: the kernels' 8-bit opera
     P_OFFSET,
     mma_operand_order,
     round_p_offset_int8,
+    round_p_offset_int8_sums,
     round_to_int8,
     to_fp8,
 )

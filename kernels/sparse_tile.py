@@ -23,7 +23,7 @@ from .attention import (
     exact_p_base,
     int8_p_shift,
 )
-from .quant import P_OFFSET, mma_operand_order, round_p_offset_int8, to_fp8
+from .quant import mma_operand_order, round_p_offset_int8_sums, to_fp8
 
 
 @triton.jit
@@ -108,10 +108,9 @@ def attn_pair(
     p1 = _block_p(s1, a1, qs, base, PV_MODE, K_SCALAR)
 
     if PV_MODE == PV_INT8_C:
-        p80 = round_p_offset_int8(p0)  # P - 128
-        p81 = round_p_offset_int8(p1)
-        l_i = l_i * alpha + (tl.sum(p80.to(tl.int32), 1) + tl.sum(p81.to(tl.int32), 1)
-                             + P_OFFSET * 2 * BLOCK_N).to(tl.float32)
+        p80, sums0 = round_p_offset_int8_sums(p0)  # P - 128, and P's row sums
+        p81, sums1 = round_p_offset_int8_sums(p1)
+        l_i = l_i * alpha + (sums0 + sums1).to(tl.float32)
     else:
         l_i = l_i * alpha + (tl.sum(p0, 1) + tl.sum(p1, 1))
     acc = acc * alpha[:, None]
