@@ -13,10 +13,10 @@ Around the unchanged attention kernel, in two steps:
   two parts are disjoint, so the merge is the softmax over their union; rows of a block without extra
   tokens are left as the kernel wrote them.
 
-The extra router runs one centroid row per query block over K three times and over V once: about 1/32
-of dense attention's products, but in TF32 (fp32 on AMD) where dense runs INT8/FP8, and with K read
-once per 16 query blocks. The merge is 2·64·E·D products per query block. Memory beyond the kernel's:
-the (nb, E) int32 indices per head.
+The extra router runs 64 query blocks' centroid rows per program over K twice and over V once: 16-bit K
+multiplies as it is on the tensor cores (the centroid in two or three 16-bit parts, fp32-accurate scores;
+wgmma on Hopper), fp32 K in TF32 (fp32 on AMD). The merge is 2·64·E·D products per query block. Memory
+beyond the kernel's: the (nb, E) int32 indices per head.
 """
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ from .arch import interpreter_enabled
 from .sparse_extra_route import extra_merge_kernel, extra_tail_kernel
 from .sparse_reference import EXTRA_BIN, EXTRA_BINS, LOG2E
 
-QB = 16  # query blocks per extra-router program
+QB = 64  # query blocks per extra-router program: K read once per 64, 64-row products (wgmma on Hopper)
+# the centroid's 16-bit parts per K dtype: fp16 holds fp32's 24 bits in two, bf16 in three; fp32 K: none
+PARTS = {torch.float16: 2, torch.bfloat16: 3, torch.float32: 0}
 MERGE_TOKENS, MERGE_WARPS = 32, 4  # the merge's extra tokens per step and warps (twice that past head_dim 128)
 
 __all__ = ["retail", "merge"]
@@ -50,8 +52,8 @@ def retail(qh, kh, vh, cen, mu, lists, count, tail_m, tail_l, tail_acc, log2s: f
     api._launch(extra_tail_kernel, (-(-nb // QB), B * H), (
         cen, kh, *kh.stride(), vh, *vh.stride(), mu, lists, count, tail_m, tail_l, tail_acc, idx, n_extra,
         H, H_KV, L, D, nb, int(extra_tokens), float(log2s),
-    ), dict(QB=QB, D_PAD=d_pad, BIN=EXTRA_BIN, NBINS=EXTRA_BINS, SCORE_PREC=precisions[0],
-            TAIL_PREC=precisions[1]), num_warps=8 if d_pad > 128 and torch.version.hip is None else 4)
+    ), dict(QB=QB, D_PAD=d_pad, BIN=EXTRA_BIN, NBINS=EXTRA_BINS, PARTS=PARTS[kh.dtype], SCORE_PREC=precisions[0],
+            TAIL_PREC=precisions[1], INTERPRETER=interpreter_enabled()), num_warps=8 if d_pad > 128 and torch.version.hip is None else 4)
     return idx, n_extra
 
 
