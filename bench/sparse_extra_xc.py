@@ -80,6 +80,7 @@ def main() -> None:
                 if args.sass:
                     Path(args.sass).mkdir(parents=True, exist_ok=True)
                     (Path(args.sass) / f"{name}_{spec['name']}.sass").write_text(sass)
+                    (Path(args.sass) / f"{name}_{spec['name']}.ttgir").write_text(compiled.asm["ttgir"])
             rows.append(row)
             print(f"{name:8} {spec['name']:20} warps {row['num_warps']} QB {row['QB']} regs {res.get('registers')} "
                   f"spills {res.get('spills')} smem {row['shared']}", flush=True)

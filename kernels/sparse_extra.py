@@ -27,7 +27,9 @@ from .arch import interpreter_enabled
 from .sparse_extra_route import extra_merge_kernel, extra_tail_kernel
 from .sparse_reference import EXTRA_BIN, EXTRA_BINS, LOG2E
 
-QB = 64  # query blocks per extra-router program: K read once per 64, 64-row products (wgmma on Hopper)
+# Query blocks per extra-router program: 64 on Hopper (K read once per 64 query blocks, 64-row products:
+# wgmma), 16 elsewhere (mma.sync and AMD's: 32 and 64 spilled, sm80 265, RDNA ~1,900; bench/NOTES.md).
+QB_WIDE, QB = 64, 16
 # the centroid's 16-bit parts per K dtype: fp16 holds fp32's 24 bits in two, bf16 in three; fp32 K: none
 PARTS = {torch.float16: 2, torch.bfloat16: 3, torch.float32: 0}
 MERGE_TOKENS, MERGE_WARPS = 32, 4  # the merge's extra tokens per step and warps (twice that past head_dim 128)
@@ -36,11 +38,12 @@ __all__ = ["retail", "merge"]
 
 
 def retail(qh, kh, vh, cen, mu, lists, count, tail_m, tail_l, tail_acc, log2s: float, extra_tokens: int,
-           precisions=("ieee", "ieee")):
+           precisions=("ieee", "ieee"), wide: bool = False, qb=None):
     """Choose each query block's extra tokens and rewrite its tail (in place) as the per-token centroid
     terms of the other tokens outside its exact blocks (``sparse_extra_route.extra_tail_kernel``).
     ``qh, kh, vh``: (B, H|H_KV, L, D) views; ``cen`` (B*H, nb, d_pad), ``mu`` (B*H_KV, d_pad) and the
-    router's outputs as ``sparse_launch.route``; ``precisions``: its (scores, P·V) products'. Returns the
+    router's outputs as ``sparse_launch.route``; ``precisions``: its (scores, P·V) products'; ``wide``: 64 query
+    blocks a program (Hopper), else 16; ``qb``: that number, set (a benchmark's A/B). Returns the
     extra tokens' indices (B*H, nb, extra_tokens) int32 (the first ``n_extra`` of each row are live,
     the rest 0) and ``n_extra`` (B*H, nb) int32."""
     B, H, L, D = qh.shape
@@ -49,11 +52,21 @@ def retail(qh, kh, vh, cen, mu, lists, count, tail_m, tail_l, tail_acc, log2s: f
     dev = qh.device
     idx = torch.zeros((B * H, nb, int(extra_tokens)), dtype=torch.int32, device=dev)
     n_extra = torch.empty((B * H, nb), dtype=torch.int32, device=dev)
-    api._launch(extra_tail_kernel, (-(-nb // QB), B * H), (
-        cen, kh, *kh.stride(), vh, *vh.stride(), mu, lists, count, tail_m, tail_l, tail_acc, idx, n_extra,
+    parts = PARTS[kh.dtype]
+    cen_parts = cen[None]  # fp32 K: unused
+    if parts:  # the centroids in 16-bit parts whose sum is them to fp32's precision (their products exact)
+        cen_parts = torch.empty((parts,) + tuple(cen.shape), dtype=kh.dtype, device=dev)
+        rest = cen
+        for p in range(parts):
+            cen_parts[p] = rest
+            rest = rest - cen_parts[p].float()
+    qb = int(qb or (QB_WIDE if wide else QB))
+    api._launch(extra_tail_kernel, (-(-nb // qb), B * H), (
+        cen, cen_parts, kh, *kh.stride(), vh, *vh.stride(), mu, lists, count, tail_m, tail_l, tail_acc, idx, n_extra,
         H, H_KV, L, D, nb, int(extra_tokens), float(log2s),
-    ), dict(QB=QB, D_PAD=d_pad, BIN=EXTRA_BIN, NBINS=EXTRA_BINS, PARTS=PARTS[kh.dtype], SCORE_PREC=precisions[0],
-            TAIL_PREC=precisions[1], INTERPRETER=interpreter_enabled()), num_warps=8 if d_pad > 128 and torch.version.hip is None else 4)
+    ), dict(QB=qb, D_PAD=d_pad, BIN=EXTRA_BIN, NBINS=EXTRA_BINS, PARTS=parts, SCORE_PREC=precisions[0],
+            TAIL_PREC=precisions[1], INTERPRETER=interpreter_enabled()),
+        num_warps=8 if d_pad > 128 and torch.version.hip is None else 4)
     return idx, n_extra
 
 

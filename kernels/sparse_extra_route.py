@@ -56,6 +56,7 @@ def _cells(c, live, BIN: tl.constexpr):
 @triton.jit
 def extra_tail_kernel(
     Cen,  # fp32 (B*H, NB, D_PAD): query centroids
+    CenP,  # K's 16-bit dtype (PARTS, B*H, NB, D_PAD): the centroids in parts, summing to them (PARTS 0: unused)
     K, stride_kb, stride_kh, stride_kl, stride_kd,  # (B, H_KV, L, D) any strides, any float dtype
     V, stride_vb, stride_vh, stride_vl, stride_vd,
     Mu,  # fp32 (B*H_KV, D_PAD): K's centre
@@ -81,11 +82,14 @@ def extra_tail_kernel(
     mu = tl.load(Mu + (b * H_KV + kvh).to(tl.int64) * D_PAD + offs_d)
     if PARTS == 0:
         cen0, cen1, cen2, c_mu = cen, cen, cen, tl.zeros((QB,), tl.float32)
-    else:  # c in PARTS 16-bit parts (K's dtype), c·mu once per row in fp32
-        cen0 = cen.to(K.dtype.element_ty)
-        rest = cen - cen0.to(tl.float32)
-        cen1 = rest.to(K.dtype.element_ty)
-        cen2 = (rest - cen1.to(tl.float32)).to(K.dtype.element_ty)
+    else:  # the parts loaded as they are: the tensor cores read them from shared memory (split here, they
+        # stayed in registers, 96 a thread, and spilled); c·mu once per row in fp32
+        part = (bh.to(tl.int64) * NB + offs_i[:, None]) * D_PAD + offs_d[None, :]
+        cen0 = tl.load(CenP + part, mask=i_ok[:, None], other=0.0)
+        cen1 = tl.load(CenP + NB * D_PAD * tl.num_programs(1) + part, mask=i_ok[:, None], other=0.0)
+        cen2 = cen1
+        if PARTS == 3:
+            cen2 = tl.load(CenP + 2 * NB * D_PAD * tl.num_programs(1) + part, mask=i_ok[:, None], other=0.0)
         c_mu = tl.sum(cen * mu[None, :], axis=1)
     k_base = K + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kh
     v_base = V + b.to(tl.int64) * stride_vb + kvh.to(tl.int64) * stride_vh
@@ -126,7 +130,8 @@ def extra_tail_kernel(
     lsum = tl.zeros((QB,), tl.float32)
     acc = tl.zeros((QB, D_PAD), tl.float32)
     n_chosen = tl.zeros((QB,), tl.int32)
-    idx_rows = Idx + (bh.to(tl.int64) * NB + offs_i) * E
+    # int32 offsets from one base (64 rows' 64-bit addresses, hoisted out of the loop, spilled)
+    idx_base = Idx + (bh.to(tl.int64) * NB + pid * QB) * E
     ptr = tl.zeros((QB,), tl.int32)
     for j in range(0, NB):
         c, live, offs_t, ptr = _centroid_scores(cen0, cen1, cen2, c_mu, mu, k_base, stride_kl, stride_kd, list_rows,
@@ -141,21 +146,25 @@ def extra_tail_kernel(
         lsum = lsum * alpha + tl.sum(p, axis=1)
         v = tl.load(v_base + offs_t[:, None].to(tl.int64) * stride_vl + offs_d[None, :] * stride_vd,
                     mask=(offs_t < L)[:, None] & (offs_d < D)[None, :], other=0.0)
+        acc = acc * alpha[:, None]
         if PARTS == 0:
-            pv = tl.dot(p, v.to(tl.float32), input_precision=TAIL_PREC)
+            acc = tl.dot(p, v.to(tl.float32), acc, input_precision=TAIL_PREC)
         else:  # P in two 16-bit parts (one alone rounds the weights to 2^-8 or 2^-11)
             p_hi = p.to(v.dtype)
             p_lo = (p - p_hi.to(tl.float32)).to(v.dtype)
             if INTERPRETER:
-                pv = tl.dot(p_hi.to(tl.float32) + p_lo.to(tl.float32), v.to(tl.float32), input_precision="ieee")
+                acc = tl.dot(p_hi.to(tl.float32) + p_lo.to(tl.float32), v.to(tl.float32), acc, input_precision="ieee")
             else:
-                pv = tl.dot(p_lo, v, tl.dot(p_hi, v))
-        acc = acc * alpha[:, None] + pv
+                acc = tl.dot(p_lo, v, tl.dot(p_hi, v, acc))
         m = m_new
         e32 = extra.to(tl.int32)
-        pos = n_chosen[:, None] + tl.cumsum(e32, axis=1) - 1
-        tl.store(idx_rows[:, None] + pos, offs_t[None, :], mask=extra & i_ok[:, None] & (pos < E))
-        n_chosen += tl.sum(e32, axis=1)
+        n_new = tl.sum(e32, axis=1)
+        if tl.max(n_new, axis=0) > 0:  # few key blocks hold extra tokens: the compaction is skipped elsewhere
+            run = tl.cumsum(e32, axis=1)  # 1, 2, ... along each row's admitted tokens
+            at = tl.arange(0, QB) * E + n_chosen - 1  # per row: no per-element offset is hoisted and spilled
+            tl.store(idx_base + (at[:, None] + run), offs_t[None, :],
+                     mask=extra & i_ok[:, None] & (run <= (E - n_chosen)[:, None]))
+        n_chosen += n_new
     row = bh.to(tl.int64) * NB + offs_i
     tl.store(TailM + row, m, mask=i_ok)
     tl.store(TailL + row, lsum, mask=i_ok)

@@ -363,12 +363,13 @@ def test_huge_logits_are_right_or_nan_never_silently_wrong():
 
 # ---- extra_tokens (kernels/sparse_extra.py) --------------------------------------------------------
 
-@pytest.mark.parametrize("T,extra,kw,dtype", [
-    (700, 64, dict(tau=1.0), torch.float16), (700, 256, dict(tau=1.5, sink_blocks=(0, 2)), torch.bfloat16),
-    (461, 128, dict(topk_ratio=0.1, sink_q=(2, 3)), torch.float32), (4200, 128, dict(tau=1.3), torch.bfloat16)])
-def test_extra_router_picks_the_reference_tokens_and_keeps_the_rest_per_token(T, extra, kw, dtype):
-    # each K dtype's products (fp16: the centroid in two 16-bit parts, bf16: three, fp32: centred keys);
-    # 4200 tokens: more than one program's 64 query blocks, with 66 key blocks each
+@pytest.mark.parametrize("T,extra,kw,dtype,qb", [
+    (700, 64, dict(tau=1.0), torch.float16, 16), (700, 256, dict(tau=1.5, sink_blocks=(0, 2)), torch.bfloat16, 64),
+    (461, 128, dict(topk_ratio=0.1, sink_q=(2, 3)), torch.float32, 16), (4200, 128, dict(tau=1.3), torch.bfloat16, 64),
+    (4200, 64, dict(tau=1.0), torch.float16, 16)])
+def test_extra_router_picks_the_reference_tokens_and_keeps_the_rest_per_token(T, extra, kw, dtype, qb):
+    # each K dtype's products (fp16: the centroid in two 16-bit parts, bf16: three, fp32: centred keys), with
+    # Hopper's 64 query blocks a program and the others' 16; 4200 tokens: 66 key blocks, more than one program
     q, k, v = smooth_qkv(T, H=2, H_KV=1, strength=1.0, seed=T + extra, dtype=dtype)
     r, cen, kc, vsum, kvar, _ = _proxies(q, k, v)
     log2s = sref.LOG2E / math.sqrt(q.shape[-1])
@@ -378,7 +379,7 @@ def test_extra_router_picks_the_reference_tokens_and_keeps_the_rest_per_token(T,
                                                       kw.get("sink_blocks"), kw.get("sink_q"), kw.get("topk_ratio"))
     qh, kh, vh = (x.permute(0, 2, 1, 3) for x in (q, k, v))
     mu = torch.nn.functional.pad(r["mu"], (0, cen.shape[2] - q.shape[-1])).float().reshape(1, -1)
-    idx, n_extra = sparse_extra.retail(qh, kh, vh, cen, mu, lists, count, tm, tl_, tacc, log2s, extra)
+    idx, n_extra = sparse_extra.retail(qh, kh, vh, cen, mu, lists, count, tm, tl_, tacc, log2s, extra, qb=qb)
     # the reference's choice, in fp64, from its own routing (the router's is checked equal above)
     tok_blk = torch.arange(T) // 64
     kc_tok = kh[0].double() - r["mu"][0][:, None]
