@@ -38,12 +38,13 @@ __all__ = ["retail", "merge"]
 
 
 def retail(qh, kh, vh, cen, mu, lists, count, tail_m, tail_l, tail_acc, log2s: float, extra_tokens: int,
-           precisions=("ieee", "ieee"), wide: bool = False, qb=None):
+           precisions=("ieee", "ieee"), wide: bool = False, qb=None, pipelined: bool = False):
     """Choose each query block's extra tokens and rewrite its tail (in place) as the per-token centroid
     terms of the other tokens outside its exact blocks (``sparse_extra_route.extra_tail_kernel``).
     ``qh, kh, vh``: (B, H|H_KV, L, D) views; ``cen`` (B*H, nb, d_pad), ``mu`` (B*H_KV, d_pad) and the
     router's outputs as ``sparse_launch.route``; ``precisions``: its (scores, P·V) products'; ``wide``: 64 query
-    blocks a program (Hopper), else 16; ``qb``: that number, set (a benchmark's A/B). Returns the
+    blocks a program (Hopper), else 16; ``qb``: that number, set (a benchmark's A/B); ``pipelined``: K's
+    and V's tiles prefetched (NVIDIA; on Hopper the first pass only: the second spilled). Returns the
     extra tokens' indices (B*H, nb, extra_tokens) int32 (the first ``n_extra`` of each row are live,
     the rest 0) and ``n_extra`` (B*H, nb) int32."""
     B, H, L, D = qh.shape
@@ -65,7 +66,8 @@ def retail(qh, kh, vh, cen, mu, lists, count, tail_m, tail_l, tail_acc, log2s: f
         cen, cen_parts, kh, *kh.stride(), vh, *vh.stride(), mu, lists, count, tail_m, tail_l, tail_acc, idx, n_extra,
         H, H_KV, L, D, nb, int(extra_tokens), float(log2s),
     ), dict(QB=qb, D_PAD=d_pad, BIN=EXTRA_BIN, NBINS=EXTRA_BINS, PARTS=parts, SCORE_PREC=precisions[0],
-            TAIL_PREC=precisions[1], INTERPRETER=interpreter_enabled()),
+            TAIL_PREC=precisions[1], INTERPRETER=interpreter_enabled(),
+            SCAN_STAGES=2 if pipelined else 1, TAIL_STAGES=2 if pipelined and qb < QB_WIDE else 1),
         num_warps=8 if d_pad > 128 and torch.version.hip is None else 4)
     return idx, n_extra
 

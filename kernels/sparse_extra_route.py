@@ -68,7 +68,8 @@ def extra_tail_kernel(
     NExtra,  # int32 (B*H, NB)
     H, H_KV, L, D, NB, E, log2s,
     QB: tl.constexpr, D_PAD: tl.constexpr, BIN: tl.constexpr, NBINS: tl.constexpr, PARTS: tl.constexpr,
-    SCORE_PREC: tl.constexpr, TAIL_PREC: tl.constexpr, INTERPRETER: tl.constexpr,
+    SCORE_PREC: tl.constexpr, TAIL_PREC: tl.constexpr, INTERPRETER: tl.constexpr, SCAN_STAGES: tl.constexpr,
+    TAIL_STAGES: tl.constexpr,
 ):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
@@ -102,7 +103,7 @@ def extra_tail_kernel(
     counts = tl.zeros((QB, NBINS), tl.int32)
     slot = tl.arange(0, NBINS).to(tl.float32)[None, :]
     ptr = tl.zeros((QB,), tl.int32)
-    for j in range(0, NB):
+    for j in tl.range(0, NB, num_stages=SCAN_STAGES):  # K's tiles prefetched (cp.async) where 2
         c, live, _, ptr = _centroid_scores(cen0, cen1, cen2, c_mu, mu, k_base, stride_kl, stride_kd, list_rows, ptr,
                                            cnt, j, L, D, log2s, i_ok, D_PAD, PARTS, SCORE_PREC, INTERPRETER)
         cell, ok = _cells(c, live, BIN)
@@ -133,7 +134,7 @@ def extra_tail_kernel(
     # int32 offsets from one base (64 rows' 64-bit addresses, hoisted out of the loop, spilled)
     idx_base = Idx + (bh.to(tl.int64) * NB + pid * QB) * E
     ptr = tl.zeros((QB,), tl.int32)
-    for j in range(0, NB):
+    for j in tl.range(0, NB, num_stages=TAIL_STAGES):
         c, live, offs_t, ptr = _centroid_scores(cen0, cen1, cen2, c_mu, mu, k_base, stride_kl, stride_kd, list_rows,
                                                 ptr, cnt, j, L, D, log2s, i_ok, D_PAD, PARTS, SCORE_PREC, INTERPRETER)
         cell, ok = _cells(c, live, BIN)

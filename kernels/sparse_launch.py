@@ -245,7 +245,7 @@ def run(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, r
     if extra_tokens:  # the tail becomes per-token centroid terms; the extra tokens are merged in below
         extra_idx, n_extra = sparse_extra.retail(qh, kh, vh, cen, mu, lists, count, tail_m, tail_l, tail_acc,
                                                  log2s, extra_tokens, route_precisions(dev), wide=cfg.use_tma,
-                                                 qb=TUNING["extra_qb"])
+                                                 qb=TUNING["extra_qb"], pipelined=cfg.num_stages > 1)
 
     out = torch.empty(api._out_shape(B, H, L, D, out_layout), dtype=q.dtype, device=dev)
     oh = api._as_bhld(out, out_layout)
