@@ -44,7 +44,8 @@ def retail(qh, kh, vh, cen, mu, lists, count, tail_m, tail_l, tail_acc, log2s: f
     ``qh, kh, vh``: (B, H|H_KV, L, D) views; ``cen`` (B*H, nb, d_pad), ``mu`` (B*H_KV, d_pad) and the
     router's outputs as ``sparse_launch.route``; ``precisions``: its (scores, P·V) products'; ``wide``: 64 query
     blocks a program (Hopper), else 16; ``qb``: that number, set (a benchmark's A/B); ``pipelined``: K's
-    and V's tiles prefetched (NVIDIA; on Hopper the first pass only: the second spilled). Returns the
+    and V's tiles prefetched (NVIDIA; on Hopper the first pass only: both took 116 KB of shared memory, one
+    program an SM). Returns the
     extra tokens' indices (B*H, nb, extra_tokens) int32 (the first ``n_extra`` of each row are live,
     the rest 0) and ``n_extra`` (B*H, nb) int32."""
     B, H, L, D = qh.shape
@@ -61,7 +62,7 @@ def retail(qh, kh, vh, cen, mu, lists, count, tail_m, tail_l, tail_acc, log2s: f
         for p in range(parts):
             cen_parts[p] = rest
             rest = rest - cen_parts[p].float()
-    qb = int(qb or (QB_WIDE if wide else QB))
+    qb = int(qb or (QB_WIDE if wide and d_pad <= 128 else QB))  # head_dim 256 at 64: 371 spills on sm90
     api._launch(extra_tail_kernel, (-(-nb // qb), B * H), (
         cen, cen_parts, kh, *kh.stride(), vh, *vh.stride(), mu, lists, count, tail_m, tail_l, tail_acc, idx, n_extra,
         H, H_KV, L, D, nb, int(extra_tokens), float(log2s),
