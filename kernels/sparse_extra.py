@@ -26,9 +26,10 @@ from . import api
 from .arch import interpreter_enabled
 from .sparse_extra_route import extra_merge_kernel, extra_tail_kernel
 from .sparse_reference import EXTRA_BIN, EXTRA_BINS, LOG2E
+from .triton_compat import TRITON_VERSION
 
 # Query blocks per extra-router program: 64 on Hopper (K read once per 64 query blocks, 64-row products:
-# wgmma), 16 elsewhere (mma.sync and AMD's: 32 and 64 spilled, sm80 265, RDNA ~1,900; bench/NOTES.md).
+# wgmma; see retail for when), 16 elsewhere (mma.sync and AMD's: 32 and 64 spilled; bench/NOTES.md).
 QB_WIDE, QB = 64, 16
 # the centroid's 16-bit parts per K dtype: fp16 holds fp32's 24 bits in two, bf16 in three; fp32 K: none
 PARTS = {torch.float16: 2, torch.bfloat16: 3, torch.float32: 0}
@@ -62,7 +63,9 @@ def retail(qh, kh, vh, cen, mu, lists, count, tail_m, tail_l, tail_acc, log2s: f
         for p in range(parts):
             cen_parts[p] = rest
             rest = rest - cen_parts[p].float()
-    qb = int(qb or (QB_WIDE if wide and d_pad <= 128 else QB))  # head_dim 256 at 64: 371 spills on sm90
+    # 64 only up to head_dim 128 (256: 371 spills on sm90) and from Triton 3.8, whose tl.histogram is one
+    # shared atomic per input; 3.6's ballot lowering costs bins/32 per input: 18,000 instructions a tile at 64
+    qb = int(qb or (QB_WIDE if wide and d_pad <= 128 and TRITON_VERSION >= (3, 8) else QB))
     api._launch(extra_tail_kernel, (-(-nb // qb), B * H), (
         cen, cen_parts, kh, *kh.stride(), vh, *vh.stride(), mu, lists, count, tail_m, tail_l, tail_acc, idx, n_extra,
         H, H_KV, L, D, nb, int(extra_tokens), float(log2s),
