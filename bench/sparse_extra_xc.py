@@ -39,12 +39,25 @@ def loop_table(sass: str) -> list:
     for i, (_, op) in enumerate(ins):
         m = op and re.match(r"^BRA\s+(?:`\()?(\.L_x_\d+)", op)
         if m and where.get(m.group(1), i) < i:
-            body = [o for _, o in ins[where[m.group(1)]:i + 1] if o]
+            a = where[m.group(1)]
+            body = [o for _, o in ins[a:i + 1] if o]
             if len(body) > 1:
                 c = Counter(k for o in body for k, pat in CLASSES.items() if re.match(pat, o))
-                found.append({"start": where[m.group(1)], "instructions": len(body),
+                found.append({"start": a, "instructions": len(body),
+                              "main_path": len(body) - _longest_skip(ins, where, a, i),
                               **{k: c.get(k, 0) for k in CLASSES}})
     return sorted(found, key=lambda r: r["start"])
+
+
+def _longest_skip(ins, where, a, b) -> int:
+    """Instructions jumped over by the longest forward branch inside ``ins[a:b]`` (the extra tokens' compaction,
+    run only for key blocks holding some): the loop's main path is the rest."""
+    best = 0
+    for i in range(a, b):
+        m = ins[i][1] and re.match(r"^BRA(?:\.DIV\s+\w+,)?\s+(?:`\()?(\.L_x_\d+)", ins[i][1])
+        if m and i < where.get(m.group(1), -1) <= b:
+            best = max(best, sum(1 for _, o in ins[i + 1:where[m.group(1)]] if o))
+    return best
 
 
 def main() -> None:
