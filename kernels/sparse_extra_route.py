@@ -1,6 +1,6 @@
 """The extra-token router of ``sparse_attn`` (``extra_tokens > 0``; the method: ``sparse_reference``).
 
-``extra_tail_kernel`` works 64 query blocks of one head against every token outside their exact blocks,
+``extra_tail_kernel`` works ``QB`` query blocks of one head against every token outside their exact blocks,
 scored by the block's centroid (``c_i·(k_t - mu)·scale·log2 e``, cells ``floor(score / BIN)``), in two
 passes over K: the top cell per query block with a histogram of the ``NBINS`` cells below it (a ring:
 cell x in slot x mod NBINS, the slots that fall out of the window emptied as the top cell rises), and so
