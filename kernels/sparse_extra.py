@@ -13,10 +13,11 @@ Around the unchanged attention kernel, in two steps:
   two parts are disjoint, so the merge is the softmax over their union; rows of a block without extra
   tokens are left as the kernel wrote them.
 
-The extra router runs 64 query blocks' centroid rows per program over K twice and over V once: 16-bit K
-multiplies as it is on the tensor cores (the centroid in two or three 16-bit parts, fp32-accurate scores;
-wgmma on Hopper), fp32 K in TF32 (fp32 on AMD). The merge is 2·64·E·D products per query block. Memory
-beyond the kernel's: the (nb, E) int32 indices per head.
+The extra router runs the centroid rows of 64 query blocks a program (Hopper, Triton 3.8 on; else 16) over
+K twice and over V once: 16-bit K multiplies as it is on the tensor cores (the centroid in two or three
+16-bit parts, fp32-accurate scores; wgmma on Hopper), fp32 K in TF32 (fp32 on AMD). The merge is 2·64·E·D
+products per query block. Memory beyond the kernel's: the (nb, E) int32 indices per head and the
+centroids' 16-bit parts (2-3 × nb × d_pad per head).
 """
 from __future__ import annotations
 
@@ -43,12 +44,11 @@ def retail(qh, kh, vh, cen, mu, lists, count, tail_m, tail_l, tail_acc, log2s: f
     """Choose each query block's extra tokens and rewrite its tail (in place) as the per-token centroid
     terms of the other tokens outside its exact blocks (``sparse_extra_route.extra_tail_kernel``).
     ``qh, kh, vh``: (B, H|H_KV, L, D) views; ``cen`` (B*H, nb, d_pad), ``mu`` (B*H_KV, d_pad) and the
-    router's outputs as ``sparse_launch.route``; ``precisions``: its (scores, P·V) products'; ``wide``: 64 query
-    blocks a program (Hopper), else 16; ``qb``: that number, set (a benchmark's A/B); ``pipelined``: K's
-    and V's tiles prefetched (NVIDIA; on Hopper the first pass only: both took 116 KB of shared memory, one
-    program an SM). Returns the
-    extra tokens' indices (B*H, nb, extra_tokens) int32 (the first ``n_extra`` of each row are live,
-    the rest 0) and ``n_extra`` (B*H, nb) int32."""
+    router's outputs as ``sparse_launch.route``; ``precisions``: its (scores, P·V) products'; ``wide``: 64
+    query blocks a program (Hopper), else 16; ``qb``: that number, set (a benchmark's A/B); ``pipelined``:
+    K's and V's tiles prefetched (NVIDIA; at 64 the first pass only: both took 116 KB of shared memory, one
+    program an SM). Returns the extra tokens' indices (B*H, nb, extra_tokens) int32 (the first ``n_extra``
+    of each row are live, the rest 0) and ``n_extra`` (B*H, nb) int32."""
     B, H, L, D = qh.shape
     H_KV = kh.shape[1]
     nb, d_pad = cen.shape[1], cen.shape[2]
