@@ -155,7 +155,7 @@ def extra_cases() -> list:
     256."""
     from gpu_check import family_configs
 
-    results = []
+    results = extra_router_cases()
     q, k, v = smooth_qkv(1000)
     for extra in (64, 128, 192, 256):
         results.append(_against_reference(f"extra {extra} tau 1.3", q, k, v, extra_tokens=extra))
@@ -184,6 +184,43 @@ def extra_cases() -> list:
     results += _each_family(frames.values(), lambda name, q, k, v, cfg: [
         _against_reference(name, q, k, v, cfg, tau=1.0, extra_tokens=128)], suffix=" extra 128")
     return results + long_case(extra=256)
+
+
+def extra_router_cases() -> list:
+    """The extra router's choice token for token against the fp64 rule (``sref._extra_select``) on the
+    scores of the centroids and centre it was given, outside the router's own exact blocks: its 16-bit
+    products (the centroid in 16-bit parts) must be as good as fp32. bf16 and fp16, 64 and 16 query blocks a
+    program (Hopper's and the others'), 4,200 tokens (66 key blocks, K off centre)."""
+    from sagetriton.kernels import sparse_extra, sparse_launch
+
+    results = []
+    for dtype, qb, extra in ((torch.bfloat16, 64, 128), (torch.bfloat16, 16, 256), (torch.float16, 64, 64)):
+        q, k, v = smooth_qkv(4200, H=2, H_KV=1, seed=7, dtype=dtype)
+        r = sref.route_reference(q, k, 1.3)
+        nb, d = r["centroid"].shape[2], q.shape[-1]
+        flat = lambda x, nb=nb, d=d: x.float().reshape(-1, nb, d).contiguous()  # noqa: E731
+        cen, kc, mu = flat(r["centroid"]), flat(r["kc"]), r["mu"].float().reshape(-1, d).contiguous()
+        vsum = flat(sref._block_pool(v.permute(0, 2, 1, 3).double(), nb, "sum"))
+        kvar = (r["kc"] ** 2).mean(2).float().reshape(-1, d).contiguous()
+        log2s = sref.LOG2E / math.sqrt(d)
+        lists, count, tm, tl_, tacc = sparse_launch.route(cen, kc, vsum, kvar, 1, 2, 1, 4200, 1.3, log2s, None, None,
+                                                          None)
+        qh, kh, vh = (x.permute(0, 2, 1, 3) for x in (q, k, v))
+        idx, n_extra = sparse_extra.retail(qh, kh, vh, cen, mu, lists, count, tm, tl_, tacc, log2s, extra, qb=qb,
+                                           pipelined=True)
+        exact = torch.zeros(2, nb, nb + 1, dtype=torch.bool, device=DEVICE)  # the router's lists, as a mask
+        cols = torch.where(torch.arange(nb, device=DEVICE) < count[..., None], lists[..., :nb].long(), nb)
+        exact.scatter_(-1, cols, True)
+        tok_blk = torch.arange(4200, device=DEVICE) // 64
+        c = cen.double() @ (kh[0, 0].double() - mu[0].double()).T * log2s  # (2, nb, T): what it was given
+        want = sref._extra_select(c, ~exact[..., :nb][:, :, tok_blk], extra)
+        live = torch.arange(extra, device=DEVICE) < n_extra[..., None].long()
+        got = torch.zeros(2, nb, 4201, dtype=torch.bool, device=DEVICE)  # the last column takes the unused slots
+        got.scatter_(-1, torch.where(live, idx.long(), 4200), True)
+        diff = int((got[..., :4200] ^ want).sum())
+        results.append(_report(f"extra router {str(dtype)[6:]} qb {qb} +{extra}: choice = fp64's", diff == 0,
+                               f"{diff} tokens differ of {int(want.sum())} chosen"))
+    return results
 
 
 def sparse_cases() -> list:

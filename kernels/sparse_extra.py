@@ -13,10 +13,11 @@ Around the unchanged attention kernel, in two steps:
   two parts are disjoint, so the merge is the softmax over their union; rows of a block without extra
   tokens are left as the kernel wrote them.
 
-The extra router runs one centroid row per query block over K three times and over V once: about 1/32
-of dense attention's products, but in TF32 (fp32 on AMD) where dense runs INT8/FP8, and with K read
-once per 16 query blocks. The merge is 2·64·E·D products per query block. Memory beyond the kernel's:
-the (nb, E) int32 indices per head.
+The extra router runs the centroid rows of 64 query blocks a program (Hopper, Triton 3.8 on; else 16) over
+K twice and over V once: 16-bit K multiplies as it is on the tensor cores (the centroid in two or three
+16-bit parts, fp32-accurate scores; wgmma on Hopper), fp32 K in TF32 (fp32 on AMD). The merge is 2·64·E·D
+products per query block. Memory beyond the kernel's: the (nb, E) int32 indices per head and the
+centroids' 16-bit parts (2-3 × nb × d_pad per head).
 """
 from __future__ import annotations
 
@@ -26,32 +27,52 @@ from . import api
 from .arch import interpreter_enabled
 from .sparse_extra_route import extra_merge_kernel, extra_tail_kernel
 from .sparse_reference import EXTRA_BIN, EXTRA_BINS, LOG2E
+from .triton_compat import TRITON_VERSION
 
-QB = 16  # query blocks per extra-router program
+# Query blocks per extra-router program: 64 on Hopper (K read once per 64 query blocks, 64-row products:
+# wgmma; see retail for when), 16 elsewhere (mma.sync and AMD's: 32 and 64 spilled; bench/NOTES.md).
+QB_WIDE, QB = 64, 16
+# the centroid's 16-bit parts per K dtype: fp16 holds fp32's 24 bits in two, bf16 in three; fp32 K: none
+PARTS = {torch.float16: 2, torch.bfloat16: 3, torch.float32: 0}
 MERGE_TOKENS, MERGE_WARPS = 32, 4  # the merge's extra tokens per step and warps (twice that past head_dim 128)
 
 __all__ = ["retail", "merge"]
 
 
 def retail(qh, kh, vh, cen, mu, lists, count, tail_m, tail_l, tail_acc, log2s: float, extra_tokens: int,
-           precisions=("ieee", "ieee")):
+           precisions=("ieee", "ieee"), wide: bool = False, qb=None, pipelined: bool = False):
     """Choose each query block's extra tokens and rewrite its tail (in place) as the per-token centroid
     terms of the other tokens outside its exact blocks (``sparse_extra_route.extra_tail_kernel``).
     ``qh, kh, vh``: (B, H|H_KV, L, D) views; ``cen`` (B*H, nb, d_pad), ``mu`` (B*H_KV, d_pad) and the
-    router's outputs as ``sparse_launch.route``; ``precisions``: its (scores, P·V) products'. Returns the
-    extra tokens' indices (B*H, nb, extra_tokens) int32 (the first ``n_extra`` of each row are live,
-    the rest 0) and ``n_extra`` (B*H, nb) int32."""
+    router's outputs as ``sparse_launch.route``; ``precisions``: its (scores, P·V) products'; ``wide``: 64
+    query blocks a program (Hopper), else 16; ``qb``: that number, set (a benchmark's A/B); ``pipelined``:
+    K's and V's tiles prefetched (NVIDIA; at 64 the first pass only: both took 116 KB of shared memory, one
+    program an SM). Returns the extra tokens' indices (B*H, nb, extra_tokens) int32 (the first ``n_extra``
+    of each row are live, the rest 0) and ``n_extra`` (B*H, nb) int32."""
     B, H, L, D = qh.shape
     H_KV = kh.shape[1]
     nb, d_pad = cen.shape[1], cen.shape[2]
     dev = qh.device
     idx = torch.zeros((B * H, nb, int(extra_tokens)), dtype=torch.int32, device=dev)
     n_extra = torch.empty((B * H, nb), dtype=torch.int32, device=dev)
-    api._launch(extra_tail_kernel, (-(-nb // QB), B * H), (
-        cen, kh, *kh.stride(), vh, *vh.stride(), mu, lists, count, tail_m, tail_l, tail_acc, idx, n_extra,
+    parts = PARTS[kh.dtype]
+    cen_parts = cen[None]  # fp32 K: unused
+    if parts:  # the centroids in 16-bit parts whose sum is them to fp32's precision (their products exact)
+        cen_parts = torch.empty((parts,) + tuple(cen.shape), dtype=kh.dtype, device=dev)
+        rest = cen
+        for p in range(parts):
+            cen_parts[p] = rest
+            rest = rest - cen_parts[p].float()
+    # 64 only up to head_dim 128 (256: 371 spills on sm90) and from Triton 3.8, whose tl.histogram is one
+    # shared atomic per input; 3.6's ballot lowering costs bins/32 per input: 18,000 instructions a tile at 64
+    qb = int(qb or (QB_WIDE if wide and d_pad <= 128 and TRITON_VERSION >= (3, 8) else QB))
+    api._launch(extra_tail_kernel, (-(-nb // qb), B * H), (
+        cen, cen_parts, kh, *kh.stride(), vh, *vh.stride(), mu, lists, count, tail_m, tail_l, tail_acc, idx, n_extra,
         H, H_KV, L, D, nb, int(extra_tokens), float(log2s),
-    ), dict(QB=QB, D_PAD=d_pad, BIN=EXTRA_BIN, NBINS=EXTRA_BINS, SCORE_PREC=precisions[0],
-            TAIL_PREC=precisions[1]), num_warps=8 if d_pad > 128 and torch.version.hip is None else 4)
+    ), dict(QB=qb, D_PAD=d_pad, BIN=EXTRA_BIN, NBINS=EXTRA_BINS, PARTS=parts, SCORE_PREC=precisions[0],
+            TAIL_PREC=precisions[1], INTERPRETER=interpreter_enabled(),
+            SCAN_STAGES=2 if pipelined else 1, TAIL_STAGES=2 if pipelined and qb < QB_WIDE else 1),
+        num_warps=8 if d_pad > 128 and torch.version.hip is None else 4)
     return idx, n_extra
 
 

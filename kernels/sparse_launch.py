@@ -41,7 +41,7 @@ K_SAMPLE = 16
 TUNING = {"pool_stages": 1, "attn_stages": None, "attn_tma": True, "attn_maxnreg": None, "route_prec": None,
           "route_tiles": None, "route_warps": 8, "attn_pairs": None, "quant_mma_sums": True, "pool_mma_sums": True,
           "route_scan_mma": None, "route_fixed_frame": None, "route_stages": None, "route_maxnreg": None,
-          "int8_k_tokens": True}
+          "int8_k_tokens": True, "extra_qb": None}
 _TOPK_SLICE_BYTES = 256 << 20  # the top-k scores are worked out this many bytes of heads at a time
 # The top-k threshold is backed off this much (relative) below the k-th score torch finds: the router's
 # TF32 scores differ from torch's fp32 ones by about that, and a tie kept costs one block, a block lost
@@ -256,7 +256,8 @@ def run(q, k, v, tau, layout, scale, sinks, sinks_q, topk_ratio, extra_tokens, r
 
     if extra_tokens:  # the tail becomes per-token centroid terms; the extra tokens are merged in below
         extra_idx, n_extra = sparse_extra.retail(qh, kh, vh, cen, mu, lists, count, tail_m, tail_l, tail_acc,
-                                                 log2s, extra_tokens, route_precisions(dev))
+                                                 log2s, extra_tokens, route_precisions(dev), wide=cfg.use_tma,
+                                                 qb=TUNING["extra_qb"], pipelined=cfg.num_stages > 1)
 
     out = torch.empty(api._out_shape(B, H, L, D, out_layout), dtype=q.dtype, device=dev)
     oh = api._as_bhld(out, out_layout)

@@ -19,11 +19,12 @@ what the Triton kernels are tested against, so every choice of the method is mad
   all rows of the query block), weight = its length, value = its summed V. So the whole sequence
   stays in the denominator.
 * ``extra_tokens`` (0 or a multiple of 64 up to 256): per query block, tokens outside its exact
-  blocks are scored by the centroid (``c_i·(k_t - mu)``, base 2). Those in the best whole
-  histogram bins (``EXTRA_BIN`` wide, counted down from the best such score) are attended exactly by
-  every row, as many bins as fit in ``extra_tokens`` tokens (a flat profile may admit none). Every
-  other token outside the exact blocks then adds its own term with the centroid's logit instead of
-  its block's pooled one.
+  blocks are scored by the centroid (``c_i·(k_t - mu)``, base 2) and fall in histogram cells
+  ``floor(score / EXTRA_BIN)`` (a fixed grid; non-finite scores in none). Those in the best whole
+  cells (at most ``EXTRA_BINS`` of them, from the best live cell down) are attended exactly by every
+  row, as many cells as fit in ``extra_tokens`` tokens (a flat profile may admit none). Every other
+  token outside the exact blocks then adds its own term with the centroid's logit instead of its
+  block's pooled one.
 
 ``lse`` is the natural log of each row's softmax denominator in the frame of the unshifted logits
 ``q·k·scale`` (the pooled terms' logits moved by the row's ``q·mu·scale`` as the exact ones are).
@@ -120,15 +121,18 @@ def route_reference(q, k, tau: float = 1.3, *, tensor_layout: str = "NHD", scale
 
 def _extra_select(c: torch.Tensor, live: torch.Tensor, budget: int) -> torch.Tensor:
     """Which candidate tokens (``live``) the histogram admits: ``c`` base-2 centroid scores (rows:
-    query blocks). Whole bins from the best live score down, while their count fits ``budget``."""
-    best = torch.where(live, c, float("-inf")).amax(dim=-1, keepdim=True)
-    bins = torch.floor((best - c) / EXTRA_BIN)
-    bins = torch.where(live & (bins < EXTRA_BINS), bins, float(EXTRA_BINS)).long()
+    query blocks). Cells ``floor(c / EXTRA_BIN)`` of finite scores; whole cells from the best one down
+    (at most ``EXTRA_BINS``), while their count fits ``budget``. Cells on a fixed grid, not counted from
+    the best score, let one pass over the keys find the best cell and count the cells below it."""
+    ok = live & torch.isfinite(c)
+    cell = torch.floor(c / EXTRA_BIN)
+    top = torch.where(ok, cell, float("-inf")).amax(dim=-1, keepdim=True)
+    bins = torch.where(ok, top - cell, float(EXTRA_BINS)).clamp(max=EXTRA_BINS).long()
     counts = torch.zeros(c.shape[:-1] + (EXTRA_BINS + 1,), dtype=torch.long, device=c.device)
     counts.scatter_add_(-1, bins, torch.ones_like(bins))
     upto = counts[..., :EXTRA_BINS].cumsum(-1)  # tokens in bins 0..b
     n_bins = (upto <= budget).sum(-1, keepdim=True)  # bins admitted
-    return live & (bins < n_bins)
+    return ok & (bins < n_bins)
 
 
 def sparse_reference(q, k, v, tau: float = 1.3, *, tensor_layout: str = "NHD", scale: Optional[float] = None,
