@@ -11,6 +11,9 @@
 #   bash bench/session5_gpu.sh check   # gpu_check sparse (with the extra tokens) and kcols, longer limits than before
 # Triton 3.9 on the sparse kernels: bench/triton39_gpu.sh stage / check, then
 #   PARTS39="sparse kcols" PARTS36= bash bench/triton39_gpu.sh checks
+# and the extra router's 64-query-block path (Triton 3.8+ only), under the staged 3.9 from bench/:
+#   PYTHONPATH=/tmp/triton-staged TRITON_DEFAULT_FP_FUSION=1 TRITON_CACHE_DIR=/tmp/triton-staged-cache \
+#     python extra_ab.py --shape 103950x56 --qb 16,32
 set -u
 source bench/device_env.sh   # ends in bench/, DEST set
 export PYTHONUNBUFFERED=1
@@ -29,6 +32,7 @@ case "${1:-}" in
     TAIL=20 step sm90_sparse_extra_session5 timeout 150 python bench_sparse.py --shapes 103950x56 \
        --families video,local_sinks --settings tau:1.3 --extra 128,256 --pv int8 --reps 2 \
        --out "$DEST/sm90_sparse_extra_session5.json"
+    TAIL=12 step sm90_extra_ab_session5 timeout 100 python extra_ab.py --shape 103950x56 --qb 32
     # the router's tiles were tuned at 103,950 x 56; at 32,760 x 24 its 96 programs leave SMs idle
     TAIL=30 step sm90_sparse_route_ab_32k timeout 120 python sparse_route_ab.py --shapes 32760x24 --rounds 2 \
        --variants "default,route 64x32 w4,route 64x16 w4" --out "$DEST/sm90_sparse_route_ab_32k.json" ;;
