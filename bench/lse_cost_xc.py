@@ -87,18 +87,27 @@ def classes(ops: list) -> dict:
     return {c: counts.get(c, 0) for c in CLASSES}
 
 
+def loop_spans(sass: str) -> tuple:
+    """``instructions(sass)``, its label positions, and (label's index, branch's index, label) of each loop: a
+    backward branch to an earlier label, with more than the branch in its body (not the trailing self-branch)."""
+    ins = instructions(sass)
+    where = {lab: i for i, (lab, _) in enumerate(ins) if lab}
+    spans = []
+    for i, (_, op) in enumerate(ins):
+        m = op and re.match(r"^BRA\s+(?:`\()?(\.L_x_\d+)", op)
+        if m and where.get(m.group(1), i) < i and sum(1 for _, o in ins[where[m.group(1)]:i + 1] if o) > 1:
+            spans.append((where[m.group(1)], i, m.group(1)))
+    return ins, where, spans
+
+
 def loops(sass: str) -> list:
     """Each loop (a backward branch to a label): its instruction count and opcode classes, outermost
     (longest) first."""
-    ins = instructions(sass)
-    where = {lab: i for i, (lab, _) in enumerate(ins) if lab}
+    ins, _, spans = loop_spans(sass)
     found = []
-    for i, (_, op) in enumerate(ins):
-        m = op and re.match(r"^BRA\s+(?:`\()?(\.L_x_\d+)", op)
-        if m and where.get(m.group(1), i) < i:
-            body = [o for _, o in ins[where[m.group(1)]:i + 1] if o]
-            if len(body) > 1:  # not the trailing self-branch
-                found.append({"label": m.group(1), "instructions": len(body), **classes(body)})
+    for a, b, label in spans:
+        body = [o for _, o in ins[a:b + 1] if o]
+        found.append({"label": label, "instructions": len(body), **classes(body)})
     return sorted(found, key=lambda r: -r["instructions"])
 
 

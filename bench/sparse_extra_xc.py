@@ -21,7 +21,7 @@ from common import environment, import_pack  # noqa: E402
 
 import_pack()
 import triton  # noqa: E402
-from lse_cost_xc import instructions  # noqa: E402
+from lse_cost_xc import loop_spans  # noqa: E402
 from sagetriton.installer import crosscompile as cc  # noqa: E402
 from sagetriton.kernels.arch import default_config  # noqa: E402
 
@@ -33,19 +33,13 @@ NAMES = ("extra_tail_kernel", "extra_merge_kernel")
 
 def loop_table(sass: str) -> list:
     """Each loop (a backward branch to an earlier label), in program order: its instructions and classes."""
-    ins = instructions(sass)
-    where = {lab: i for i, (lab, _) in enumerate(ins) if lab}
+    ins, where, spans = loop_spans(sass)
     found = []
-    for i, (_, op) in enumerate(ins):
-        m = op and re.match(r"^BRA\s+(?:`\()?(\.L_x_\d+)", op)
-        if m and where.get(m.group(1), i) < i:
-            a = where[m.group(1)]
-            body = [o for _, o in ins[a:i + 1] if o]
-            if len(body) > 1:
-                c = Counter(k for o in body for k, pat in CLASSES.items() if re.match(pat, o))
-                found.append({"start": a, "instructions": len(body),
-                              "main_path": len(body) - _longest_skip(ins, where, a, i),
-                              **{k: c.get(k, 0) for k in CLASSES}})
+    for a, i, _ in spans:
+        body = [o for _, o in ins[a:i + 1] if o]
+        c = Counter(k for o in body for k, pat in CLASSES.items() if re.match(pat, o))
+        found.append({"start": a, "instructions": len(body), "main_path": len(body) - _longest_skip(ins, where, a, i),
+                      **{k: c.get(k, 0) for k in CLASSES}})
     return sorted(found, key=lambda r: r["start"])
 
 
