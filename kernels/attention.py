@@ -13,7 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .quant import P_OFFSET, gdc_wait, mma_operand_order, round_p_offset_int8, to_fp8
+from .quant import P_OFFSET, gdc_wait, mma_operand_order, round_p_offset_int8, round_p_offset_int8_sums, to_fp8
 
 # P·V modes.
 PV_16BIT = 0  # P and V in 16-bit, accumulated in fp32 by the MMA
@@ -95,7 +95,7 @@ def _attn_tile(
     BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, BOUNDARY: tl.constexpr, IS_CAUSAL: tl.constexpr,
     MASK_KIND: tl.constexpr, PV_MODE: tl.constexpr, P_LOG2: tl.constexpr, EVEN_D: tl.constexpr,
     K_SCALAR: tl.constexpr, INTERPRETER: tl.constexpr, K_TMA: tl.constexpr, V_TMA: tl.constexpr,
-    V_T: tl.constexpr, V_RES: tl.constexpr,
+    V_T: tl.constexpr, V_RES: tl.constexpr, SUMS_FROM_BITS: tl.constexpr = False,
 ):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_PAD)
@@ -167,8 +167,12 @@ def _attn_tile(
         p = tl.math.exp2(x - base[:, None])
 
     if PV_MODE == PV_INT8_C:
-        p8 = round_p_offset_int8(p)  # P - 128
-        l_i = l_i * alpha + (tl.sum(p8.to(tl.int32), 1) + P_OFFSET * BLOCK_N).to(tl.float32)
+        if SUMS_FROM_BITS:  # the sparse kernel's (one PRMT a logit less; in the dense kernel it spilled on sm120)
+            p8, p_sums = round_p_offset_int8_sums(p)
+        else:
+            p8 = round_p_offset_int8(p)  # P - 128
+            p_sums = tl.sum(p8.to(tl.int32), 1) + P_OFFSET * BLOCK_N
+        l_i = l_i * alpha + p_sums.to(tl.float32)
     else:
         l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]

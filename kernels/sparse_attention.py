@@ -91,20 +91,20 @@ def sparse_attention_kernel(
                 acc, l_i, m_i, sh_i, q, qs, offs_m, tl.load(list_base + n_full - 1).to(tl.int32) * BLOCK_N, k_base,
                 ks_base, v_base, tb_base, Q8, KDesc, VDesc, bhk, stride_vn, stride_vd, 0, 0, L, L, D,
                 BLOCK_N, D_PAD, False, False, 0, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
-                K_TMA, V_TMA, V_T, V_RES)
+                K_TMA, V_TMA, V_T, V_RES, True)
     else:
         for t in range(0, n_full):
             acc, l_i, m_i, sh_i = _attn_tile(
                 acc, l_i, m_i, sh_i, q, qs, offs_m, tl.load(list_base + t).to(tl.int32) * BLOCK_N, k_base,
                 ks_base, v_base, tb_base, Q8, KDesc, VDesc, bhk, stride_vn, stride_vd, 0, 0, L, L, D,
                 BLOCK_N, D_PAD, False, False, 0, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
-                K_TMA, V_TMA, V_T, V_RES)
+                K_TMA, V_TMA, V_T, V_RES, True)
     if n_full < cnt:
         acc, l_i, m_i, sh_i = _attn_tile(
             acc, l_i, m_i, sh_i, q, qs, offs_m, (NB - 1) * BLOCK_N, k_base, ks_base, v_base, tb_base, Q8, KDesc,
             VDesc, bhk, stride_vn, stride_vd, 0, 0, L, L, D,
             BLOCK_N, D_PAD, True, False, 0, PV_MODE, P_LOG2, EVEN_D, K_SCALAR, INTERPRETER,
-            K_TMA, V_TMA, V_T, V_RES)
+            K_TMA, V_TMA, V_T, V_RES, True)
 
     if K_SCALAR:  # the hot loop's margin, as ``attention_kernel``: rows past it come out NaN, never wrong
         if PV_MODE == PV_INT8_C:
