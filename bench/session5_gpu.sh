@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Issue 54 on the H200, for the first session that is lent a GPU after the fifth (which had none). Parts of
 # under 10 minutes each, in the order they matter; each writes its logs and JSON to $OUT (else bench/results).
-#   bash bench/session5_gpu.sh models  # carry .comfyui .whl .ck: Wan 2.1 at 720p per forward and per 20-step run
-#                                      # with the INT8 sparse default (never measured), beside core's routing on
-#                                      # sol_attn with and without its 256 extra tokens (current core's default)
+#   bash bench/session5_gpu.sh models      # carry .comfyui .whl .ck: Wan 2.1 at 720p per forward with the INT8
+#                                          # sparse default (never measured), beside core's routing on sol_attn
+#                                          # with and without its 256 extra tokens (current core's default)
+#   bash bench/session5_gpu.sh models_run  # the same carries: the 20-step runs (first 20 % dense)
 #   bash bench/session5_gpu.sh table   # carry .ck: the sparse table at 32,760-103,950 tokens, all three input
 #                                      # families (random too), tau 1.0/1.3/1.5, INT8 and FP8, and the extra tokens
 #                                      # at 103,950 x 56 against sol_attn's token_aug
@@ -20,10 +21,14 @@ export PYTHONUNBUFFERED=1
 step() { local name=$1; shift; echo "== $name: $*"; local t0=$SECONDS; "$@" > "$DEST/$name.log" 2>&1; echo "   exit $? in $((SECONDS - t0)) s"; tail -${TAIL:-4} "$DEST/$name.log"; }
 kitchen() { mkdir -p /tmp/ck && tar -xJf ../.ck/comfy_kitchen.tar.xz -C /tmp/ck && export PYTHONPATH="/tmp/ck${PYTHONPATH:+:$PYTHONPATH}"; }
 case "${1:-}" in
-  models)
+  models)  # forwards only (~3 min on the fourth session's H200 run, two more variants now)
     kitchen
-    TAIL=40 step sm90_sparse_models_session5 timeout 560 python bench_sparse_models.py --runs 3 \
-       --out "$DEST/sm90_sparse_models_session5.json" ;;
+    TAIL=40 step sm90_sparse_models_forward_session5 timeout 560 python bench_sparse_models.py --runs 3 \
+       --skip-sampling --out "$DEST/sm90_sparse_models_forward_session5.json" ;;
+  models_run)  # the 20-step runs: unpatched, dense, sparse with the first 20 % dense (~200 s before)
+    kitchen
+    TAIL=20 step sm90_sparse_models_sampling_session5 timeout 560 python bench_sparse_models.py --skip-forwards \
+       --out "$DEST/sm90_sparse_models_sampling_session5.json" ;;
   table)
     kitchen
     TAIL=80 step sm90_sparse_bench_session5 timeout 420 python bench_sparse.py --shapes 32760x24,75600x24,103950x56 \
@@ -44,5 +49,5 @@ case "${1:-}" in
   check)
     TAIL=3 step sm90_gpu_check_sparse_session5 timeout 400 python gpu_check.py --only sparse
     TAIL=3 step sm90_gpu_check_kcols_session5 timeout 150 python gpu_check.py --only kcols ;;
-  *) echo "usage: bash bench/session5_gpu.sh models|table|table160|check"; exit 2 ;;
+  *) echo "usage: bash bench/session5_gpu.sh models|models_run|table|table160|check"; exit 2 ;;
 esac
