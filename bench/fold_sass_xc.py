@@ -49,10 +49,12 @@ def variants(target: str, hd: int) -> list:
     return out
 
 
-def record(target: str, hd: int, dtype, path: str) -> list:
+def record(target: str, hd: int, dtype, path: str, only_variants=()) -> list:
     """(label, spec) of the launches of the dense (``path`` "dense") or sparse calls of each variant."""
     out = []
     for name, cfg in variants(target, hd):
+        if only_variants and name not in only_variants:
+            continue
         for lse in (False, True):
             for mma_sums in ((True, False) if path == "sparse" and dtype != torch.float32 else (None,)):
                 if mma_sums is not None:
@@ -78,13 +80,11 @@ def build(args) -> None:
     for target in args.targets.split(","):
         tgt = cc.parse_target(target)
         for hd in (64, 128):
-            for dtype in (torch.bfloat16, torch.float32):
+            for dtype in (getattr(torch, t) for t in args.dtypes.split(",")):
                 for path in ("dense", "sparse"):
-                    for label, spec in record(target, hd, dtype, path):
+                    for label, spec in record(target, hd, dtype, path, [v for v in args.variants.split(",") if v]):
                         if only and not any(o in spec["name"] for o in only):
                             continue
-                        if spec["name"] == "sparse_quantize_int8_kernel" and spec["constexprs"].get("ROTATE_TILES"):
-                            pass  # as_on_cuda set its cap
                         src = cc.launch_source(spec, tgt)
                         key = (target, src.hash(), json.dumps(spec.get("options") or {}, sort_keys=True))
                         if key not in cache:
@@ -124,6 +124,8 @@ def main() -> None:
     ap.add_argument("--out")
     ap.add_argument("--only", default="quantize,attention_kernel", help="substrings of the kernels to build")
     ap.add_argument("--targets", default="sm90,sm80")
+    ap.add_argument("--dtypes", default="bfloat16,float32")
+    ap.add_argument("--variants", default="", help="comma-separated variant names (``variants``); all by default")
     ap.add_argument("--sass", help="folder for the normalized SASS, one file per distinct build")
     ap.add_argument("--compare", nargs=2)
     args = ap.parse_args()
