@@ -399,6 +399,7 @@ def _quantize_rotated_tiles(
     SCALE_PER_BLOCK: tl.constexpr, FINALIZE: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr,
     V_RANGE: tl.constexpr, V_POW2: tl.constexpr, PARTS_PAD: tl.constexpr, PDL: tl.constexpr,
     INTERPRETER: tl.constexpr, TILES: tl.constexpr, STAGES: tl.constexpr, MEANS: tl.constexpr = None, means_args=None,
+    MEANS_C: tl.constexpr = None,
 ):
     """The rotation of TILES consecutive tiles of 16-bit rows per program: each tile's rows, exact as loaded,
     times the ±1 signs in their own dtype (fp32 sums: no row max, no rounding before the product), K's mean
@@ -429,7 +430,7 @@ def _quantize_rotated_tiles(
         row_ok, _, x = _load_rows(X, stride_xb, stride_xh, stride_xl, stride_xd, bh, H, offs_l, L, D, D_PAD,
                                   X.dtype.element_ty)
         if MEANS is not None:
-            MEANS(x, offs_l, row_ok, tile, bh, L, means_args)
+            MEANS(x, offs_l, row_ok, tile, bh, L, means_args, MEANS_C)
         if INTERPRETER:  # its bf16 dot reads the bits as integers: the same exact values in fp32
             y = tl.dot(x.to(tl.float32), signs.to(tl.float32))
         else:
@@ -454,11 +455,13 @@ def _quantize_tile(
     BLOCK: tl.constexpr, GROUP: tl.constexpr, D_PAD: tl.constexpr, MEAN_MODE: tl.constexpr,
     SCALE_PER_BLOCK: tl.constexpr, FINALIZE: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr,
     V_RANGE: tl.constexpr, V_POW2: tl.constexpr, PARTS_PAD: tl.constexpr, PDL: tl.constexpr,
-    ROTATE: tl.constexpr, INTERPRETER: tl.constexpr, MEANS: tl.constexpr = None, means_args=None, mean_row=None,
+    ROTATE: tl.constexpr, INTERPRETER: tl.constexpr, MEANS: tl.constexpr = None, means_args=None,
+    MEANS_C: tl.constexpr = None, mean_row=None,
 ):
     """The quantization of one tile (``quantize_int8_kernel``). MEANS (a @triton.jit hook, or None): called with
-    the rows as loaded (X's dtype), ``means_args`` passed on, before any change to them (the sparse launch's block
-    means, ``sparse_quant``). ``mean_row``: Final's row stride for MEAN_SUBTRACT (None: D)."""
+    the rows as loaded (X's dtype), before any change to them, ``means_args`` and the constexpr ``MEANS_C`` passed
+    on (the sparse launch's block means, ``sparse_quant``). ``mean_row``: Final's row stride for MEAN_SUBTRACT
+    (None: D)."""
     bh, offs_l, row_ok, offs_d, x = _row_tile(X, stride_xb, stride_xh, stride_xl, stride_xd, H, L, D, BLOCK, D_PAD,
                                               tl.float32 if MEANS is None else X.dtype.element_ty)
     pdl_start(PDL)
@@ -469,7 +472,7 @@ def _quantize_tile(
             _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L_KV, K_TOKENS, D, K_SUM, V_STATS,
                                V_RANGE, V_POW2, PARTS_PAD, D_PAD, INTERPRETER)
     if MEANS is not None:
-        MEANS(x, offs_l, row_ok, tl.program_id(0), bh, L, means_args)
+        MEANS(x, offs_l, row_ok, tl.program_id(0), bh, L, means_args, MEANS_C)
         x = x.to(tl.float32)
 
     if MEAN_MODE == MEAN_SUBTRACT_C:

@@ -76,10 +76,14 @@ def _store_mean(Means, total, bh, blk, L, NB, d, D_PAD: tl.constexpr):
 
 
 @triton.jit
-def _block_proxies(x, offs_l, row_ok, tile, bh, L, args):
+def _block_proxies(x, offs_l, row_ok, tile, bh, L, args, FLAGS: tl.constexpr):
     """``quant``'s MEANS hook: from tile ``tile``'s rows as loaded, the block means and the per-row dots."""
-    Means, NB, Offset, Bias, bias_mult, shift, centre, dots_op, BLOCK_ROWS, D_PAD, ROW_DOTS, MMA_SUMS, \
-        INTERPRETER = args
+    Means, NB, Offset, Bias, bias_mult, shift, centre, dots_op = args
+    BLOCK_ROWS: tl.constexpr = x.shape[0]
+    D_PAD: tl.constexpr = x.shape[1]
+    ROW_DOTS: tl.constexpr = FLAGS[0]
+    MMA_SUMS: tl.constexpr = FLAGS[1]
+    INTERPRETER: tl.constexpr = FLAGS[2]
     SUB: tl.constexpr = BLOCK_ROWS // 64  # 64-token blocks per tile
     rows = tl.arange(0, BLOCK_ROWS)
     d = tl.arange(0, D_PAD)
@@ -136,9 +140,10 @@ def sparse_quantize_int8_kernel(
     the sparse launch from the dense one."""
     kvh = tl.program_id(1) // H_KV_DIV  # GQA: query head bh reads key/value head kvh
     d = tl.arange(0, D_PAD)
-    shift = None
-    centre = None
-    dots_op = None
+    # Compiled tuples take no None: zeros stand in for what the launch does not use (and are dropped).
+    centre = tl.zeros((D_PAD,), tl.float32)
+    shift = centre
+    dots_op = tl.zeros((D_PAD, SUMS_COLS), X.dtype.element_ty)
     if ROW_DOTS > 0:
         centre = tl.load(Centre + kvh.to(tl.int64) * D_PAD + d)
         shift = tl.load(Mu + kvh.to(tl.int64) * D_PAD + d) - centre
@@ -147,8 +152,7 @@ def sparse_quantize_int8_kernel(
         if MMA_SUMS:  # the per-row dots' operand, once per program
             dots_op = _row_dots_operand(shift, centre if ROW_DOTS == 2 else None, X.dtype.element_ty, ROW_DOTS,
                                         D_PAD)
-    args = (Means, NB, Offset, Bias, bias_mult, shift, centre, dots_op, BLOCK_ROWS, D_PAD, ROW_DOTS, MMA_SUMS,
-            INTERPRETER)
+    args = (Means, NB, Offset, Bias, bias_mult, shift, centre, dots_op)
     MODE: tl.constexpr = MEAN_SUBTRACT_C if SUBTRACT else 0
     # Centre stands in for the dense launch's statistics buffers, which MEAN_NONE and MEAN_SUBTRACT do not read
     # (K's centre is Final's only row per head: slot 0, row stride D_PAD).
@@ -156,12 +160,12 @@ def sparse_quantize_int8_kernel(
         _quantize_rotated_tiles(X, stride_xb, stride_xh, stride_xl, stride_xd, Centre, 0, Centre, 0, Out, Scale,
                                 Bias, Signs, H, H_KV_DIV, L, L, 0, D, 0, scale_mult, bias_mult, BLOCK_ROWS, GROUP,
                                 D_PAD, MODE, SCALE_PER_BLOCK, False, False, 0, 1.0, False, 16, False, INTERPRETER,
-                                ROTATE_TILES, STAGES, _block_proxies, args)
+                                ROTATE_TILES, STAGES, _block_proxies, args, (ROW_DOTS, MMA_SUMS, INTERPRETER))
     else:
         _quantize_tile(X, stride_xb, stride_xh, stride_xl, stride_xd, Centre, 0, Centre, 0, Out, Scale, Bias, Signs,
                        H, H_KV_DIV, L, L, 0, D, 0, scale_mult, bias_mult, BLOCK_ROWS, GROUP, D_PAD, MODE,
                        SCALE_PER_BLOCK, False, False, 0, 1.0, False, 16, False, ROTATE, INTERPRETER, _block_proxies,
-                       args, D_PAD)
+                       args, (ROW_DOTS, MMA_SUMS, INTERPRETER), D_PAD)
 
 
 def quantize_with_means(x, group: int, rows: int, d_pad: int, scale_mult: float, centre=None, subtract=False,
