@@ -105,18 +105,32 @@ def build(args) -> None:
     print(f"{len(rows)} launches, {len(cache)} distinct builds")
 
 
-def compare(a_path: str, b_path: str) -> None:
+def compare(a_path: str, b_path: str, verbose: bool = False) -> None:
+    """Per target and kernel: launches whose SASS is the same, and for the others the spread of the instruction
+    and register changes (each differing launch with ``verbose``)."""
     a, b = (json.load(open(p))["kernels"] for p in (a_path, b_path))
-    same = differ = 0
-    for label in sorted(set(a) | set(b)):
-        x, y = a.get(label), b.get(label)
-        if x and y and x["sass"] == y["sass"]:
-            same += 1
+    groups: dict = {}
+    for label in sorted(set(a) & set(b)):
+        target, path, *_, name = label.split(":")
+        g = groups.setdefault(f"{target} {path} {name}", {"same": 0, "differ": 0, "instr": [], "regs": [],
+                                                          "spills": []})
+        x, y = a[label], b[label]
+        if x["sass"] == y["sass"]:
+            g["same"] += 1
             continue
-        differ += 1
-        print(f"{label}: {x and (x['instructions'], x['registers'], x['spills'])} -> "
-              f"{y and (y['instructions'], y['registers'], y['spills'])}")
-    print(f"identical {same}, different {differ}")
+        g["differ"] += 1
+        g["instr"].append(y["instructions"] - x["instructions"])
+        g["regs"].append((y["registers"] or 0) - (x["registers"] or 0))
+        g["spills"].append((y["spills"] or 0) - (x["spills"] or 0))
+        if verbose:
+            print(f"  {label}: {x['instructions']} -> {y['instructions']} instructions, "
+                  f"{x['registers']} -> {y['registers']} registers, spills {x['spills']} -> {y['spills']}")
+    for key, g in sorted(groups.items()):
+        spread = "".join(f", {k} {min(g[k]):+d}..{max(g[k]):+d}" for k in ("instr", "regs", "spills") if g[k])
+        print(f"{key}: identical {g['same']}, different {g['differ']}{spread}")
+    missing = sorted(set(a) ^ set(b))
+    if missing:
+        print(f"{len(missing)} launches in one file only, e.g. {missing[:3]}")
 
 
 def main() -> None:
@@ -127,10 +141,11 @@ def main() -> None:
     ap.add_argument("--dtypes", default="bfloat16,float32")
     ap.add_argument("--variants", default="", help="comma-separated variant names (``variants``); all by default")
     ap.add_argument("--sass", help="folder for the normalized SASS, one file per distinct build")
-    ap.add_argument("--compare", nargs=2)
+    ap.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))
+    ap.add_argument("--verbose", action="store_true", help="with --compare: every launch that differs")
     args = ap.parse_args()
     if args.compare:
-        compare(*args.compare)
+        compare(*args.compare, args.verbose)
     else:
         build(args)
 
