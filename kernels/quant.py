@@ -406,7 +406,8 @@ def _quantize_rotated_tiles(
     subtracted after it as mean·H (which the finalizing program stores), 1/sqrt(block) left to the scales
     (``scale_mult``). The signs are loaded once per program and the rows through Triton's pipeliner (STAGES),
     so the next tile's loads run while this one is multiplied and stored: per tile, the rotating launch
-    otherwise waits on its own load → product → store chain with too little memory traffic in flight."""
+    otherwise waits on its own load → product → store chain with too little memory traffic in flight. MEANS: as
+    ``_quantize_tile``'s."""
     bh = tl.program_id(1)
     kvh = bh // H_KV_DIV
     first = tl.program_id(0) * TILES
@@ -424,13 +425,15 @@ def _quantize_rotated_tiles(
         mean_h = tl.load(Final + ROTATED_MEAN_SLOT * final_slot + bh * D_PAD + d)
     if MEAN_MODE == MEAN_DOT_C:
         mean_op = _bias_mean_operand(Parts, kvh, n_parts, K_TOKENS, X.dtype.element_ty, PARTS_PAD, D_PAD)
+    if MEANS is not None:
+        means_args = MEANS[0](bh, means_args, MEANS_C)
     for i in tl.range(0, TILES, num_stages=STAGES):
         tile = first + i
         offs_l = tile * BLOCK + rows
         row_ok, _, x = _load_rows(X, stride_xb, stride_xh, stride_xl, stride_xd, bh, H, offs_l, L, D, D_PAD,
                                   X.dtype.element_ty)
         if MEANS is not None:
-            MEANS(x, offs_l, row_ok, tile, bh, L, means_args, MEANS_C)
+            MEANS[1](x, offs_l, row_ok, tile, bh, L, means_args, MEANS_C)
         if INTERPRETER:  # its bf16 dot reads the bits as integers: the same exact values in fp32
             y = tl.dot(x.to(tl.float32), signs.to(tl.float32))
         else:
@@ -458,10 +461,10 @@ def _quantize_tile(
     ROTATE: tl.constexpr, INTERPRETER: tl.constexpr, MEANS: tl.constexpr = None, means_args=None,
     MEANS_C: tl.constexpr = None, mean_row=None,
 ):
-    """The quantization of one tile (``quantize_int8_kernel``). MEANS (a @triton.jit hook, or None): called with
-    the rows as loaded (X's dtype), before any change to them, ``means_args`` and the constexpr ``MEANS_C`` passed
-    on (the sparse launch's block means, ``sparse_quant``). ``mean_row``: Final's row stride for MEAN_SUBTRACT
-    (None: D)."""
+    """The quantization of one tile (``quantize_int8_kernel``). MEANS (None, or two @triton.jit hooks: the sparse
+    launch's block means and row dots, ``sparse_quant``): ``MEANS[0](bh, means_args, MEANS_C)`` once per program
+    gives what ``MEANS[1](x, rows, row_ok, tile, bh, L, it, MEANS_C)`` takes for each tile's rows as loaded (X's
+    dtype), before any change to them. ``mean_row``: Final's row stride for MEAN_SUBTRACT (None: D)."""
     bh, offs_l, row_ok, offs_d, x = _row_tile(X, stride_xb, stride_xh, stride_xl, stride_xd, H, L, D, BLOCK, D_PAD,
                                               tl.float32 if MEANS is None else X.dtype.element_ty)
     pdl_start(PDL)
@@ -472,7 +475,7 @@ def _quantize_tile(
             _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L_KV, K_TOKENS, D, K_SUM, V_STATS,
                                V_RANGE, V_POW2, PARTS_PAD, D_PAD, INTERPRETER)
     if MEANS is not None:
-        MEANS(x, offs_l, row_ok, tl.program_id(0), bh, L, means_args, MEANS_C)
+        MEANS[1](x, offs_l, row_ok, tl.program_id(0), bh, L, MEANS[0](bh, means_args, MEANS_C), MEANS_C)
         x = x.to(tl.float32)
 
     if MEAN_MODE == MEAN_SUBTRACT_C:

@@ -76,8 +76,33 @@ def _store_mean(Means, total, bh, blk, L, NB, d, D_PAD: tl.constexpr):
 
 
 @triton.jit
+def _shared_proxies(bh, args, FLAGS: tl.constexpr):
+    """``quant``'s first MEANS hook, once per program (after the tiled body's load of the signs, as before the fold:
+    the same SASS): what ``_block_proxies`` needs for every tile. ``X`` is there for its dtype."""
+    Means, NB, Offset, Bias, bias_mult, Centre, Mu, off_mult, H_KV_DIV, X = args
+    ROW_DOTS: tl.constexpr = FLAGS[0]
+    MMA_SUMS: tl.constexpr = FLAGS[1]
+    D_PAD: tl.constexpr = FLAGS[3]
+    kvh = bh // H_KV_DIV  # GQA: query head bh reads key/value head kvh
+    d = tl.arange(0, D_PAD)
+    # Compiled tuples take no None: zeros stand in for what the launch does not use (and are dropped).
+    centre = tl.zeros((D_PAD,), tl.float32)
+    shift = centre
+    dots_op = tl.zeros((D_PAD, SUMS_COLS), X.dtype.element_ty)
+    if ROW_DOTS > 0:
+        centre = tl.load(Centre + kvh.to(tl.int64) * D_PAD + d)
+        shift = tl.load(Mu + kvh.to(tl.int64) * D_PAD + d) - centre
+        # A non-finite K mean (a NaN/Inf key off the sample) makes every row NaN, as a non-finite centre does.
+        shift = tl.where(tl.abs(shift) < float("inf"), shift, float("nan")) * off_mult
+        if MMA_SUMS:  # the per-row dots' operand, once per program
+            dots_op = _row_dots_operand(shift, centre if ROW_DOTS == 2 else None, X.dtype.element_ty, ROW_DOTS,
+                                        D_PAD)
+    return Means, NB, Offset, Bias, bias_mult, shift, centre, dots_op
+
+
+@triton.jit
 def _block_proxies(x, offs_l, row_ok, tile, bh, L, args, FLAGS: tl.constexpr):
-    """``quant``'s MEANS hook: from tile ``tile``'s rows as loaded, the block means and the per-row dots."""
+    """``quant``'s MEANS hook, per tile: from tile ``tile``'s rows as loaded, the block means and the per-row dots."""
     Means, NB, Offset, Bias, bias_mult, shift, centre, dots_op = args
     BLOCK_ROWS: tl.constexpr = x.shape[0]
     D_PAD: tl.constexpr = x.shape[1]
@@ -136,23 +161,9 @@ def sparse_quantize_int8_kernel(
 ):
     """The dense launch's quantization (``quant._quantize_rotated_tiles`` with ROTATE_TILES, else
     ``quant._quantize_tile``; the centre subtracted as its MEAN_SUBTRACT, the tiled one's after the product) with
-    ``_block_proxies`` as its MEANS hook. A kernel of its own so that profiles and the cross-compile checks tell
-    the sparse launch from the dense one."""
-    kvh = tl.program_id(1) // H_KV_DIV  # GQA: query head bh reads key/value head kvh
-    d = tl.arange(0, D_PAD)
-    # Compiled tuples take no None: zeros stand in for what the launch does not use (and are dropped).
-    centre = tl.zeros((D_PAD,), tl.float32)
-    shift = centre
-    dots_op = tl.zeros((D_PAD, SUMS_COLS), X.dtype.element_ty)
-    if ROW_DOTS > 0:
-        centre = tl.load(Centre + kvh.to(tl.int64) * D_PAD + d)
-        shift = tl.load(Mu + kvh.to(tl.int64) * D_PAD + d) - centre
-        # A non-finite K mean (a NaN/Inf key off the sample) makes every row NaN, as a non-finite centre does.
-        shift = tl.where(tl.abs(shift) < float("inf"), shift, float("nan")) * off_mult
-        if MMA_SUMS:  # the per-row dots' operand, once per program
-            dots_op = _row_dots_operand(shift, centre if ROW_DOTS == 2 else None, X.dtype.element_ty, ROW_DOTS,
-                                        D_PAD)
-    args = (Means, NB, Offset, Bias, bias_mult, shift, centre, dots_op)
+    ``_shared_proxies`` and ``_block_proxies`` as its MEANS hooks. A kernel of its own so that profiles and the
+    cross-compile checks tell the sparse launch from the dense one."""
+    args = (Means, NB, Offset, Bias, bias_mult, Centre, Mu, off_mult, H_KV_DIV, X)
     MODE: tl.constexpr = MEAN_SUBTRACT_C if SUBTRACT else 0
     # Centre stands in for the dense launch's statistics buffers, which MEAN_NONE and MEAN_SUBTRACT do not read
     # (K's centre is Final's only row per head: slot 0, row stride D_PAD).
@@ -160,12 +171,13 @@ def sparse_quantize_int8_kernel(
         _quantize_rotated_tiles(X, stride_xb, stride_xh, stride_xl, stride_xd, Centre, 0, Centre, 0, Out, Scale,
                                 Bias, Signs, H, H_KV_DIV, L, L, 0, D, 0, scale_mult, bias_mult, BLOCK_ROWS, GROUP,
                                 D_PAD, MODE, SCALE_PER_BLOCK, False, False, 0, 1.0, False, 16, False, INTERPRETER,
-                                ROTATE_TILES, STAGES, _block_proxies, args, (ROW_DOTS, MMA_SUMS, INTERPRETER))
+                                ROTATE_TILES, STAGES, (_shared_proxies, _block_proxies), args,
+                                (ROW_DOTS, MMA_SUMS, INTERPRETER, D_PAD))
     else:
         _quantize_tile(X, stride_xb, stride_xh, stride_xl, stride_xd, Centre, 0, Centre, 0, Out, Scale, Bias, Signs,
                        H, H_KV_DIV, L, L, 0, D, 0, scale_mult, bias_mult, BLOCK_ROWS, GROUP, D_PAD, MODE,
-                       SCALE_PER_BLOCK, False, False, 0, 1.0, False, 16, False, ROTATE, INTERPRETER, _block_proxies,
-                       args, (ROW_DOTS, MMA_SUMS, INTERPRETER), D_PAD)
+                       SCALE_PER_BLOCK, False, False, 0, 1.0, False, 16, False, ROTATE, INTERPRETER,
+                       (_shared_proxies, _block_proxies), args, (ROW_DOTS, MMA_SUMS, INTERPRETER, D_PAD), D_PAD)
 
 
 def quantize_with_means(x, group: int, rows: int, d_pad: int, scale_mult: float, centre=None, subtract=False,
