@@ -87,48 +87,6 @@ def exact_p_base(target, P_LOG2: tl.constexpr):
 
 
 @triton.jit
-def p_base(m_i, sh_i, t_max, m_new, PV_MODE: tl.constexpr, P_LOG2: tl.constexpr, HOT: tl.constexpr,
-           FMA_LOGITS: tl.constexpr):
-    """A key tile's P base (P = 2^(logit - base)), the alpha that rescales the running sums and sh_i after it.
-    16-bit and fp8 P: base = the running max less P_LOG2, the sums kept in units of 2^(m_i - P_LOG2). INT8 P: its
-    own per-tile shift, the sums kept in units of 2^sh_i (alpha moves them from the last tile's). HOT: the hot
-    loop's rule (K_SCALAR, no mask: the logits come from the integer row max, and rows past its limit are made NaN
-    after the loops). FMA_LOGITS (per-token INT8 P, the sparse pairs): the logits are formed in exp2's FMA, whose
-    t_max is a rounded product, so the base is raised by a few of its ulps and NaN past HOT_LOGIT_LIMIT. Returns
-    (base, alpha, sh_i)."""
-    if HOT:
-        # A row masked so far has max -inf: shift by 0 instead, so exp2 gives 0 rather than NaN.
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        if PV_MODE == PV_INT8_C:
-            # sh_i carries the shift itself here (base + P_LOG2): the operations and their order of
-            # before issue 39, which ptxas schedules better on sm90 (bench/NOTES.md, "INT8 P·V after issue 39").
-            shift = int8_p_shift(t_max, m_use)
-            alpha = tl.math.exp2(sh_i - shift)
-            base = shift - P_LOG2
-            sh_i = shift
-        else:
-            base = m_use - P_LOG2
-            alpha = tl.math.exp2(m_i - m_use)
-    else:
-        # Nothing live yet (max -inf): a base below every finite logit (the masks' are >= -2.9e38), so P
-        # is 0 and a later tile's alpha scales these zero sums by 0, never by 2^(huge) (0 * inf: NaN).
-        m_use = tl.where(m_new == float("-inf"), -3.0e38, m_new)
-        if PV_MODE == PV_INT8_C:
-            tgt = tl.maximum(t_max, m_use - INT8_SHIFT_FLOOR, propagate_nan=tl.PropagateNan.ALL)
-            if FMA_LOGITS:  # past the hot loop's limit, where the margin costs P its bits, the row is NaN, never wrong
-                base = exact_p_base(tgt + tl.abs(tgt) * 4.0e-7, P_LOG2)
-                base = tl.where(tl.abs(tgt) < HOT_LOGIT_LIMIT, base, float("nan"))
-            else:
-                base = exact_p_base(tgt, P_LOG2)
-            alpha = tl.math.exp2(sh_i - base)
-            sh_i = base
-        else:
-            base = exact_p_base(m_use, P_LOG2)
-            alpha = tl.math.exp2(m_i - m_use)
-    return base, alpha, sh_i
-
-
-@triton.jit
 def _attn_tile(
     acc, l_i, m_i, sh_i, q, qs, offs_m, start_n,
     k_base, ks_base, v_base, tb_base, mask_base, k_desc, v_desc, bhk,
@@ -173,13 +131,39 @@ def _attn_tile(
         # INT8 P rounds to a number. Its scale (NaN for a NaN/Inf key) poisons the row instead, as SDPA.
         t_max += tl.sum(ks, 0) * 0.0
     m_new = tl.maximum(m_i, t_max)
-    # The hot loop, and the last key tile of the same unmasked per_warp/per_block call, take the hot rule: rows
-    # past the hot loop's limit are made NaN after the loops, so its margin is enough here (the exact base, in
-    # this kernel, spilled 3 registers on sm90 with INT8 P·V). One FMA per output element either way.
-    base, alpha, sh_i = p_base(m_i, sh_i, t_max, m_new, PV_MODE, P_LOG2, K_SCALAR and MASK_KIND == MASK_NONE_C, False)
-    if hot:
-        p = tl.math.exp2(s.to(tl.float32) * row_scale[:, None] - base[:, None])
+    # P = 2^(logit - base). 16-bit and fp8 P: base = the running max less P_LOG2, the sums kept in units
+    # of 2^(m_i - P_LOG2). INT8 P: its own per-tile shift, the sums kept in units of 2^sh_i (alpha moves
+    # them from the last tile's). One FMA per output element either way.
+    if K_SCALAR and MASK_KIND == MASK_NONE_C:
+        # The hot loop, and the last key tile of the same unmasked per_warp/per_block call: rows past
+        # the hot loop's limit are made NaN after the loops, so its margin is enough here (the exact base
+        # below, in this kernel, spilled 3 registers on sm90 with INT8 P·V).
+        # A row masked so far has max -inf: shift by 0 instead, so exp2 gives 0 rather than NaN.
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        if PV_MODE == PV_INT8_C:
+            # sh_i carries the shift itself here (base + P_LOG2): the operations and their order of
+            # before issue 39, which ptxas schedules better on sm90 (bench/NOTES.md, "INT8 P·V after issue 39").
+            shift = int8_p_shift(t_max, m_use)
+            alpha = tl.math.exp2(sh_i - shift)
+            base = shift - P_LOG2
+        else:
+            base = m_use - P_LOG2
+            alpha = tl.math.exp2(m_i - m_use)
+        if hot:
+            p = tl.math.exp2(s.to(tl.float32) * row_scale[:, None] - base[:, None])
+        else:
+            p = tl.math.exp2(x - base[:, None])
     else:
+        # Nothing live yet (max -inf): a base below every finite logit (the masks' are >= -2.9e38), so P
+        # is 0 and a later tile's alpha scales these zero sums by 0, never by 2^(huge) (0 * inf: NaN).
+        m_use = tl.where(m_new == float("-inf"), -3.0e38, m_new)
+        if PV_MODE == PV_INT8_C:
+            base = exact_p_base(tl.maximum(t_max, m_use - INT8_SHIFT_FLOOR, propagate_nan=tl.PropagateNan.ALL),
+                                P_LOG2)
+            alpha = tl.math.exp2(sh_i - base)
+        else:
+            base = exact_p_base(m_use, P_LOG2)
+            alpha = tl.math.exp2(m_i - m_use)
         p = tl.math.exp2(x - base[:, None])
 
     if PV_MODE == PV_INT8_C:
@@ -215,6 +199,11 @@ def _attn_tile(
     else:
         pv = tl.dot(mma_operand_order(p8, BLOCK_N), v)  # int32, exact: (P - 128)·V
         acc += (pv + tl.load(tb_base + (start_n // BLOCK_N) * D_PAD + offs_d)[None, :]).to(tl.float32)
+    if PV_MODE == PV_INT8_C:
+        if K_SCALAR and MASK_KIND == MASK_NONE_C:
+            sh_i = shift
+        else:
+            sh_i = base
     return acc, l_i, m_new, sh_i
 
 

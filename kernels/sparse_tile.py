@@ -12,7 +12,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .attention import PV_16BIT_C, PV_16BIT_TILE_C, PV_FP8_C, PV_INT8_C, _load_v, p_base
+from .attention import (
+    HOT_LOGIT_LIMIT,
+    INT8_SHIFT_FLOOR,
+    PV_16BIT_C,
+    PV_16BIT_TILE_C,
+    PV_FP8_C,
+    PV_INT8_C,
+    _load_v,
+    exact_p_base,
+    int8_p_shift,
+)
 from .quant import P_OFFSET, mma_operand_order, round_p_offset_int8, to_fp8
 
 
@@ -71,9 +81,29 @@ def attn_pair(
     # NaN-propagating: a NaN in either block's max reaches the row as it does from a single tile
     t_max = tl.maximum(t0, t1, propagate_nan=tl.PropagateNan.ALL)
     m_new = tl.maximum(m_i, t_max)
-    # K_SCALAR: ``_attn_tile``'s hot rule (rows past HOT_LOGIT_LIMIT are made NaN after the loop, in the kernel's
-    # epilogue); per-token INT8 P's logits are formed in ``_block_p``'s FMA (``attention.p_base``'s FMA_LOGITS).
-    base, alpha, sh_i = p_base(m_i, sh_i, t_max, m_new, PV_MODE, P_LOG2, K_SCALAR, True)
+    if K_SCALAR:
+        # ``_attn_tile``'s hot loop: rows past HOT_LOGIT_LIMIT are made NaN after the loop (the kernel's epilogue)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        if PV_MODE == PV_INT8_C:
+            shift = int8_p_shift(t_max, m_use)
+            alpha = tl.math.exp2(sh_i - shift)
+            base = shift - P_LOG2
+        else:
+            base = m_use - P_LOG2
+            alpha = tl.math.exp2(m_i - m_use)
+    else:
+        m_use = tl.where(m_new == float("-inf"), -3.0e38, m_new)
+        if PV_MODE == PV_INT8_C:
+            # The FMA's logit is exact where t_max is its rounded product: raised by a few of its ulps (as
+            # ``int8_p_shift``), so the largest weight never rounds past 255; past the hot loop's limit, where
+            # that costs P its bits, the row is made NaN (as the hot loop's rows), never wrong.
+            tgt = tl.maximum(t_max, m_use - INT8_SHIFT_FLOOR, propagate_nan=tl.PropagateNan.ALL)
+            base = exact_p_base(tgt + tl.abs(tgt) * 4.0e-7, P_LOG2)
+            base = tl.where(tl.abs(tgt) < HOT_LOGIT_LIMIT, base, float("nan"))
+            alpha = tl.math.exp2(sh_i - base)
+        else:
+            base = exact_p_base(m_use, P_LOG2)
+            alpha = tl.math.exp2(m_i - m_use)
     p0 = _block_p(s0, a0, qs, base, PV_MODE, K_SCALAR)
     p1 = _block_p(s1, a1, qs, base, PV_MODE, K_SCALAR)
 
@@ -127,4 +157,9 @@ def attn_pair(
         pv = tl.dot(mma_operand_order(p81, BLOCK_N), v1, pv, out_dtype=tl.int32)  # Triton 3.6 wants it said
         tb = tl.load(tb_base + (n0 // BLOCK_N) * D_PAD + offs_d) + tl.load(tb_base + (n1 // BLOCK_N) * D_PAD + offs_d)
         acc += (pv + tb[None, :]).to(tl.float32)
+    if PV_MODE == PV_INT8_C:
+        if K_SCALAR:
+            sh_i = shift
+        else:
+            sh_i = base
     return acc, l_i, m_new, sh_i
