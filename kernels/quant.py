@@ -465,6 +465,8 @@ def _quantize_tile(
     launch's block means and row dots, ``sparse_quant``): ``MEANS[0](bh, means_args, MEANS_C)`` once per program
     gives what ``MEANS[1](x, rows, row_ok, tile, bh, L, it, MEANS_C)`` takes for each tile's rows as loaded (X's
     dtype), before any change to them. ``mean_row``: Final's row stride for MEAN_SUBTRACT (None: D)."""
+    if MEANS is not None:  # the hooks' per-program part before the rows' load, as the sparse kernel had it
+        means_args = MEANS[0](tl.program_id(1), means_args, MEANS_C)
     bh, offs_l, row_ok, offs_d, x = _row_tile(X, stride_xb, stride_xh, stride_xl, stride_xd, H, L, D, BLOCK, D_PAD,
                                               tl.float32 if MEANS is None else X.dtype.element_ty)
     pdl_start(PDL)
@@ -475,7 +477,7 @@ def _quantize_tile(
             _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L_KV, K_TOKENS, D, K_SUM, V_STATS,
                                V_RANGE, V_POW2, PARTS_PAD, D_PAD, INTERPRETER)
     if MEANS is not None:
-        MEANS[1](x, offs_l, row_ok, tl.program_id(0), bh, L, MEANS[0](bh, means_args, MEANS_C), MEANS_C)
+        MEANS[1](x, offs_l, row_ok, tl.program_id(0), bh, L, means_args, MEANS_C)
         x = x.to(tl.float32)
 
     if MEAN_MODE == MEAN_SUBTRACT_C:
