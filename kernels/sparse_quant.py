@@ -77,8 +77,9 @@ def _store_mean(Means, total, bh, blk, L, NB, d, D_PAD: tl.constexpr):
 
 @triton.jit
 def _shared_proxies(bh, args, FLAGS: tl.constexpr):
-    """``quant``'s first MEANS hook, once per program (after the tiled body's load of the signs, as before the fold:
-    the same SASS): what ``_block_proxies`` needs for every tile. ``X`` is there for its dtype."""
+    """``quant``'s first MEANS hook, once per program: what ``_block_proxies`` needs for every tile. In the tiled
+    body it runs after the signs' load, where this kernel had it: its Q launches' SASS is unchanged by the fold
+    (bench/NOTES.md). ``X`` is there for its dtype."""
     Means, NB, Offset, Bias, bias_mult, Centre, Mu, off_mult, H_KV_DIV, X = args
     ROW_DOTS: tl.constexpr = FLAGS[0]
     MMA_SUMS: tl.constexpr = FLAGS[1]
