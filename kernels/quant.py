@@ -105,12 +105,13 @@ def _load_rows(X, stride_b, stride_h, stride_l, stride_d, bh, H, offs_l, L, D, D
 
 
 @triton.jit
-def _row_tile(X, stride_b, stride_h, stride_l, stride_d, H, L, D, BLOCK: tl.constexpr, D_PAD: tl.constexpr):
-    """This program's BLOCK rows of one (batch, head) of a strided (B, H, L, D) tensor, in fp32,
+def _row_tile(X, stride_b, stride_h, stride_l, stride_d, H, L, D, BLOCK: tl.constexpr, D_PAD: tl.constexpr,
+              DTYPE: tl.constexpr = tl.float32):
+    """This program's BLOCK rows of one (batch, head) of a strided (B, H, L, D) tensor, in DTYPE,
     zero-padded to D_PAD columns. Returns (bh, rows, row_ok, cols, tile)."""
     bh = tl.program_id(1)
     offs_l = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    row_ok, offs_d, x = _load_rows(X, stride_b, stride_h, stride_l, stride_d, bh, H, offs_l, L, D, D_PAD)
+    row_ok, offs_d, x = _load_rows(X, stride_b, stride_h, stride_l, stride_d, bh, H, offs_l, L, D, D_PAD, DTYPE)
     return bh, offs_l, row_ok, offs_d, x
 
 
@@ -398,14 +399,16 @@ def _quantize_rotated_tiles(
     BLOCK: tl.constexpr, GROUP: tl.constexpr, D_PAD: tl.constexpr, MEAN_MODE: tl.constexpr,
     SCALE_PER_BLOCK: tl.constexpr, FINALIZE: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr,
     V_RANGE: tl.constexpr, V_POW2: tl.constexpr, PARTS_PAD: tl.constexpr, PDL: tl.constexpr,
-    INTERPRETER: tl.constexpr, TILES: tl.constexpr, STAGES: tl.constexpr,
+    INTERPRETER: tl.constexpr, TILES: tl.constexpr, STAGES: tl.constexpr, MEANS: tl.constexpr = None, means_args=None,
+    MEANS_C: tl.constexpr = None,
 ):
     """The rotation of TILES consecutive tiles of 16-bit rows per program: each tile's rows, exact as loaded,
     times the ±1 signs in their own dtype (fp32 sums: no row max, no rounding before the product), K's mean
     subtracted after it as mean·H (which the finalizing program stores), 1/sqrt(block) left to the scales
     (``scale_mult``). The signs are loaded once per program and the rows through Triton's pipeliner (STAGES),
     so the next tile's loads run while this one is multiplied and stored: per tile, the rotating launch
-    otherwise waits on its own load → product → store chain with too little memory traffic in flight."""
+    otherwise waits on its own load → product → store chain with too little memory traffic in flight. MEANS: as
+    ``_quantize_tile``'s."""
     bh = tl.program_id(1)
     kvh = bh // H_KV_DIV
     first = tl.program_id(0) * TILES
@@ -423,11 +426,15 @@ def _quantize_rotated_tiles(
         mean_h = tl.load(Final + ROTATED_MEAN_SLOT * final_slot + bh * D_PAD + d)
     if MEAN_MODE == MEAN_DOT_C:
         mean_op = _bias_mean_operand(Parts, kvh, n_parts, K_TOKENS, X.dtype.element_ty, PARTS_PAD, D_PAD)
+    if MEANS is not None:
+        means_args = MEANS[0](bh, means_args, MEANS_C)
     for i in tl.range(0, TILES, num_stages=STAGES):
         tile = first + i
         offs_l = tile * BLOCK + rows
         row_ok, _, x = _load_rows(X, stride_xb, stride_xh, stride_xl, stride_xd, bh, H, offs_l, L, D, D_PAD,
                                   X.dtype.element_ty)
+        if MEANS is not None:
+            MEANS[1](x, offs_l, row_ok, tile, bh, L, means_args, MEANS_C)
         if INTERPRETER:  # its bf16 dot reads the bits as integers: the same exact values in fp32
             y = tl.dot(x.to(tl.float32), signs.to(tl.float32))
         else:
@@ -452,10 +459,17 @@ def _quantize_tile(
     BLOCK: tl.constexpr, GROUP: tl.constexpr, D_PAD: tl.constexpr, MEAN_MODE: tl.constexpr,
     SCALE_PER_BLOCK: tl.constexpr, FINALIZE: tl.constexpr, K_SUM: tl.constexpr, V_STATS: tl.constexpr,
     V_RANGE: tl.constexpr, V_POW2: tl.constexpr, PARTS_PAD: tl.constexpr, PDL: tl.constexpr,
-    ROTATE: tl.constexpr, INTERPRETER: tl.constexpr,
+    ROTATE: tl.constexpr, INTERPRETER: tl.constexpr, MEANS: tl.constexpr = None, means_args=None,
+    MEANS_C: tl.constexpr = None, mean_row=None,
 ):
-    """The quantization of one tile (``quantize_int8_kernel``)."""
-    bh, offs_l, row_ok, offs_d, x = _row_tile(X, stride_xb, stride_xh, stride_xl, stride_xd, H, L, D, BLOCK, D_PAD)
+    """The quantization of one tile (``quantize_int8_kernel``). MEANS (None, or two @triton.jit hooks: the sparse
+    launch's block means and row dots, ``sparse_quant``): ``MEANS[0](bh, means_args, MEANS_C)`` once per program
+    gives what ``MEANS[1](x, rows, row_ok, tile, bh, L, it, MEANS_C)`` takes for each tile's rows as loaded (X's
+    dtype), before any change to them. ``mean_row``: Final's row stride for MEAN_SUBTRACT (None: D)."""
+    if MEANS is not None:  # the hooks' per-program part before the rows' load, as the sparse kernel had it
+        means_args = MEANS[0](tl.program_id(1), means_args, MEANS_C)
+    bh, offs_l, row_ok, offs_d, x = _row_tile(X, stride_xb, stride_xh, stride_xl, stride_xd, H, L, D, BLOCK, D_PAD,
+                                              tl.float32 if MEANS is None else X.dtype.element_ty)
     pdl_start(PDL)
     ld_mask = row_ok[:, None] & (offs_d[None, :] < D)
     kvh = bh // H_KV_DIV  # GQA: query head bh reads key/value head kvh
@@ -463,9 +477,12 @@ def _quantize_tile(
         if (tl.program_id(0) == 0) & (bh % H_KV_DIV == 0):
             _finalize_kv_stats(Parts, part_slot, Final, final_slot, kvh, n_parts, L_KV, K_TOKENS, D, K_SUM, V_STATS,
                                V_RANGE, V_POW2, PARTS_PAD, D_PAD, INTERPRETER)
+    if MEANS is not None:
+        MEANS[1](x, offs_l, row_ok, tl.program_id(0), bh, L, means_args, MEANS_C)
+        x = x.to(tl.float32)
 
     if MEAN_MODE == MEAN_SUBTRACT_C:
-        mean = tl.load(Final + bh * D + offs_d, mask=offs_d < D, other=0.0)
+        mean = tl.load(Final + bh * (D if mean_row is None else mean_row) + offs_d, mask=offs_d < D, other=0.0)
         x = tl.where(ld_mask, x - mean[None, :], 0.0)
 
     if MEAN_MODE == MEAN_DOT_C:

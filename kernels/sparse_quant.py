@@ -20,7 +20,7 @@ from . import devices, rotation
 from .arch import interpreter_enabled
 from .host_quant import _rotation_signs
 from .launch import _cdiv, _launch
-from .quant import _load_rows, _quantize_rows, _rotate
+from .quant import MEAN_SUBTRACT_C, _quantize_rotated_tiles, _quantize_tile
 from .sparse_reference import BLOCK
 
 __all__ = ["sparse_quantize_int8_kernel", "quantize_with_means"]
@@ -76,6 +76,76 @@ def _store_mean(Means, total, bh, blk, L, NB, d, D_PAD: tl.constexpr):
 
 
 @triton.jit
+def _shared_proxies(bh, args, FLAGS: tl.constexpr):
+    """``quant``'s first MEANS hook, once per program: what ``_block_proxies`` needs for every tile. In the tiled
+    body it runs after the signs' load, where this kernel had it: its Q launches' SASS is unchanged by the fold
+    (bench/NOTES.md). ``X`` is there for its dtype."""
+    Means, NB, Offset, Bias, bias_mult, Centre, Mu, off_mult, H_KV_DIV, X = args
+    ROW_DOTS: tl.constexpr = FLAGS[0]
+    MMA_SUMS: tl.constexpr = FLAGS[1]
+    D_PAD: tl.constexpr = FLAGS[3]
+    kvh = bh // H_KV_DIV  # GQA: query head bh reads key/value head kvh
+    d = tl.arange(0, D_PAD)
+    # Compiled tuples take no None: zeros stand in for what the launch does not use (and are dropped).
+    centre = tl.zeros((D_PAD,), tl.float32)
+    shift = centre
+    dots_op = tl.zeros((D_PAD, SUMS_COLS), X.dtype.element_ty)
+    if ROW_DOTS > 0:
+        centre = tl.load(Centre + kvh.to(tl.int64) * D_PAD + d)
+        shift = tl.load(Mu + kvh.to(tl.int64) * D_PAD + d) - centre
+        # A non-finite K mean (a NaN/Inf key off the sample) makes every row NaN, as a non-finite centre does.
+        shift = tl.where(tl.abs(shift) < float("inf"), shift, float("nan")) * off_mult
+        if MMA_SUMS:  # the per-row dots' operand, once per program
+            dots_op = _row_dots_operand(shift, centre if ROW_DOTS == 2 else None, X.dtype.element_ty, ROW_DOTS,
+                                        D_PAD)
+    return Means, NB, Offset, Bias, bias_mult, shift, centre, dots_op
+
+
+@triton.jit
+def _block_proxies(x, offs_l, row_ok, tile, bh, L, args, FLAGS: tl.constexpr):
+    """``quant``'s MEANS hook, per tile: from tile ``tile``'s rows as loaded, the block means and the per-row dots."""
+    Means, NB, Offset, Bias, bias_mult, shift, centre, dots_op = args
+    BLOCK_ROWS: tl.constexpr = x.shape[0]
+    D_PAD: tl.constexpr = x.shape[1]
+    ROW_DOTS: tl.constexpr = FLAGS[0]
+    MMA_SUMS: tl.constexpr = FLAGS[1]
+    INTERPRETER: tl.constexpr = FLAGS[2]
+    SUB: tl.constexpr = BLOCK_ROWS // 64  # 64-token blocks per tile
+    rows = tl.arange(0, BLOCK_ROWS)
+    d = tl.arange(0, D_PAD)
+    cols = tl.arange(0, SUMS_COLS)
+    xf = x.to(tl.float32)
+    if MMA_SUMS:  # column sums and row dots as small MMAs of the 16-bit rows (exact products, fp32 sums)
+        # row c of the product: block (c % SUB)'s column sums, every row filled so the max picks it exactly
+        # (a where, not a cast of the bool: the interpreter turns True into bf16 0)
+        sel = tl.where((cols % SUB)[:, None] == (rows // 64)[None, :], 1.0, 0.0).to(x.dtype)
+        sums = _mma(sel, x, INTERPRETER)
+        for s in tl.static_range(SUB):
+            _store_mean(Means, tl.max(tl.where((cols % SUB == s)[:, None], sums, float("-inf")), axis=0), bh,
+                        tile * SUB + s, L, NB, d, D_PAD)
+        if ROW_DOTS > 0:
+            r = _mma(x, dots_op, INTERPRETER)
+            tl.store(Offset + bh.to(tl.int64) * L + offs_l, tl.sum(tl.where(cols[None, :] < 3, r, 0.0), 1),
+                     mask=row_ok)
+        if ROW_DOTS == 2:
+            tl.store(Bias + bh.to(tl.int64) * L + offs_l,
+                     tl.sum(tl.where((cols[None, :] >= 3) & (cols[None, :] < 6), r, 0.0), 1) * bias_mult,
+                     mask=row_ok)
+    else:  # fp32 rows: fp32 sums on the CUDA cores
+        for s in tl.static_range(SUB):  # the block means (rows past L load as 0)
+            if SUB == 1:
+                total = tl.sum(xf, axis=0)
+            else:
+                total = tl.sum(tl.where((rows // 64 == s)[:, None], xf, 0.0), axis=0)
+            _store_mean(Means, total, bh, tile * SUB + s, L, NB, d, D_PAD)
+        if ROW_DOTS > 0:
+            tl.store(Offset + bh.to(tl.int64) * L + offs_l, tl.sum(xf * shift[None, :], axis=1), mask=row_ok)
+        if ROW_DOTS == 2:
+            tl.store(Bias + bh.to(tl.int64) * L + offs_l, tl.sum(xf * centre[None, :], axis=1) * bias_mult,
+                     mask=row_ok)
+
+
+@triton.jit
 def sparse_quantize_int8_kernel(
     X, stride_xb, stride_xh, stride_xl, stride_xd,
     Centre,  # fp32 (B*H_KV, D_PAD): K's centre; subtracted from each row (SUBTRACT; ROTATE_TILES: rotated)
@@ -90,79 +160,25 @@ def sparse_quantize_int8_kernel(
     SUBTRACT: tl.constexpr, ROW_DOTS: tl.constexpr, ROTATE: tl.constexpr, ROTATE_TILES: tl.constexpr,
     STAGES: tl.constexpr, INTERPRETER: tl.constexpr, MMA_SUMS: tl.constexpr = False,
 ):
-    """TILES (ROTATE_TILES, else 1) consecutive tiles of BLOCK_ROWS rows per program, each as the dense launch
-    does it: "tiled" (``quant._quantize_rotated_tiles``: the 16-bit rows times the signs, the rotated centre
-    subtracted after, loads pipelined) or "dot" / none (``quant._quantize_tile``: fp32 rows, centre subtracted,
-    then ``quant._rotate``)."""
-    bh = tl.program_id(1)
-    kvh = bh // H_KV_DIV  # GQA: query head bh reads key/value head kvh
-    TILES: tl.constexpr = ROTATE_TILES if ROTATE_TILES > 0 else 1
-    SUB: tl.constexpr = BLOCK_ROWS // 64  # 64-token blocks per tile
-    first = tl.program_id(0) * TILES
-    rows = tl.arange(0, BLOCK_ROWS)
-    d = tl.arange(0, D_PAD)
-    cols = tl.arange(0, SUMS_COLS)
+    """The dense launch's quantization (``quant._quantize_rotated_tiles`` with ROTATE_TILES, else
+    ``quant._quantize_tile``; the centre subtracted as its MEAN_SUBTRACT, the tiled one's after the product) with
+    ``_shared_proxies`` and ``_block_proxies`` as its MEANS hooks. A kernel of its own so that profiles and the
+    cross-compile checks tell the sparse launch from the dense one."""
+    args = (Means, NB, Offset, Bias, bias_mult, Centre, Mu, off_mult, H_KV_DIV, X)
+    MODE: tl.constexpr = MEAN_SUBTRACT_C if SUBTRACT else 0
+    # Centre stands in for the dense launch's statistics buffers, which MEAN_NONE and MEAN_SUBTRACT do not read
+    # (K's centre is Final's only row per head: slot 0, row stride D_PAD).
     if ROTATE_TILES > 0:
-        signs = tl.load(Signs + d[:, None] * D_PAD + d[None, :])
-    if SUBTRACT or ROW_DOTS > 0:
-        centre = tl.load(Centre + kvh.to(tl.int64) * D_PAD + d)
-    if ROW_DOTS > 0:
-        shift = tl.load(Mu + kvh.to(tl.int64) * D_PAD + d) - centre
-        # A non-finite K mean (a NaN/Inf key off the sample) makes every row NaN, as a non-finite centre does.
-        shift = tl.where(tl.abs(shift) < float("inf"), shift, float("nan")) * off_mult
-    if MMA_SUMS:  # the per-row dots' operand, once per program
-        dots_op = _row_dots_operand(shift if ROW_DOTS > 0 else None, centre if ROW_DOTS == 2 else None,
-                                    X.dtype.element_ty, ROW_DOTS, D_PAD)
-    for i in tl.range(0, TILES, num_stages=STAGES):
-        tile = first + i
-        offs_l = tile * BLOCK_ROWS + rows
-        row_ok, _, x = _load_rows(X, stride_xb, stride_xh, stride_xl, stride_xd, bh, H, offs_l, L, D, D_PAD,
-                                  X.dtype.element_ty if ROTATE_TILES > 0 or MMA_SUMS else tl.float32)
-        xf = x.to(tl.float32)
-        if MMA_SUMS:  # column sums and row dots as small MMAs of the 16-bit rows (exact products, fp32 sums)
-            # row c of the product: block (c % SUB)'s column sums, every row filled so the max picks it exactly
-            # (a where, not a cast of the bool: the interpreter turns True into bf16 0)
-            sel = tl.where((cols % SUB)[:, None] == (rows // 64)[None, :], 1.0, 0.0).to(x.dtype)
-            sums = _mma(sel, x, INTERPRETER)
-            for s in tl.static_range(SUB):
-                _store_mean(Means, tl.max(tl.where((cols % SUB == s)[:, None], sums, float("-inf")), axis=0), bh,
-                            tile * SUB + s, L, NB, d, D_PAD)
-            if ROW_DOTS > 0:
-                r = _mma(x, dots_op, INTERPRETER)
-                tl.store(Offset + bh.to(tl.int64) * L + offs_l, tl.sum(tl.where(cols[None, :] < 3, r, 0.0), 1),
-                         mask=row_ok)
-            if ROW_DOTS == 2:
-                tl.store(Bias + bh.to(tl.int64) * L + offs_l,
-                         tl.sum(tl.where((cols[None, :] >= 3) & (cols[None, :] < 6), r, 0.0), 1) * bias_mult,
-                         mask=row_ok)
-        else:  # fp32 rows: fp32 sums on the CUDA cores
-            for s in tl.static_range(SUB):  # the block means (rows past L load as 0)
-                if SUB == 1:
-                    total = tl.sum(xf, axis=0)
-                else:
-                    total = tl.sum(tl.where((rows // 64 == s)[:, None], xf, 0.0), axis=0)
-                _store_mean(Means, total, bh, tile * SUB + s, L, NB, d, D_PAD)
-            if ROW_DOTS > 0:
-                tl.store(Offset + bh.to(tl.int64) * L + offs_l, tl.sum(xf * shift[None, :], axis=1), mask=row_ok)
-            if ROW_DOTS == 2:
-                tl.store(Bias + bh.to(tl.int64) * L + offs_l, tl.sum(xf * centre[None, :], axis=1) * bias_mult,
-                         mask=row_ok)
-        if ROTATE_TILES > 0:
-            if INTERPRETER:  # its bf16 dot reads the bits as integers: the same exact values in fp32
-                y = tl.dot(xf, signs.to(tl.float32))
-            else:
-                y = tl.dot(x, signs)
-            if SUBTRACT:
-                y = y - centre[None, :]
-        else:
-            y = xf
-            if SUBTRACT:
-                y = y - centre[None, :]
-            if ROTATE:
-                y = _rotate(tl.where(row_ok[:, None], y, 0.0), Signs, D_PAD, ROTATE)
-        y = tl.where(row_ok[:, None], y, 0.0)
-        _quantize_rows(y, Out, Scale, bh, L, offs_l, row_ok, d, tile, scale_mult, BLOCK_ROWS, GROUP, D_PAD,
-                       SCALE_PER_BLOCK, INTERPRETER, True)
+        _quantize_rotated_tiles(X, stride_xb, stride_xh, stride_xl, stride_xd, Centre, 0, Centre, 0, Out, Scale,
+                                Bias, Signs, H, H_KV_DIV, L, L, 0, D, 0, scale_mult, bias_mult, BLOCK_ROWS, GROUP,
+                                D_PAD, MODE, SCALE_PER_BLOCK, False, False, 0, 1.0, False, 16, False, INTERPRETER,
+                                ROTATE_TILES, STAGES, (_shared_proxies, _block_proxies), args,
+                                (ROW_DOTS, MMA_SUMS, INTERPRETER, D_PAD))
+    else:
+        _quantize_tile(X, stride_xb, stride_xh, stride_xl, stride_xd, Centre, 0, Centre, 0, Out, Scale, Bias, Signs,
+                       H, H_KV_DIV, L, L, 0, D, 0, scale_mult, bias_mult, BLOCK_ROWS, GROUP, D_PAD, MODE,
+                       SCALE_PER_BLOCK, False, False, 0, 1.0, False, 16, False, ROTATE, INTERPRETER,
+                       (_shared_proxies, _block_proxies), args, (ROW_DOTS, MMA_SUMS, INTERPRETER, D_PAD), D_PAD)
 
 
 def quantize_with_means(x, group: int, rows: int, d_pad: int, scale_mult: float, centre=None, subtract=False,

@@ -5,7 +5,7 @@ block sums likewise (``TUNING["pool_mma_sums"]``); the router's prefix sum as an
 the same lists, counts and tails as ``tl.cumsum``'s."""
 import pytest
 import torch
-from sagetriton.kernels import api, rotation, sparse_launch, sparse_quant, sparse_route
+from sagetriton.kernels import api, quant, rotation, sparse_launch, sparse_quant, sparse_route
 from sagetriton.kernels.sparse_reference import BLOCK
 
 
@@ -60,6 +60,36 @@ def test_a_non_finite_shift_makes_every_row_dot_nan():
     mu[0, 5] = float("inf")
     _, (_, _, _, off, _) = run(x, centre, mu, "tiled", 64, mma=True, bias=False)
     assert torch.isnan(off).all()
+
+
+@pytest.mark.parametrize("D,dtype,method,per_block", [(64, torch.bfloat16, "tiled", False),
+                                                      (64, torch.float16, "tiled", True),
+                                                      (48, torch.bfloat16, "dot", True),
+                                                      (80, torch.float32, None, False)])
+def test_the_sparse_launch_rounds_as_the_dense_one(D, dtype, method, per_block):
+    """``sparse_quantize_int8_kernel`` is the dense quantization (``quant``'s bodies) with the block means as a
+    hook: its INT8 copy and scales are the dense launch's bits, Q as it is and K centred (the dense K mean buffer
+    holding the same centre; padded head dims too)."""
+    T, H = 150, 2
+    d_pad = max(32, 1 << (D - 1).bit_length())
+    x, _, _ = inputs(T, H, D, dtype, seed=D)
+    rows = 128 if method == "dot" else 64
+    rotate = min(d_pad, 64) if method else 0
+    group = rows if per_block else 1
+    q8, qs, *_ = sparse_quant.quantize_with_means(x, group, rows, d_pad, 0.7, per_block=per_block, rotate=rotate,
+                                                  method=method or "dot")
+    d8, ds = api._quantize_qk(x, group, rows, d_pad, 0.7, per_block=per_block, rotate=rotate, method=method or "dot")
+    assert torch.equal(q8, d8) and torch.equal(qs, ds)
+    if method == "tiled":
+        return  # K's tiled centring: the rotated centre, which the dense path makes in its own launch
+    centre = torch.nn.functional.pad(torch.randn(H, D, generator=torch.Generator().manual_seed(1)), (0, d_pad - D))
+    k8, ks, *_ = sparse_quant.quantize_with_means(x, group, rows, d_pad, 1.0, centre, subtract=True,
+                                                  per_block=per_block, rotate=rotate, method=method or "dot")
+    final = torch.zeros(3, H, D)
+    final[0] = centre[:, :D]
+    d8, ds = api._quantize_qk(x, group, rows, d_pad, 1.0, quant.MEAN_SUBTRACT, (final, 0, T, T, final),
+                              per_block=per_block, rotate=rotate, method=method or "dot")
+    assert torch.equal(k8, d8) and torch.equal(ks, ds)
 
 
 def test_the_sparse_call_takes_the_tuning_choice():
