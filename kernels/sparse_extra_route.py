@@ -48,6 +48,12 @@ def _centroid_scores(cen0, cen1, cen2, c_mu, mu, k_base, stride_kl, stride_kd, l
 
 
 @triton.jit
+def _ring(x, NBINS: tl.constexpr):
+    """``x`` mod NBINS for the histogram's ring (floored: in [0, NBINS) for negative ``x`` too)."""
+    return x - NBINS * tl.floor(x / NBINS)
+
+
+@triton.jit
 def _cells(c, live, BIN: tl.constexpr):
     """Each score's histogram cell ``floor(c / BIN)`` and whether it is counted (a finite live score)."""
     return tl.floor(c / BIN), live & (tl.abs(c) < float("inf"))
@@ -110,15 +116,15 @@ def extra_tail_kernel(
         new_top = tl.maximum(top, tl.max(tl.where(ok, cell, float("-inf")), axis=1))
         # slot k holds cell top - age, age = (top - k) mod NBINS; it stays in the window while
         # age < NBINS - rise (a first top, from -inf, gives NaN: cleared, as the counts are 0 then)
-        age = top[:, None] - slot - NBINS * tl.floor((top[:, None] - slot) / NBINS)
+        age = _ring(top[:, None] - slot, NBINS)
         counts = tl.where(age < NBINS - (new_top - top)[:, None], counts, 0)
         top = new_top
         counted = ok & (cell > top[:, None] - NBINS)
-        key = rows[:, None] * NBINS + tl.where(counted, cell - NBINS * tl.floor(cell / NBINS), 0.0).to(tl.int32)
+        key = rows[:, None] * NBINS + tl.where(counted, _ring(cell, NBINS), 0.0).to(tl.int32)
         counts += tl.reshape(tl.histogram(tl.reshape(key, (QB * 64,)), QB * NBINS,
                                           mask=tl.reshape(counted, (QB * 64,))), (QB, NBINS))
     # the whole cells from the top down that fit the budget (once per program, in distance order)
-    age = top[:, None] - slot - NBINS * tl.floor((top[:, None] - slot) / NBINS)
+    age = _ring(top[:, None] - slot, NBINS)
     upto = tl.zeros((QB,), tl.int32)
     n_bins = tl.zeros((QB,), tl.int32)
     for d in range(0, NBINS):
