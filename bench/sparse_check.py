@@ -121,11 +121,37 @@ def hostile_cases() -> list:
                            and torch.isfinite(out[:, :, 1]).all(), "head 0 NaN, head 1 finite"))
     qf, kf, vf = q.float() * 3000, k.float() * 3000, v.float()
     out = sparse_attn(qf, kf, vf, 1.0)
-    ref = sref.sparse_reference(qf, kf, vf, 1.0)
-    rows = torch.isfinite(out).all(-1)
-    err = rel(out[rows], ref[rows]) if rows.any() else 0.0
-    results.append(_report("huge logits: right or NaN", err < 0.05, f"{int(rows.sum())} finite rows, rel {err:.4f}"))
+    ok, detail = huge_logit_rows(out, qf, kf, vf, sref.sparse_reference(qf, kf, vf, 1.0))
+    results.append(_report("huge logits: right, a near-winner or NaN", ok, detail))
     return results
+
+
+# As gpu_check's dense criterion (bench/NOTES.md, "gpu_check: huge logits"): a lead INT8 rounding cannot
+# reorder, and the per-row cosine at which a near one-hot row "is" an answer.
+RESOLVED_LEAD, ROW_MATCH = 0.1, 0.99
+
+
+def huge_logit_rows(out, q, k, v, ref):
+    """(ok, detail) for logits around 1e7 (NHD, as many key heads as query heads), where every row is nearly
+    one-hot. A row is all NaN, or fp64's answer, or the value of a near-winner (a key within RESOLVED_LEAD of
+    the row's top logit, which INT8 rounding of Q and K may put first); rows leading by more must be fp64's
+    (cosine 0.999 over them). The sparse method has no quantized twin to compare with, hence the keys."""
+    o, r, vv = (x.double().transpose(1, 2) for x in (out, ref, v))  # (B, H, L, D)
+    logits = q.double().transpose(1, 2) @ k.double().transpose(1, 2).transpose(-1, -2)
+    top = logits.topk(2, dim=-1).values
+    resolved = (top[..., 0] - top[..., 1]) > RESOLVED_LEAD * top[..., 0].abs()
+    near = logits >= (top[..., :1] - RESOLVED_LEAD * top[..., :1].abs())
+    unit = torch.nn.functional.normalize
+    as_key = ((unit(o, dim=-1) @ unit(vv, dim=-1).transpose(-1, -2)).masked_fill(~near, -1).amax(-1)) >= ROW_MATCH
+    as_ref = torch.nn.functional.cosine_similarity(o, r, dim=-1) >= ROW_MATCH
+    finite, nan = torch.isfinite(o).all(-1), torch.isnan(o).all(-1)
+    third = finite & ~as_ref & ~as_key
+    rows = finite & resolved
+    c = float(torch.nn.functional.cosine_similarity(o[rows].flatten(), r[rows].flatten(), dim=0)) if rows.any() else 1.0
+    ok = bool((finite | nan).all()) and not bool(third.any()) and c >= 0.999
+    return ok, (f"{int(finite.sum())} finite rows, {int((finite & ~as_ref).sum())} a near-winner's, {int(third.sum())} "
+                f"neither, {int((~finite & ~nan).sum())} partly NaN; cos {c:.6f} on {int(rows.sum())} leading by "
+                f">{RESOLVED_LEAD:.0%}")
 
 
 def long_case(T: int = 300_000, H: int = 24, extra: int = 0) -> list:

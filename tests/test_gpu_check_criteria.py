@@ -50,3 +50,51 @@ def test_a_wrong_row_fails(gpu_check, huge, damage):
         out[0, 1, 9, :64] = float("nan")
     ok, detail = gpu_check.huge_logit_rows(out, q, k, v, cfg)
     assert not ok, detail
+
+
+@pytest.fixture(scope="module")
+def sparse_check(bench_script):
+    return bench_script("sparse_check")
+
+
+@pytest.fixture(scope="module")
+def sparse_huge(sparse_check):
+    """sparse_check's hostile input on the CPU (NHD, fp32 at x3000) and the method's fp64 answer."""
+    sparse_check.DEVICE = "cpu"
+    q, k, v = sparse_check.smooth_qkv(300, H=2, H_KV=2, seed=11)
+    q, k, v = q.float() * 3000, k.float() * 3000, v.float()
+    from sagetriton.kernels import sparse_reference as sref
+
+    return q, k, v, sref.sparse_reference(q, k, v, 1.0)
+
+
+def _ranked(q, k, row, head):
+    return (q.double()[0, row, head] @ k.double()[0, :, head].T).argsort(descending=True)
+
+
+def test_sparse_huge_logits_pass_fp64s_answer_and_a_near_winners(sparse_check, sparse_huge):
+    q, k, v, ref_out = sparse_huge
+    assert sparse_check.huge_logit_rows(ref_out, q, k, v, ref_out)[0]
+    logits = q.double()[0, :, 0] @ k.double()[0, :, 0].T
+    top = logits.topk(2, dim=-1).values
+    close = ((top[:, 0] - top[:, 1]) < 0.02 * top[:, 0].abs()).nonzero()
+    assert len(close), "no row has a near-tie: the case tests nothing"
+    row = int(close[0])
+    out = ref_out.clone()
+    out[0, row, 0] = v[0, _ranked(q, k, row, 0)[1], 0]  # the runner-up's value, as INT8 rounding may pick
+    ok, detail = sparse_check.huge_logit_rows(out, q, k, v, ref_out)
+    assert ok and "1 a near-winner's" in detail, detail
+    out[0, 40:50, 1] = float("nan")  # whole rows NaN: the overflow guard's answer
+    assert sparse_check.huge_logit_rows(out, q, k, v, ref_out)[0]
+
+
+@pytest.mark.parametrize("damage", ["the lowest key's value", "half a row NaN"])
+def test_sparse_huge_logits_fail_a_wrong_row(sparse_check, sparse_huge, damage):
+    q, k, v, ref_out = sparse_huge
+    out = ref_out.clone()
+    if damage == "the lowest key's value":
+        out[0, 7, 0] = v[0, _ranked(q, k, 7, 0)[-1], 0]
+    else:
+        out[0, 9, 1, :64] = float("nan")
+    ok, detail = sparse_check.huge_logit_rows(out, q, k, v, ref_out)
+    assert not ok, detail
