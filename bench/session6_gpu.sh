@@ -3,8 +3,9 @@
 # $OUT/r<part>.tgz (the device returns at most 8 files). Carries: .comfyui .whl .ck for `first`, .ck otherwise.
 #   first   gpu_check sparse (the fifth session's row sums, centre means and extra router on a GPU for the
 #           first time), then Wan 2.1 720p per forward with the INT8 sparse default beside core's sol_attn
-#   table   the sparse table at 32,760-103,950 tokens, random family included, INT8 and FP8; the 32K router tiles
-#   more    the extra tokens at 103,950 x 56 against sol_attn's token_aug, then 160,000 x 40
+#   table   the hostile cases (huge logits' new criterion), the sparse table at 32,760-103,950 tokens, random
+#           family included, INT8 and FP8, and 160,000 x 40 at tau 1.3
+#   more    the extra tokens at 103,950 x 56 against sol_attn's token_aug; the 32K router tiles
 set -u
 PART=${1:?first|table|more}
 RET="$(realpath -m "${OUT:-bench/results}")"
@@ -14,7 +15,8 @@ ls .whl/*.whl >/dev/null 2>&1 && python -m pip install -q --no-deps .whl/*.whl
 tar -xJf .ck/comfy_kitchen.tar.xz -C /tmp/ck && export PYTHONPATH="/tmp/ck${PYTHONPATH:+:$PYTHONPATH}"
 cd bench
 step() { local name=$1 t=$2; shift 2; echo "== $name"; local t0=$SECONDS
-  timeout "$t" python "$@" > "$OUT/$name.log" 2>&1; echo "   exit $? in $((SECONDS - t0)) s"; tail -"${TAIL:-4}" "$OUT/$name.log"; }
+  timeout "$t" python "$@" > "$OUT/$name.log" 2>&1; echo "   exit $? in $((SECONDS - t0)) s"; tail -"${TAIL:-4}" "$OUT/$name.log"
+  tar czf "$RET/r$PART.tgz" -C /tmp r; }  # after each step: a call cut by its limit still returns the rest
 case "$PART" in
   first)
     TAIL=6 step sm90_gpu_check_sparse_session6 230 gpu_check.py --only sparse
@@ -22,16 +24,16 @@ case "$PART" in
     TAIL=14 step sm90_sparse_models_forward_session6 330 bench_sparse_models.py --runs 3 --skip-sampling \
       --out "$OUT/sm90_sparse_models_forward_session6.json" ;;
   table)
-    TAIL=80 step sm90_sparse_bench_session6 420 bench_sparse.py --shapes 32760x24,75600x24,103950x56 \
+    TAIL=3 step sm90_sparse_hostile_session6 90 -c "from common import import_pack; import_pack(); import sparse_check as s; s.hostile_cases()"
+    TAIL=80 step sm90_sparse_bench_session6 290 bench_sparse.py --shapes 103950x56,75600x24,32760x24 \
       --families video,local_sinks,random --settings tau:1.0,tau:1.3,tau:1.5 --extra 0 --pv int8,fp8 --reps 2 \
       --out "$OUT/sm90_sparse_bench_session6.json"
-    TAIL=30 step sm90_sparse_route_ab_32k_session6 110 sparse_route_ab.py --shapes 32760x24 --rounds 2 \
-      --variants "default,route 64x32 w4,route 64x16 w4" --out "$OUT/sm90_sparse_route_ab_32k_session6.json" ;;
+    TAIL=40 step sm90_sparse_bench_160k_session6 150 bench_sparse.py --shapes 160000x40 \
+      --families video,local_sinks,random --settings tau:1.3 --extra 0 --pv int8,fp8 --reps 2 \
+      --out "$OUT/sm90_sparse_bench_160k_session6.json" ;;
   more)
     TAIL=20 step sm90_sparse_extra_session6 150 bench_sparse.py --shapes 103950x56 --families video,local_sinks \
       --settings tau:1.3 --extra 128,256 --pv int8 --reps 2 --out "$OUT/sm90_sparse_extra_session6.json"
-    TAIL=40 step sm90_sparse_bench_160k_session6 380 bench_sparse.py --shapes 160000x40 \
-      --families video,local_sinks,random --settings tau:1.3 --extra 0 --pv int8,fp8 --reps 2 \
-      --out "$OUT/sm90_sparse_bench_160k_session6.json" ;;
+    TAIL=30 step sm90_sparse_route_ab_32k_session6 110 sparse_route_ab.py --shapes 32760x24 --rounds 2 \
+      --variants "default,route 64x32 w4,route 64x16 w4" --out "$OUT/sm90_sparse_route_ab_32k_session6.json" ;;
 esac
-tar czf "$RET/r$PART.tgz" -C /tmp r
