@@ -5,9 +5,10 @@
 #           first time), then Wan 2.1 720p per forward with the INT8 sparse default beside core's sol_attn
 #   table   the hostile cases (huge logits' new criterion), the sparse table at 32,760-103,950 tokens, random
 #           family included, INT8 and FP8, and 160,000 x 40 at tau 1.3
+#   fix     the router's TF32 guard on the GPU: hostile cases, gpu_check sparse, routing share; the extra tokens
 #   more    the extra tokens at 103,950 x 56 against sol_attn's token_aug; the 32K router tiles
 set -u
-PART=${1:?first|table|more}
+PART=${1:?first|table|fix|more}
 RET="$(realpath -m "${OUT:-bench/results}")"
 export OUT=/tmp/r COMFYUI_PATH="$PWD/.comfyui" PYTHONUNBUFFERED=1
 mkdir -p "$OUT" /tmp/ck
@@ -31,6 +32,14 @@ case "$PART" in
     TAIL=40 step sm90_sparse_bench_160k_session6 150 bench_sparse.py --shapes 160000x40 \
       --families video,local_sinks,random --settings tau:1.3 --extra 0 --pv int8,fp8 --reps 2 \
       --out "$OUT/sm90_sparse_bench_160k_session6.json" ;;
+  fix)  # the router's TF32 guard: hostile, the whole sparse check, the routing share at 32K and 75.6K
+    TAIL=3 step sm90_sparse_hostile_tf32guard 90 -c "from common import import_pack; import_pack(); import sparse_check as s; s.hostile_cases()"
+    TAIL=3 step sm90_gpu_check_sparse_tf32guard 200 gpu_check.py --only sparse
+    grep -v "^ok" "$OUT/sm90_gpu_check_sparse_tf32guard.log" | head -8
+    TAIL=16 step sm90_sparse_bench_tf32guard 90 bench_sparse.py --shapes 32760x24,75600x24 --families video,local_sinks \
+      --settings tau:1.3 --extra 0 --pv int8 --reps 2 --out "$OUT/sm90_sparse_bench_tf32guard.json"
+    TAIL=20 step sm90_sparse_extra_session6 150 bench_sparse.py --shapes 103950x56 --families video,local_sinks \
+      --settings tau:1.3 --extra 128,256 --pv int8 --reps 2 --out "$OUT/sm90_sparse_extra_session6.json" ;;
   more)
     TAIL=20 step sm90_sparse_extra_session6 150 bench_sparse.py --shapes 103950x56 --families video,local_sinks \
       --settings tau:1.3 --extra 128,256 --pv int8 --reps 2 --out "$OUT/sm90_sparse_extra_session6.json"
