@@ -211,7 +211,7 @@ def sparse_specs(cfg: KernelConfig, head_dim: int = 128, backend: str = "cuda", 
     (``sparse_launch.dot_precisions``)."""
     import torch
 
-    from ..kernels import sparse_launch
+    from ..kernels import sparse_extra, sparse_launch
     from ..kernels.sparse_api import sparse_attn
 
     q = torch.empty((1, seq_len, 2, head_dim), dtype=dtype or torch.bfloat16, device="meta")
@@ -232,10 +232,11 @@ def sparse_specs(cfg: KernelConfig, head_dim: int = 128, backend: str = "cuda", 
             continue
         seen.add(key)
         c = spec["constexprs"]
-        if name in ("route_kernel", "extra_tail_kernel"):
+        if name == "route_kernel":
             c.update(SCORE_PREC=score, TAIL_PREC=tail)
-            if name == "route_kernel":
-                spec["name"] = "route_kernel_topk" if c["HAS_THR"] else "route_kernel"
+            spec["name"] = "route_kernel_topk" if c["HAS_THR"] else "route_kernel"
+        elif name == "extra_tail_kernel":
+            c.update(SCORE_PREC=sparse_extra.score_precision(c["PARTS"], score), TAIL_PREC=tail)
         elif name == "extra_merge_kernel":
             c.update(PREC="tf32x3" if score == "tf32" else "ieee")
         elif name == "pool_kernel":

@@ -39,6 +39,13 @@ MERGE_TOKENS, MERGE_WARPS = 32, 4  # the merge's extra tokens per step and warps
 __all__ = ["retail", "merge"]
 
 
+def score_precision(parts: int, precision: str) -> str:
+    """The extra router's score products: fp32 K's (``parts`` 0) weigh its per-token tail, and TF32's 2^-10 could
+    put them thousands of log2 units off at huge logits (bench/NOTES.md, "Huge logits in the router"): three TF32
+    products, fp32-accurate, where one would be TF32. 16-bit K's are exact in parts already."""
+    return "tf32x3" if not parts and precision == "tf32" else precision
+
+
 def retail(qh, kh, vh, cen, mu, lists, count, tail_m, tail_l, tail_acc, log2s: float, extra_tokens: int,
            precisions=("ieee", "ieee"), wide: bool = False, qb=None, pipelined: bool = False):
     """Choose each query block's extra tokens and rewrite its tail (in place) as the per-token centroid
@@ -66,10 +73,11 @@ def retail(qh, kh, vh, cen, mu, lists, count, tail_m, tail_l, tail_acc, log2s: f
     # 64 only up to head_dim 128 (256: 371 spills on sm90) and from Triton 3.8, whose tl.histogram is one
     # shared atomic per input; 3.6's ballot lowering costs bins/32 per input: 18,000 instructions a tile at 64
     qb = int(qb or (QB_WIDE if wide and d_pad <= 128 and TRITON_VERSION >= (3, 8) else QB))
+    score_prec = score_precision(parts, precisions[0])
     api._launch(extra_tail_kernel, (-(-nb // qb), B * H), (
         cen, cen_parts, kh, *kh.stride(), vh, *vh.stride(), mu, lists, count, tail_m, tail_l, tail_acc, idx, n_extra,
         H, H_KV, L, D, nb, int(extra_tokens), float(log2s),
-    ), dict(QB=qb, D_PAD=d_pad, BIN=EXTRA_BIN, NBINS=EXTRA_BINS, PARTS=parts, SCORE_PREC=precisions[0],
+    ), dict(QB=qb, D_PAD=d_pad, BIN=EXTRA_BIN, NBINS=EXTRA_BINS, PARTS=parts, SCORE_PREC=score_prec,
             TAIL_PREC=precisions[1], INTERPRETER=interpreter_enabled(),
             SCAN_STAGES=2 if pipelined else 1, TAIL_STAGES=2 if pipelined and qb < QB_WIDE else 1),
         num_warps=8 if d_pad > 128 and torch.version.hip is None else 4)

@@ -531,3 +531,29 @@ def test_a_tool_quoted_in_the_error_gives_the_reason(pack):
     except RuntimeError as outer:
         assert root_cause(outer) == "PTXASError: ptxas fatal : Unresolved extern function 'tanhf'"
     assert root_cause(ValueError("bad head_dim\n(details)")) == "ValueError: bad head_dim"
+
+
+_FP32_EXTRA_SCRIPT = """
+import json, sys, torch
+from sagetriton_import import import_pack
+import_pack()
+from sagetriton.installer import crosscompile as cc
+out = {}
+for name in sys.argv[1:]:
+    extra = lambda cfg, d, dtype: [s for s in cc.sparse_specs(cfg, d, "cuda", dtype=dtype)
+                                   if s["name"] == "extra_tail_kernel"]
+    precs = {str(t): [s["constexprs"]["SCORE_PREC"] for s in extra(None, 128, t)]
+             for t in (torch.float32, torch.bfloat16)}
+    r = cc.compile_target(cc.parse_target(name), 128, lambda cfg, d: extra(cfg, d, torch.float32))
+    out[name] = dict(precs=precs, built=sorted(r.get("kernels", {})))
+print(json.dumps(out))
+"""
+
+
+def test_the_extra_router_scores_fp32_k_with_three_tf32_products_on_nvidia():
+    """fp32 K's centroid scores weigh the extra router's per-token tail: one TF32 product could put them thousands of
+    log2 units off at huge logits, so NVIDIA builds take ``tf32x3`` there (16-bit K: exact parts, TF32 unused)."""
+    results = _compile_in_child(_FP32_EXTRA_SCRIPT, ("sm80", "sm90"))
+    for target, r in results.items():
+        assert r["precs"] == {"torch.float32": ["tf32x3"], "torch.bfloat16": ["tf32"]}, (target, r)
+        assert r["built"] == ["extra_tail_kernel"], (target, r)
