@@ -18,7 +18,7 @@ ls .whl/*.whl >/dev/null 2>&1 && python -m pip install -q --no-deps .whl/*.whl
 tar -xJf .ck/comfy_kitchen.tar.xz -C /tmp/ck && export PYTHONPATH="/tmp/ck${PYTHONPATH:+:$PYTHONPATH}"
 if [ "$PART" = t39 ]; then  # the second of two calls back to back (the first: stage-triton put, part-aa)
   bash bench/triton39_gpu.sh stage || exit 1
-  export PYTHONPATH="/tmp/triton-staged:$PYTHONPATH" TRITON_DEFAULT_FP_FUSION=1 TRITON_CACHE_DIR=/tmp/triton-staged-cache
+  export PYTHONPATH="/tmp/triton-staged${PYTHONPATH:+:$PYTHONPATH}" TRITON_DEFAULT_FP_FUSION=1 TRITON_CACHE_DIR=/tmp/triton-staged-cache
 fi
 cd bench
 step() { local name=$1 t=$2; shift 2; echo "== $name"; local t0=$SECONDS

@@ -49,6 +49,7 @@ SPARSE_INPUTS = {
     "sparse_extra_tokens": ("INT", {
         "default": SPARSE_OFF.extra_tokens, "min": 0, "max": EXTRA_TOKENS_MAX, "step": EXTRA_TOKENS_STEP,
         "tooltip": "Per query block, this many more single tokens outside its exact blocks, the highest "
-                   "scoring, are attended exactly. Closer to dense; 0 = off. Costly: on an H200 its first version "
-                   "took longer than the dense kernel; the rebuilt one is not timed yet (docs/SPARSE.md)."}),
+                   "scoring, are attended exactly. Closer to dense; 0 = off. Costly: on an H200, 256 of them make "
+                   "a 104K-token call 2-3x as long with Triton 3.9 (about comfy-kitchen's time), 4-8x with Triton "
+                   "3.6 (docs/SPARSE.md)."}),
 }
