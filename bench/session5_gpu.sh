@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 54 on the H200, for the first session that is lent a GPU after the fifth (which had none). Parts of
+# Issue 54 on the H200, written by the fifth session (which had no GPU); the sixth ran most of it through
+# bench/session6_gpu.sh (docs/RESULTS.md, "sixth session"); the 20-step `models_run` is still to do. Parts of
 # under 10 minutes each, in the order they matter; each writes its logs and JSON to $OUT (else bench/results).
 #   bash bench/session5_gpu.sh models      # carry .comfyui .whl .ck: Wan 2.1 at 720p per forward with the INT8
 #                                          # sparse default (never measured), beside core's routing on sol_attn
