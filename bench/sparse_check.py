@@ -16,6 +16,7 @@ import torch
 from sagetriton.kernels import sageattn, sparse_attn
 from sagetriton.kernels import sparse_reference as sref
 from sagetriton.kernels.api import attention_forward
+from sagetriton.kernels.reference import cosine
 
 DEVICE = "cuda"  # "cpu" under TRITON_INTERPRET=1: a smoke run of these checks' own code on small shapes
 
@@ -126,16 +127,14 @@ def hostile_cases() -> list:
     return results
 
 
-# As gpu_check's dense criterion (bench/NOTES.md, "gpu_check: huge logits"): a lead INT8 rounding cannot
-# reorder, and the per-row cosine at which a near one-hot row "is" an answer.
-RESOLVED_LEAD, ROW_MATCH = 0.1, 0.99
-
-
 def huge_logit_rows(out, q, k, v, ref):
     """(ok, detail) for logits around 1e7 (NHD, as many key heads as query heads), where every row is nearly
     one-hot. A row is all NaN, or fp64's answer, or the value of a near-winner (a key within RESOLVED_LEAD of
     the row's top logit, which INT8 rounding of Q and K may put first); rows leading by more must be fp64's
-    (cosine 0.999 over them). The sparse method has no quantized twin to compare with, hence the keys."""
+    (cosine 0.999 over them). The sparse method has no quantized twin to compare with, hence the keys. The
+    lead and the row match are the dense check's (``gpu_check.huge_logit_rows``)."""
+    from gpu_check import RESOLVED_LEAD, ROW_MATCH
+
     o, r, vv = (x.double().transpose(1, 2) for x in (out, ref, v))  # (B, H, L, D)
     logits = q.double().transpose(1, 2) @ k.double().transpose(1, 2).transpose(-1, -2)
     top = logits.topk(2, dim=-1).values
@@ -147,7 +146,7 @@ def huge_logit_rows(out, q, k, v, ref):
     finite, nan = torch.isfinite(o).all(-1), torch.isnan(o).all(-1)
     third = finite & ~as_ref & ~as_key
     rows = finite & resolved
-    c = float(torch.nn.functional.cosine_similarity(o[rows].flatten(), r[rows].flatten(), dim=0)) if rows.any() else 1.0
+    c = cosine(o[rows], r[rows]) if rows.any() else 1.0
     ok = bool((finite | nan).all()) and not bool(third.any()) and c >= 0.999
     return ok, (f"{int(finite.sum())} finite rows, {int((finite & ~as_ref).sum())} a near-winner's, {int(third.sum())} "
                 f"neither, {int((~finite & ~nan).sum())} partly NaN; cos {c:.6f} on {int(rows.sum())} leading by "

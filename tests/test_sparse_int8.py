@@ -89,18 +89,11 @@ def test_int8_with_one_k_scale_per_block_still_runs_when_asked(monkeypatch, pair
     torch.testing.assert_close(lse, ref_lse, atol=0.05, rtol=0)
 
 
-@pytest.fixture
-def tf32_routing():
-    saved = sparse_launch.TUNING["route_prec"]
-    sparse_launch.TUNING["route_prec"] = ("tf32", "tf32")  # as on NVIDIA GPUs (the interpreter computes fp32)
-    yield
-    sparse_launch.TUNING["route_prec"] = saved
-
-
-def test_tf32_routing_attends_blocks_exactly_where_tf32_scores_cannot_place_them(tf32_routing):
+def test_tf32_routing_attends_blocks_exactly_where_tf32_scores_cannot_place_them(monkeypatch):
     """At logits ~1e7 (q, k x3000) a TF32 proxy score may be off by thousands: those blocks are attended
     exactly (the H200 gave 3 rows of 1000 that were neither fp64's answer nor a near-winner's before);
     ordinary inputs route as the reference does."""
+    monkeypatch.setitem(sparse_launch.TUNING, "route_prec", ("tf32", "tf32"))  # as on NVIDIA (interpreter: fp32)
     q, k, v = smooth_qkv(300, H=2, H_KV=2, D=128, seed=11, dtype=torch.float32)
     out, density = kernels.sparse_attn(q, k, v, 1.0, config=HOPPER_INT8, return_density=True)
     ref, ref_density = sref.sparse_reference(q, k, v, 1.0, return_density=True)
